@@ -1,0 +1,52 @@
+"""Layouts, step plans, solvers and the cost model: plain data, no torch.distributed."""
+
+from .cluster import Cluster, PlanError, Sample, check_samples, samples_from_lengths
+from .config import HARDWARE_PRESETS, MODEL_PRESETS, HardwareConfig, ModelConfig
+from .cost import CostModel, register_sparse_cost, registered_sparse_kinds, sparse_cost
+from .layout import (
+    Group,
+    RankExchange,
+    TokenLayout,
+    exchange_bytes,
+    head_cu_seqlens,
+    head_to_token_plan,
+    head_token_ids,
+    local_cu_seqlens,
+    simulate_exchange,
+    token_ids,
+    token_to_head_plan,
+)
+from .plan import MODES, ParentPlan, StepPlan
+from .planner import make_plan, plan_from_parents
+
+__all__ = [
+    "Cluster",
+    "PlanError",
+    "Sample",
+    "check_samples",
+    "samples_from_lengths",
+    "HARDWARE_PRESETS",
+    "MODEL_PRESETS",
+    "HardwareConfig",
+    "ModelConfig",
+    "CostModel",
+    "register_sparse_cost",
+    "registered_sparse_kinds",
+    "sparse_cost",
+    "Group",
+    "RankExchange",
+    "TokenLayout",
+    "exchange_bytes",
+    "head_cu_seqlens",
+    "head_to_token_plan",
+    "local_cu_seqlens",
+    "token_to_head_plan",
+    "head_token_ids",
+    "simulate_exchange",
+    "token_ids",
+    "MODES",
+    "ParentPlan",
+    "StepPlan",
+    "make_plan",
+    "plan_from_parents",
+]

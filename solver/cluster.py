@@ -1,0 +1,110 @@
+"""Cluster, samples and the errors every planner raises on bad input."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+
+class PlanError(ValueError):
+    """Bad input to a planner, or a batch that cannot be placed. The message names the value."""
+
+
+def is_pow2(x: int) -> bool:
+    return x >= 1 and (x & (x - 1)) == 0
+
+
+def ceil_pow2(x: float) -> int:
+    """Smallest power of two >= x (1 for x <= 1)."""
+    p = 1
+    while p < x:
+        p *= 2
+    return p
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """`world_size` ranks in nodes of `gpus_per_node`; each rank holds at most `tokens_per_rank`."""
+
+    world_size: int
+    gpus_per_node: int = 8
+    tokens_per_rank: int = 16384
+
+    def __post_init__(self):
+        for name in ("world_size", "gpus_per_node", "tokens_per_rank"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise PlanError(f"{name}={v!r} is invalid: it must be a positive integer")
+        if not is_pow2(self.gpus_per_node):
+            raise PlanError(
+                f"gpus_per_node={self.gpus_per_node} is not a power of two; node-local "
+                "children are aligned power-of-two rank ranges, so use 1, 2, 4, 8, ..."
+            )
+        if self.world_size % self.gpus_per_node:
+            raise PlanError(
+                f"world_size={self.world_size} is not a multiple of gpus_per_node="
+                f"{self.gpus_per_node}; valid world sizes are k * {self.gpus_per_node}"
+            )
+
+    @property
+    def num_nodes(self) -> int:
+        return self.world_size // self.gpus_per_node
+
+    def node_of(self, rank: int) -> int:
+        return rank // self.gpus_per_node
+
+    def min_group_size(self, length: int) -> int:
+        """Memory floor: a sample of `length` tokens needs 2**ceil(log2(L / tokens_per_rank)) ranks."""
+        return ceil_pow2(length / self.tokens_per_rank)
+
+    def max_sample_length(self) -> int:
+        """Longest sample a group can hold: the widest aligned group is the largest pow2 <= world."""
+        widest = 1
+        while widest * 2 <= self.world_size:
+            widest *= 2
+        return widest * self.tokens_per_rank
+
+
+@dataclass(frozen=True)
+class Sample:
+    id: int
+    length: int
+
+
+def check_samples(samples: Iterable[Sample], cluster: Cluster | None = None) -> tuple[Sample, ...]:
+    """Validate ids and lengths; return the samples as a tuple. Raises PlanError naming the value."""
+    out = tuple(samples)
+    if not out:
+        raise PlanError("the step has no samples; a step needs at least one sample")
+    seen: set[int] = set()
+    for s in out:
+        if not isinstance(s.length, int) or isinstance(s.length, bool) or s.length < 1:
+            raise PlanError(f"sample id={s.id} has length={s.length!r}; lengths must be integers >= 1")
+        if not isinstance(s.id, int) or isinstance(s.id, bool) or s.id < 0:
+            raise PlanError(f"sample id={s.id!r} is invalid; ids must be integers >= 0")
+        if s.id in seen:
+            raise PlanError(f"duplicate sample id={s.id}; every sample id in a step must be unique")
+        seen.add(s.id)
+        if cluster is not None and s.length > cluster.max_sample_length():
+            raise PlanError(
+                f"sample id={s.id} of length={s.length} cannot be placed: the widest aligned group "
+                f"of this cluster (world_size={cluster.world_size}, tokens_per_rank="
+                f"{cluster.tokens_per_rank}) holds at most {cluster.max_sample_length()} tokens"
+            )
+    if cluster is not None:
+        total = sum(s.length for s in out)
+        cap = cluster.world_size * cluster.tokens_per_rank
+        if total > cap:
+            raise PlanError(
+                f"the batch has {total} tokens but the cluster holds at most {cap} "
+                f"({cluster.world_size} ranks x tokens_per_rank={cluster.tokens_per_rank})"
+            )
+    return out
+
+
+def samples_from_lengths(lengths: Sequence[int]) -> tuple[Sample, ...]:
+    return tuple(Sample(i, int(n)) for i, n in enumerate(lengths))

@@ -1,0 +1,150 @@
+"""Model and hardware configs with named presets (shared by the model, solvers and simulator).
+
+Every number of the paper-scale presets is sourced or reasoned in the README's "Defaults" table.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from .cluster import PlanError
+
+LAYER_KINDS = ("F", "S")  # F: full causal attention; S: sparse attention of `sparse_kind`
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str = "paper"
+    n_layers: int = 48
+    layer_pattern: str = "FSSS"  # tiled over n_layers: one full : three sparse
+    hidden: int = 4096
+    n_heads: int = 32
+    n_kv_heads: int = 8
+    head_dim: int = 128
+    n_experts: int = 128
+    top_k: int = 8
+    expert_ffn: int = 1536
+    vocab: int = 151936
+    sparse_kind: str = "sliding_window"
+    sparse_params: dict = field(default_factory=lambda: {"window": 4096}, hash=False, compare=True)
+    tie_embeddings: bool = False
+    rope_theta: float = 1e6
+    norm_eps: float = 1e-6
+    aux_loss_coef: float = 0.0
+
+    def __post_init__(self):
+        if not self.layer_pattern or any(c not in LAYER_KINDS for c in self.layer_pattern):
+            raise PlanError(f"layer_pattern={self.layer_pattern!r}: use a string of 'F' (full) and 'S' (sparse)")
+        if self.n_layers % len(self.layer_pattern):
+            raise PlanError(f"n_layers={self.n_layers} is not a multiple of len(layer_pattern={self.layer_pattern!r})")
+        if self.n_heads % self.n_kv_heads:
+            raise PlanError(f"n_heads={self.n_heads} is not a multiple of n_kv_heads={self.n_kv_heads}")
+        if self.top_k > self.n_experts:
+            raise PlanError(f"top_k={self.top_k} exceeds n_experts={self.n_experts}")
+
+    @property
+    def layer_kinds(self) -> str:
+        return self.layer_pattern * (self.n_layers // len(self.layer_pattern))
+
+    @property
+    def n_full(self) -> int:
+        return self.layer_kinds.count("F")
+
+    @property
+    def n_sparse(self) -> int:
+        return self.layer_kinds.count("S")
+
+    def replace(self, **kw) -> ModelConfig:
+        return dataclasses.replace(self, **kw)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @staticmethod
+    def from_name(name: str, **overrides) -> ModelConfig:
+        if name not in MODEL_PRESETS:
+            raise PlanError(f"unknown model preset {name!r}; valid presets: {sorted(MODEL_PRESETS)}")
+        return MODEL_PRESETS[name].replace(**overrides) if overrides else MODEL_PRESETS[name]
+
+
+MODEL_PRESETS: dict[str, ModelConfig] = {
+    # Attention and MoE shapes of a public 2025 frontier MoE (hidden 4096, 128 experts top-8,
+    # expert FFN 1536, head_dim 128, vocab 151936), 48 layers in 1F3S, sliding window 4096.
+    "paper": ModelConfig(),
+    # Runs a step on CPU in well under a second; heads divisible by groups up to 8 ranks.
+    "tiny": ModelConfig(
+        name="tiny",
+        n_layers=4,
+        layer_pattern="FSSS",
+        hidden=64,
+        n_heads=8,
+        n_kv_heads=8,
+        head_dim=8,
+        n_experts=4,
+        top_k=2,
+        expert_ffn=32,
+        vocab=97,
+        sparse_params={"window": 8},
+        rope_theta=1e4,
+        norm_eps=1e-6,
+    ),
+}
+
+
+@dataclass(frozen=True)
+class HardwareConfig:
+    name: str = "h100"
+    peak_flops: float = 989e12  # dense bf16 per GPU, H100 SXM datasheet
+    gemm_efficiency: float = 0.70  # achieved / peak for large bf16 GEMMs and grouped expert GEMMs
+    attention_efficiency: float = 0.55  # achieved / peak of varlen flash attention, fwd+bwd mixed
+    intra_node_bw: float = 150e9  # effective all-to-all bytes/s per GPU over NVLink
+    inter_intra_ratio: float = 7.0  # intra / inter effective all-to-all rate: the paper's figure
+    a2a_latency: float = 25e-6  # fixed cost of one all-to-all call (launch + sync), seconds
+    gpus_per_node: int = 8
+    bytes_per_element: int = 2  # bf16 activations
+
+    def __post_init__(self):
+        for f in ("peak_flops", "gemm_efficiency", "attention_efficiency", "intra_node_bw", "inter_intra_ratio"):
+            v = getattr(self, f)
+            if not v > 0:
+                raise PlanError(f"{f}={v!r} must be > 0")
+        if self.gemm_efficiency > 1 or self.attention_efficiency > 1:
+            raise PlanError("efficiencies are fractions of peak: use values in (0, 1]")
+
+    @property
+    def inter_node_bw(self) -> float:
+        return self.intra_node_bw / self.inter_intra_ratio
+
+    def replace(self, **kw) -> HardwareConfig:
+        return dataclasses.replace(self, **kw)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @staticmethod
+    def from_name(name: str, **overrides) -> HardwareConfig:
+        if name not in HARDWARE_PRESETS:
+            raise PlanError(f"unknown hardware preset {name!r}; valid presets: {sorted(HARDWARE_PRESETS)}")
+        return HARDWARE_PRESETS[name].replace(**overrides) if overrides else HARDWARE_PRESETS[name]
+
+
+HARDWARE_PRESETS: dict[str, HardwareConfig] = {
+    "h100": HardwareConfig(),
+    "h200": HardwareConfig(name="h200"),  # same compute and links as H100 SXM; more HBM
+}
+
+
+def load_config_file(path: str) -> dict[str, dict]:
+    """A JSON file {"model": {...}, "hardware": {...}} of overrides."""
+    with open(path) as f:
+        try:
+            obj = json.load(f)
+        except json.JSONDecodeError as e:
+            raise PlanError(f"config file {path!r} is not valid JSON: {e}") from None
+    bad = set(obj) - {"model", "hardware", "cluster", "workload"}
+    if bad:
+        raise PlanError(f"config file {path!r} has unknown sections {sorted(bad)}; valid: model, hardware, cluster, workload")
+    return obj

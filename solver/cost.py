@@ -1,0 +1,174 @@
+"""Cost model shared by the solvers and the simulator.
+
+All FLOP counts are forward FLOPs; a training step costs 3x forward compute (backward ~2x) and
+runs every exchange twice (forward and backward). Sparse-attention costs come from a registry,
+so a researcher's new kernel is priced by the solver and the simulator alike.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from .cluster import PlanError
+from .config import HardwareConfig, ModelConfig
+
+FWD_BWD_COMPUTE = 3.0
+FWD_BWD_EXCHANGES = 2
+
+
+# ----- attention FLOPs ------------------------------------------------------------------------
+def causal_keys(length):
+    """Number of (query, key) pairs of causal attention over a sample."""
+    n = np.asarray(length, dtype=np.float64)
+    return n * (n + 1) / 2
+
+
+def sliding_window_keys(length, window: int):
+    n = np.asarray(length, dtype=np.float64)
+    w = float(window)
+    return np.where(n <= w, n * (n + 1) / 2, w * (w + 1) / 2 + (n - w) * w)
+
+
+def chunked_keys(length, chunk: int):
+    n = np.asarray(length, dtype=np.float64)
+    full, rest = np.floor(n / chunk), np.mod(n, chunk)
+    return full * chunk * (chunk + 1) / 2 + rest * (rest + 1) / 2
+
+
+def attention_flops(pairs, cfg: ModelConfig):
+    """Forward FLOPs of QK^T and PV over `pairs` (query, key) pairs, all heads."""
+    return 4.0 * cfg.n_heads * cfg.head_dim * np.asarray(pairs, dtype=np.float64)
+
+
+SparseFlops = Callable[[np.ndarray, ModelConfig], np.ndarray]
+
+
+@dataclass(frozen=True)
+class SparseCost:
+    name: str
+    flops: SparseFlops  # (lengths [n], cfg) -> forward FLOPs per sample [n]
+
+
+_SPARSE_COSTS: dict[str, SparseCost] = {}
+
+
+def register_sparse_cost(name: str, flops: SparseFlops, overwrite: bool = False) -> None:
+    """Register the forward FLOPs of a sparse-attention kind. model.attention.register_sparse_attention
+    calls this together with registering the kernel."""
+    if name in _SPARSE_COSTS and not overwrite:
+        raise PlanError(f"sparse kind {name!r} is already registered; pass overwrite=True to replace it")
+    _SPARSE_COSTS[name] = SparseCost(name, flops)
+
+
+def sparse_cost(name: str) -> SparseCost:
+    if name not in _SPARSE_COSTS:
+        raise PlanError(f"unknown sparse kind {name!r}; registered kinds: {sorted(_SPARSE_COSTS)}")
+    return _SPARSE_COSTS[name]
+
+
+def registered_sparse_kinds() -> list[str]:
+    return sorted(_SPARSE_COSTS)
+
+
+register_sparse_cost("sliding_window", lambda n, cfg: attention_flops(sliding_window_keys(n, cfg.sparse_params["window"]), cfg))
+register_sparse_cost("chunked", lambda n, cfg: attention_flops(chunked_keys(n, cfg.sparse_params["chunk"]), cfg))
+
+
+# ----- the cost model -------------------------------------------------------------------------
+class CostModel:
+    """Per-sample and per-group time estimates for one model on one kind of hardware."""
+
+    def __init__(self, model: ModelConfig, hw: HardwareConfig):
+        self.model, self.hw = model, hw
+        self.sparse = sparse_cost(model.sparse_kind)
+        m = model
+        q, kv = m.n_heads * m.head_dim, m.n_kv_heads * m.head_dim
+        self.attn_proj_params = m.hidden * (q + 2 * kv) + q * m.hidden
+        self.moe_active_params = m.top_k * 3 * m.hidden * m.expert_ffn + m.hidden * m.n_experts
+        self.layer_params_active = self.attn_proj_params + self.moe_active_params
+        self.lm_head_params = m.vocab * m.hidden
+        gemm_rate = hw.peak_flops * hw.gemm_efficiency
+        self.attn_rate = hw.peak_flops * hw.attention_efficiency
+        # forward seconds per token of one layer's token-wise work, and of the LM head
+        self.layer_token_time = 2.0 * self.layer_params_active / gemm_rate
+        self.head_token_time = 2.0 * self.lm_head_params / gemm_rate
+
+    # --- FLOPs (model FLOPs, for MFU) ---
+    def active_params(self) -> float:
+        return self.model.n_layers * self.layer_params_active + self.lm_head_params
+
+    def model_flops(self, lengths) -> float:
+        """Training FLOPs of a step: 6 x active params x tokens + 3 x attention forward FLOPs."""
+        n = np.asarray(lengths, dtype=np.float64)
+        attn = self.model.n_full * attention_flops(causal_keys(n), self.model) + self.model.n_sparse * self.sparse.flops(n, self.model)
+        return float(6.0 * self.active_params() * n.sum() + FWD_BWD_COMPUTE * attn.sum())
+
+    # --- forward compute seconds, whole sample, all heads ---
+    def full_attn_time(self, lengths):
+        return attention_flops(causal_keys(lengths), self.model) / self.attn_rate
+
+    def sparse_attn_time(self, lengths):
+        return self.sparse.flops(np.asarray(lengths, dtype=np.float64), self.model) / self.attn_rate
+
+    def token_time(self, tokens):
+        """Forward seconds of all token-wise work (every layer + LM head) for `tokens` tokens."""
+        return np.asarray(tokens, dtype=np.float64) * (self.model.n_layers * self.layer_token_time + self.head_token_time)
+
+    def sample_cost(self, lengths):
+        """Training seconds of one sample on one rank (solver weight: quadratic + linear)."""
+        n = np.asarray(lengths, dtype=np.float64)
+        m = self.model
+        return FWD_BWD_COMPUTE * (self.token_time(n) + m.n_full * self.full_attn_time(n) + m.n_sparse * self.sparse_attn_time(n))
+
+    def linear_cost(self, lengths):
+        """Training seconds of the work that runs in the child token layout (all but full attention)."""
+        n = np.asarray(lengths, dtype=np.float64)
+        return FWD_BWD_COMPUTE * (self.token_time(n) + self.model.n_sparse * self.sparse_attn_time(n))
+
+    def full_cost(self, lengths):
+        n = np.asarray(lengths, dtype=np.float64)
+        return FWD_BWD_COMPUTE * self.model.n_full * self.full_attn_time(n)
+
+    # --- exchanges ---
+    def kv_heads_exchanged(self, group_size: int) -> int:
+        """KV heads moved by an entry exchange: replicated up to the group size when it is wider."""
+        return max(self.model.n_kv_heads, group_size)
+
+    def entry_row_bytes(self, group_size: int) -> float:
+        """Bytes of one token's Q, K, V (all heads) in an entry exchange."""
+        m = self.model
+        return (m.n_heads + 2 * self.kv_heads_exchanged(group_size)) * m.head_dim * self.hw.bytes_per_element
+
+    def exit_row_bytes(self) -> float:
+        m = self.model
+        return m.n_heads * m.head_dim * self.hw.bytes_per_element
+
+    def peers(self, start: int, size: int, rank: int) -> tuple[int, int]:
+        """(other peers on rank's node, peers on other nodes) inside group [start, start + size)."""
+        g = self.hw.gpus_per_node
+        node = rank // g
+        lo, hi = max(start, node * g), min(start + size, (node + 1) * g)
+        same = hi - lo
+        return same - 1, size - same
+
+    def exchange_time(self, tokens: float, start: int, size: int, rank: int, row_bytes: float) -> tuple[float, float]:
+        """(intra, inter) seconds for `rank` to send its `tokens` rows' 1/size slices to each peer."""
+        if size == 1:
+            return 0.0, 0.0
+        intra_peers, inter_peers = self.peers(start, size, rank)
+        per_peer = tokens * row_bytes / size
+        return (
+            per_peer * intra_peers / self.hw.intra_node_bw + self.hw.a2a_latency,
+            per_peer * inter_peers / self.hw.inter_node_bw,
+        )
+
+    def layer_exchange_time(self, tokens: float, start: int, size: int, rank: int) -> float:
+        """Forward + backward seconds of one attention layer's entry and exit exchanges."""
+        if size == 1:
+            return 0.0
+        a = sum(self.exchange_time(tokens, start, size, rank, self.entry_row_bytes(size)))
+        b = sum(self.exchange_time(tokens, start, size, rank, self.exit_row_bytes()))
+        return FWD_BWD_EXCHANGES * (a + b)

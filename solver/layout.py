@@ -1,0 +1,288 @@
+"""Token layouts, head layouts and the row plans of the all-to-all between them.
+
+A *token layout* partitions ranks into groups (contiguous, aligned, power-of-two rank ranges).
+Each sample belongs to one group and is cut into contiguous chunks over the group's ranks:
+rank k of a group of P holds tokens [L*k//P, L*(k+1)//P) of every sample of the group, sample
+after sample. The *head layout* of a group holds every token of the group's samples (sample
+after sample, the order of `Group.samples`) for a 1/P slice of the heads.
+
+The exchange plans here are plain integer arrays; the kernels consume them without importing
+anything else of this package.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .cluster import Cluster, PlanError, is_pow2
+
+
+@dataclass(frozen=True)
+class Group:
+    start: int
+    size: int
+    samples: tuple[int, ...]
+
+    @property
+    def stop(self) -> int:
+        return self.start + self.size
+
+    @property
+    def ranks(self) -> range:
+        return range(self.start, self.stop)
+
+    def to_json(self) -> list:
+        return [self.start, self.size, list(self.samples)]
+
+    @staticmethod
+    def from_json(obj) -> Group:
+        return Group(int(obj[0]), int(obj[1]), tuple(int(s) for s in obj[2]))
+
+
+def chunk_bounds(length: int, parts: int) -> np.ndarray:
+    """Offsets [parts + 1] of the contiguous chunks of a sample cut over `parts` ranks."""
+    k = np.arange(parts + 1, dtype=np.int64)
+    return (length * k) // parts
+
+
+def check_group_shape(start: int, size: int, cluster: Cluster) -> None:
+    if not is_pow2(size):
+        raise PlanError(f"group at rank {start} has size={size}; group sizes must be powers of two")
+    if start % size:
+        raise PlanError(f"group of size {size} starts at rank {start}; it must start at a multiple of {size}")
+    if start < 0 or start + size > cluster.world_size:
+        raise PlanError(f"group [{start}, {start + size}) lies outside the cluster's ranks [0, {cluster.world_size})")
+
+
+@dataclass(frozen=True)
+class TokenLayout:
+    """Groups of ranks with their samples; `lengths` maps sample id -> tokens."""
+
+    groups: tuple[Group, ...]
+    lengths: Mapping[int, int] = field(hash=False, compare=True)
+
+    # ----- queries -------------------------------------------------------------------------
+    def group_of_rank(self) -> dict[int, Group]:
+        return {r: g for g in self.groups for r in g.ranks}
+
+    def ranks(self) -> list[int]:
+        return sorted(r for g in self.groups for r in g.ranks)
+
+    def local_segments(self, rank: int) -> list[tuple[int, int, int]]:
+        """(sample_id, first_token, stop_token) of every chunk `rank` holds, in local order."""
+        g = self.group_of_rank()[rank]
+        k = rank - g.start
+        out = []
+        for sid in g.samples:
+            b = chunk_bounds(self.lengths[sid], g.size)
+            out.append((sid, int(b[k]), int(b[k + 1])))
+        return out
+
+    def tokens_per_rank(self) -> dict[int, int]:
+        counts = {}
+        for g in self.groups:
+            tot = np.zeros(g.size, dtype=np.int64)
+            for sid in g.samples:
+                tot += np.diff(chunk_bounds(self.lengths[sid], g.size))
+            for k, r in enumerate(g.ranks):
+                counts[r] = int(tot[k])
+        return counts
+
+    def group_tokens(self, g: Group) -> int:
+        return sum(self.lengths[s] for s in g.samples)
+
+    # ----- validation ----------------------------------------------------------------------
+    def validate(self, cluster: Cluster, ranks: range | None = None, name: str = "layout") -> None:
+        """Raise PlanError unless groups tile `ranks` (default: all), every sample sits in exactly
+        one group, and no rank holds more than tokens_per_rank."""
+        ranks = range(cluster.world_size) if ranks is None else ranks
+        covered: list[int] = []
+        placed: dict[int, int] = {}
+        for g in self.groups:
+            check_group_shape(g.start, g.size, cluster)
+            covered.extend(g.ranks)
+            for s in g.samples:
+                if s not in self.lengths:
+                    raise PlanError(f"{name}: group at rank {g.start} names unknown sample id={s}")
+                if s in placed:
+                    raise PlanError(f"{name}: sample id={s} is placed twice (groups at ranks {placed[s]} and {g.start})")
+                placed[s] = g.start
+        if sorted(covered) != list(ranks):
+            raise PlanError(
+                f"{name}: groups cover ranks {sorted(covered)} but must cover each of [{ranks.start}, {ranks.stop}) exactly once"
+            )
+        missing = sorted(set(self.lengths) - set(placed))
+        if missing:
+            raise PlanError(f"{name}: samples {missing[:8]} are not placed in any group")
+        for r, n in self.tokens_per_rank().items():
+            if n > cluster.tokens_per_rank:
+                raise PlanError(f"{name}: rank {r} holds {n} tokens, over tokens_per_rank={cluster.tokens_per_rank}")
+
+
+def head_cu_seqlens(layout: TokenLayout, g: Group) -> np.ndarray:
+    """cu_seqlens [n_samples + 1] of a group's head layout (int32, as varlen attention wants)."""
+    lens = [layout.lengths[s] for s in g.samples]
+    return np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+
+
+def local_cu_seqlens(layout: TokenLayout, rank: int) -> tuple[np.ndarray, np.ndarray]:
+    """cu_seqlens of `rank`'s local chunks and the position of each local token in its sample."""
+    segs = layout.local_segments(rank)
+    lens = [b - a for _, a, b in segs]
+    cu = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+    pos = np.concatenate([np.arange(a, b) for _, a, b in segs] or [np.zeros(0)]).astype(np.int64)
+    return cu, pos
+
+
+# ----- exchange plans -------------------------------------------------------------------------
+TOKEN_TO_HEAD = "token_to_head"
+HEAD_TO_TOKEN = "head_to_token"
+
+
+@dataclass(frozen=True, eq=False)
+class RankExchange:
+    """One rank's part of one all-to-all over its group (peers are group-local indices 0..P-1).
+
+    pack: send[m] = input[pack_rows[m]] (with the heads of the destination peer's slice when the
+    input is in a token layout); the send buffer holds send_counts[j] rows for peer j, peer after
+    peer. unpack: output[unpack_rows[m]] = recv[m] (merging head slices when the output is in a
+    token layout); recv holds recv_counts[j] rows from peer j.
+    """
+
+    kind: str
+    group_start: int
+    group_size: int
+    rank: int
+    n_in: int
+    n_out: int
+    send_counts: np.ndarray
+    recv_counts: np.ndarray
+    pack_rows: np.ndarray
+    unpack_rows: np.ndarray
+
+    @property
+    def peer_index(self) -> int:
+        return self.rank - self.group_start
+
+    def inverse(self) -> RankExchange:
+        return RankExchange(
+            kind=HEAD_TO_TOKEN if self.kind == TOKEN_TO_HEAD else TOKEN_TO_HEAD,
+            group_start=self.group_start,
+            group_size=self.group_size,
+            rank=self.rank,
+            n_in=self.n_out,
+            n_out=self.n_in,
+            send_counts=self.recv_counts,
+            recv_counts=self.send_counts,
+            pack_rows=self.unpack_rows,
+            unpack_rows=self.pack_rows,
+        )
+
+
+def _head_groups(src: TokenLayout, heads: TokenLayout) -> dict[int, Group]:
+    """Map every rank to its head group, checking that `src` refines `heads` (each head group's
+    ranks hold exactly its samples in `src`)."""
+    by_rank = heads.group_of_rank()
+    src_by_rank = src.group_of_rank()
+    if set(by_rank) != set(src_by_rank):
+        raise PlanError("token layout and head layout cover different ranks")
+    for hg in heads.groups:
+        inside = {sg for r in hg.ranks for sg in [src_by_rank[r]]}
+        if any(sg.start < hg.start or sg.stop > hg.stop for sg in inside):
+            raise PlanError(f"a token-layout group straddles head group [{hg.start}, {hg.stop})")
+        ids = sorted(s for sg in inside for s in sg.samples)
+        if ids != sorted(hg.samples):
+            raise PlanError(
+                f"head group [{hg.start}, {hg.stop}) holds samples {sorted(hg.samples)} but its ranks hold {ids} in the token layout"
+            )
+    return by_rank
+
+
+def _group_token_index(src: TokenLayout, hg: Group, rank: int) -> np.ndarray:
+    """For each local token of `rank` in `src`, its row in the head layout of group `hg`."""
+    offset, at = {}, 0
+    for s in hg.samples:
+        offset[s] = at
+        at += src.lengths[s]
+    parts = [np.arange(offset[s] + a, offset[s] + b, dtype=np.int64) for s, a, b in src.local_segments(rank)]
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+
+def token_to_head_plan(src: TokenLayout, heads: TokenLayout) -> dict[int, RankExchange]:
+    """Entry exchange: `src` token layout -> head layout of each group of `heads`.
+
+    Senders keep their local order (pack is the head split); receivers place rows in the head
+    group's sample order (unpack is the row permutation).
+    """
+    by_rank = _head_groups(src, heads)
+    plans = {}
+    for hg in heads.groups:
+        idx = {r: _group_token_index(src, hg, r) for r in hg.ranks}
+        counts = np.array([len(idx[r]) for r in hg.ranks], dtype=np.int64)
+        n_group = heads.group_tokens(hg)
+        unpack = np.concatenate([idx[r] for r in hg.ranks])
+        for r in hg.ranks:
+            n = len(idx[r])
+            plans[r] = RankExchange(
+                kind=TOKEN_TO_HEAD,
+                group_start=hg.start,
+                group_size=hg.size,
+                rank=r,
+                n_in=n,
+                n_out=n_group,
+                send_counts=np.full(hg.size, n, dtype=np.int64),
+                recv_counts=counts,
+                pack_rows=np.tile(np.arange(n, dtype=np.int64), hg.size),
+                unpack_rows=unpack,
+            )
+    assert set(plans) == set(by_rank)
+    return plans
+
+
+def head_to_token_plan(heads: TokenLayout, dst: TokenLayout) -> dict[int, RankExchange]:
+    """Exit exchange: head layout of each group of `heads` -> `dst` token layout (which may be a
+    child layout: that is the repacking). The inverse of token_to_head_plan(dst, heads)."""
+    return {r: p.inverse() for r, p in token_to_head_plan(dst, heads).items()}
+
+
+def exchange_bytes(plans: Mapping[int, RankExchange], world_size: int, row_bytes: int) -> np.ndarray:
+    """[world, world] bytes rank i sends to rank j (self-sends included on the diagonal)."""
+    m = np.zeros((world_size, world_size), dtype=np.int64)
+    for r, p in plans.items():
+        m[r, p.group_start : p.group_start + p.group_size] = p.send_counts * row_bytes
+    return m
+
+
+def token_ids(layout: TokenLayout, rank: int) -> np.ndarray:
+    """Global id (sample_id << 32 | position) of every local token of `rank`, in local order."""
+    parts = [(np.int64(s) << 32) + np.arange(a, b, dtype=np.int64) for s, a, b in layout.local_segments(rank)]
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+
+def head_token_ids(layout: TokenLayout, g: Group) -> np.ndarray:
+    """Global ids of a group's head layout rows (sample after sample)."""
+    parts = [(np.int64(s) << 32) + np.arange(layout.lengths[s], dtype=np.int64) for s in g.samples]
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+
+def simulate_exchange(plans: Mapping[int, RankExchange], inputs: Mapping[int, np.ndarray]) -> dict[int, np.ndarray]:
+    """Row-level reference of one exchange on every rank at once (no heads): pack, deliver the
+    per-peer blocks as all_to_all_single would, unpack. Unwritten output rows stay -1."""
+    sent = {}
+    for r, p in plans.items():
+        buf = inputs[r][p.pack_rows]
+        offs = np.concatenate([[0], np.cumsum(p.send_counts)])
+        sent[r] = [buf[offs[j] : offs[j + 1]] for j in range(p.group_size)]
+    out = {}
+    for r, p in plans.items():
+        blocks = [sent[p.group_start + j][p.peer_index] for j in range(p.group_size)]
+        if [len(b) for b in blocks] != list(p.recv_counts):
+            raise PlanError(f"rank {r} expects {list(p.recv_counts)} rows but peers send {[len(b) for b in blocks]}")
+        recv = np.concatenate(blocks) if blocks else np.zeros(0, dtype=np.int64)
+        o = np.full(p.n_out, -1, dtype=recv.dtype)
+        o[p.unpack_rows] = recv
+        out[r] = o
+    return out

@@ -1,0 +1,132 @@
+"""Step plans: the parents of one step and, for each parent, the child layout of its sparse layers."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from functools import cached_property
+
+from .cluster import Cluster, PlanError
+from .layout import Group, TokenLayout
+
+MODES = ("baseline", "repack", "repack+solver")
+
+# reasons a parent keeps its own layout for the sparse layers
+NODE_LOCAL = "node-local: already inside one node"
+DISABLED = "repacking disabled (baseline)"
+
+
+@dataclass(frozen=True)
+class ParentPlan:
+    """A parent group (full attention) and its children (sparse layers and token-wise work).
+
+    children == (group,) when the parent is not repacked; `reason` then says why.
+    """
+
+    group: Group
+    children: tuple[Group, ...]
+    reason: str = ""
+
+    @property
+    def repacked(self) -> bool:
+        return self.children != (self.group,)
+
+    def to_json(self) -> dict:
+        return {"group": self.group.to_json(), "children": [c.to_json() for c in self.children], "reason": self.reason}
+
+    @staticmethod
+    def from_json(obj) -> ParentPlan:
+        return ParentPlan(Group.from_json(obj["group"]), tuple(Group.from_json(c) for c in obj["children"]), obj["reason"])
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    cluster: Cluster
+    lengths: tuple[tuple[int, int], ...]  # (sample id, length), in step order
+    parents: tuple[ParentPlan, ...]
+    mode: str
+
+    def __post_init__(self):
+        if self.mode not in MODES:
+            raise PlanError(f"mode={self.mode!r}; valid modes: {MODES}")
+
+    @cached_property
+    def length_of(self) -> dict[int, int]:
+        return dict(self.lengths)
+
+    @cached_property
+    def parent_layout(self) -> TokenLayout:
+        return TokenLayout(tuple(p.group for p in self.parents), self.length_of)
+
+    @cached_property
+    def child_layout(self) -> TokenLayout:
+        return TokenLayout(tuple(c for p in self.parents for c in p.children), self.length_of)
+
+    def wide_parents(self) -> list[ParentPlan]:
+        return [p for p in self.parents if p.group.size > self.cluster.gpus_per_node]
+
+    @property
+    def widest_parent(self) -> int:
+        return max(p.group.size for p in self.parents)
+
+    def validate(self) -> StepPlan:
+        """Both layouts tile the cluster, every sample is placed once, budgets hold, and every child
+        is node-local, aligned and inside its parent with exactly the parent's samples."""
+        self.parent_layout.validate(self.cluster, name="parent layout")
+        self.child_layout.validate(self.cluster, name="child layout")
+        g = self.cluster.gpus_per_node
+        for p in self.parents:
+            ids = sorted(s for c in p.children for s in c.samples)
+            if ids != sorted(p.group.samples):
+                raise PlanError(f"children of parent at rank {p.group.start} hold {ids}, parent holds {sorted(p.group.samples)}")
+            if p.repacked:
+                for c in p.children:
+                    if c.start < p.group.start or c.stop > p.group.stop:
+                        raise PlanError(f"child [{c.start}, {c.stop}) lies outside its parent [{p.group.start}, {p.group.stop})")
+                    if c.start // g != (c.stop - 1) // g:
+                        raise PlanError(f"child [{c.start}, {c.stop}) spans nodes; children must be node-local")
+            elif not p.reason:
+                raise PlanError(f"parent at rank {p.group.start} is not repacked and records no reason")
+        return self
+
+    # ----- serialization -------------------------------------------------------------------
+    def to_json(self) -> dict:
+        c = self.cluster
+        return {
+            "cluster": {
+                "world_size": c.world_size,
+                "gpus_per_node": c.gpus_per_node,
+                "tokens_per_rank": c.tokens_per_rank,
+            },
+            "lengths": [list(x) for x in self.lengths],
+            "parents": [p.to_json() for p in self.parents],
+            "mode": self.mode,
+        }
+
+    def dumps(self) -> str:
+        return json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"))
+
+    @staticmethod
+    def from_json(obj) -> StepPlan:
+        if isinstance(obj, str):
+            obj = json.loads(obj)
+        return StepPlan(
+            cluster=Cluster(**obj["cluster"]),
+            lengths=tuple((int(a), int(b)) for a, b in obj["lengths"]),
+            parents=tuple(ParentPlan.from_json(p) for p in obj["parents"]),
+            mode=obj["mode"],
+        )
+
+    @cached_property
+    def hash(self) -> str:
+        """Stable across processes and machines: sha256 of the canonical JSON."""
+        return hashlib.sha256(self.dumps().encode()).hexdigest()[:16]
+
+    def summary(self) -> str:
+        rows = []
+        for p in self.parents:
+            g = p.group
+            kids = ",".join(f"SP{c.size}" for c in p.children) if p.repacked else p.reason
+            rows.append(f"SP{g.size}@{g.start}: {len(g.samples)} samples -> {kids}")
+        return "\n".join(rows)

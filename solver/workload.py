@@ -1,0 +1,117 @@
+"""Seeded variable-length workloads and real length traces.
+
+Synthetic steps: documents are drawn i.i.d. from a two-part mixture and streamed into steps of
+about `tokens_per_step` tokens; a document that would overflow a step opens the next one (never
+cut). The body is log-normal (web/code documents: median ~2K tokens, heavy right tail, clipped
+at 32K); with a small probability a document is a long one, log-uniform in [48K, 256K] (books,
+repositories, long-context upsampling). The default long-document rate is chosen so that about
+10% of steps contain a document long enough to need an SP16/32 parent on the default cluster, as
+in the paper (22 of 200 steps); the share is a knob of the sweep.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from .cluster import PlanError
+
+
+@dataclass(frozen=True)
+class WorkloadConfig:
+    steps: int = 200
+    tokens_per_step: int = 1 << 20  # global batch: 1M tokens = 64 ranks x 16K on average
+    body_median: int = 2048
+    body_sigma: float = 1.2
+    body_min: int = 16
+    body_max: int = 32768
+    long_prob: float = 5e-4  # per document
+    long_min: int = 49152
+    long_max: int = 262144
+    seed: int = 0
+
+    def to_dict(self):
+        return asdict(self)
+
+
+def generate_steps(cfg: WorkloadConfig) -> list[list[int]]:
+    """`cfg.steps` lists of document lengths."""
+    rng = np.random.default_rng(cfg.seed)
+    steps: list[list[int]] = []
+    cur: list[int] = []
+    total = 0
+    while len(steps) < cfg.steps:
+        if rng.random() < cfg.long_prob:
+            n = int(np.exp(rng.uniform(np.log(cfg.long_min), np.log(cfg.long_max))))
+        else:
+            n = int(np.clip(rng.lognormal(np.log(cfg.body_median), cfg.body_sigma), cfg.body_min, cfg.body_max))
+        if cur and total + n > cfg.tokens_per_step:
+            steps.append(cur)
+            cur, total = [], 0
+        cur.append(n)
+        total += n
+    return steps
+
+
+def load_trace(path: str) -> list[list[int]]:
+    """Per-step lengths from a CSV (`step,length` rows, header optional), JSONL (one object per
+    sample with `step` and `length`, or one list of lengths per line), or .npy (a [n, 2] array of
+    step, length). Steps are returned in ascending step order."""
+    if not os.path.exists(path):
+        raise PlanError(f"trace file {path!r} does not exist")
+    rows: list[tuple[int, int]] = []
+    ext = os.path.splitext(path)[1].lower()
+    if ext == ".npy":
+        arr = np.load(path, allow_pickle=False)
+        if arr.ndim != 2 or arr.shape[1] != 2:
+            raise PlanError(f"trace {path!r}: expected a [n, 2] array of (step, length), got shape {arr.shape}")
+        rows = [(int(a), int(b)) for a, b in arr]
+    elif ext in (".jsonl", ".json"):
+        with open(path) as f:
+            for i, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    obj = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise PlanError(f"trace {path!r} line {i}: not JSON ({e})") from None
+                if isinstance(obj, list):
+                    rows += [(i - 1, _int(v, path, i)) for v in obj]
+                elif isinstance(obj, dict) and "step" in obj and "length" in obj:
+                    rows.append((_int(obj["step"], path, i), _int(obj["length"], path, i)))
+                else:
+                    raise PlanError(f"trace {path!r} line {i}: expected {{'step': int, 'length': int}} or a list of lengths")
+    elif ext == ".csv":
+        with open(path, newline="") as f:
+            for i, rec in enumerate(csv.reader(f), 1):
+                if not rec or (i == 1 and rec[0].strip().lower() == "step"):
+                    continue
+                if len(rec) != 2:
+                    raise PlanError(f"trace {path!r} line {i}: expected 2 columns step,length, got {len(rec)}")
+                rows.append((_int(rec[0], path, i), _int(rec[1], path, i)))
+    else:
+        raise PlanError(f"trace {path!r}: unknown extension {ext!r}; use .csv, .jsonl or .npy")
+    if not rows:
+        raise PlanError(f"trace {path!r} holds no samples")
+    by_step: dict[int, list[int]] = {}
+    for step, n in rows:
+        if n < 1:
+            raise PlanError(f"trace {path!r}: step {step} has a sample of length {n}; lengths must be >= 1")
+        if step < 0:
+            raise PlanError(f"trace {path!r}: step {step} is negative")
+        by_step.setdefault(step, []).append(n)
+    return [by_step[s] for s in sorted(by_step)]
+
+
+def _int(v, path, line) -> int:
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        raise PlanError(f"trace {path!r} line {line}: {v!r} is not an integer") from None
+    if f != int(f):
+        raise PlanError(f"trace {path!r} line {line}: {v!r} is not an integer")
+    return int(f)

@@ -1,0 +1,155 @@
+"""Layouts and exchange plans: every token placed once, plans consistent, round trips identities."""
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from solver import (
+    MODES,
+    Cluster,
+    CostModel,
+    Group,
+    HardwareConfig,
+    ModelConfig,
+    PlanError,
+    StepPlan,
+    TokenLayout,
+    head_to_token_plan,
+    head_token_ids,
+    make_plan,
+    samples_from_lengths,
+    simulate_exchange,
+    token_ids,
+    token_to_head_plan,
+)
+from solver.layout import chunk_bounds
+from tests.strategies import batches, clusters
+
+COST = CostModel(ModelConfig.from_name("tiny"), HardwareConfig())
+
+
+def all_tokens(lengths):
+    return np.sort(np.concatenate([(np.int64(s) << 32) + np.arange(n, dtype=np.int64) for s, n in lengths.items()]))
+
+
+def check_token_layout(layout: TokenLayout, ranks):
+    got = np.sort(np.concatenate([token_ids(layout, r) for r in ranks]))
+    np.testing.assert_array_equal(got, all_tokens(layout.lengths))
+
+
+@st.composite
+def planned(draw):
+    cluster = draw(clusters())
+    samples = draw(batches(cluster))
+    mode = draw(st.sampled_from(MODES))
+    return make_plan(samples, cluster, COST, mode)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(planned())
+def test_layouts_place_every_token_once(plan: StepPlan):
+    ranks = range(plan.cluster.world_size)
+    placed = sorted(s for p in plan.parents for s in p.group.samples)
+    assert placed == sorted(plan.length_of)
+    check_token_layout(plan.parent_layout, ranks)
+    check_token_layout(plan.child_layout, ranks)
+    heads = np.sort(np.concatenate([head_token_ids(plan.parent_layout, p.group) for p in plan.parents]))
+    np.testing.assert_array_equal(heads, all_tokens(plan.length_of))
+    g = plan.cluster.gpus_per_node
+    for p in plan.parents:
+        covered = sorted(r for c in p.children for r in c.ranks)
+        assert covered == list(p.group.ranks)
+        for c in p.children:
+            assert c.start % c.size == 0
+            if p.repacked:
+                assert c.start // g == (c.stop - 1) // g and c.size <= g
+    for r, n in plan.child_layout.tokens_per_rank().items():
+        assert n <= plan.cluster.tokens_per_rank, r
+    for r, n in plan.parent_layout.tokens_per_rank().items():
+        assert n <= plan.cluster.tokens_per_rank, r
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(planned())
+def test_exchange_plans_consistent_and_round_trip(plan: StepPlan):
+    parent, child = plan.parent_layout, plan.child_layout
+    ranks = range(plan.cluster.world_size)
+    entry = token_to_head_plan(child, parent)
+    exit_ = head_to_token_plan(parent, child)
+    # what rank i sends to j is what j expects from i
+    for p in entry.values():
+        for j in range(p.group_size):
+            peer = entry[p.group_start + j]
+            assert p.send_counts[j] == peer.recv_counts[p.peer_index]
+        assert sorted(p.unpack_rows.tolist()) == list(range(p.n_out))
+    x = {r: token_ids(child, r) for r in ranks}
+    heads = simulate_exchange(entry, x)
+    by_rank = parent.group_of_rank()
+    for r in ranks:
+        np.testing.assert_array_equal(heads[r], head_token_ids(parent, by_rank[r]))
+    back = simulate_exchange(exit_, heads)
+    for r in ranks:
+        np.testing.assert_array_equal(back[r], x[r])
+    # inverse of the inverse is the plan itself
+    for p in entry.values():
+        q = p.inverse().inverse()
+        np.testing.assert_array_equal(q.pack_rows, p.pack_rows)
+        np.testing.assert_array_equal(q.unpack_rows, p.unpack_rows)
+
+
+def test_exit_repacks_into_child_layout():
+    cluster = Cluster(8, 2, 64)
+    lengths = {0: 100, 1: 30, 2: 7, 3: 1}
+    parent = TokenLayout((Group(0, 8, (0, 1, 2, 3)),), lengths)
+    child = TokenLayout((Group(0, 2, (0,)), Group(2, 1, (1,)), Group(3, 1, (2,)), Group(4, 4, (3,))), lengths)
+    parent.validate(cluster)
+    child.validate(cluster)
+    heads = {r: head_token_ids(parent, parent.groups[0]) for r in range(8)}
+    out = simulate_exchange(head_to_token_plan(parent, child), heads)
+    for r in range(8):
+        np.testing.assert_array_equal(out[r], token_ids(child, r))
+    assert [len(out[r]) for r in range(4, 8)] == [0, 0, 0, 1]  # 1 token over 4 ranks: peers with nothing
+
+
+def test_chunks_are_contiguous_and_uneven_without_padding():
+    b = chunk_bounds(97, 8)
+    assert b[0] == 0 and b[-1] == 97
+    assert set(np.diff(b)) <= {12, 13}
+
+
+def test_plan_json_round_trip_and_stable_hash():
+    samples = samples_from_lengths([300, 40, 17, 1, 63])
+    plan = make_plan(samples, Cluster(8, 2, 128), COST, "repack")
+    again = StepPlan.from_json(plan.dumps())
+    assert again == plan and again.hash == plan.hash
+    other = make_plan(samples_from_lengths([300, 40, 17, 1, 64]), Cluster(8, 2, 128), COST, "repack")
+    assert other.hash != plan.hash
+    with pytest.raises(AttributeError):  # plans are immutable
+        plan.mode = "baseline"
+
+
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        (dict(world_size=12, gpus_per_node=8), "world_size=12 is not a multiple of gpus_per_node=8"),
+        (dict(world_size=12, gpus_per_node=3), "gpus_per_node=3 is not a power of two"),
+        (dict(world_size=0, gpus_per_node=8), "world_size=0"),
+        (dict(world_size=8, gpus_per_node=8, tokens_per_rank=-1), "tokens_per_rank=-1"),
+    ],
+)
+def test_bad_cluster_errors_name_the_value(bad, match):
+    with pytest.raises(PlanError, match=match):
+        Cluster(**bad)
+
+
+def test_bad_layout_errors():
+    cluster = Cluster(8, 2, 64)
+    with pytest.raises(PlanError, match="must start at a multiple of 4"):
+        TokenLayout((Group(2, 4, (0,)), Group(0, 2, ()), Group(6, 2, ())), {0: 10}).validate(cluster)
+    with pytest.raises(PlanError, match="placed twice"):
+        TokenLayout((Group(0, 4, (0,)), Group(4, 4, (0,))), {0: 10}).validate(cluster)
+    with pytest.raises(PlanError, match="over tokens_per_rank=64"):
+        TokenLayout((Group(0, 8, (0,)),), {0: 8 * 64 + 1}).validate(cluster)
+    with pytest.raises(PlanError, match="must cover each"):
+        TokenLayout((Group(0, 4, (0,)),), {0: 10}).validate(cluster)
