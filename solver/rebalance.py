@@ -15,7 +15,6 @@ import numpy as np
 from .children import ChildProblem, child_problem, solve_child_problem
 from .cluster import Cluster, ceil_div
 from .cost import CostModel
-from .estimate import full_part, own_layout_part
 from .layout import Group
 
 
@@ -47,13 +46,16 @@ class _GroupState:
         return c.cp.child_time(size, sum(c.linear[s] for s in ids), sum(c.length_of[s] for s in ids))
 
     def price(self, ids, children) -> float:
+        """estimate.group_time for these members, from cached per-sample terms (same formulas)."""
         if not ids:
             return 0.0
-        lens = self.lens(ids)
-        t = full_part(self.group, lens, self.ctx.cost)
-        own = own_layout_part(self.group, lens, self.ctx.cost)
+        c, p = self.ctx, self.group.size
+        tok = sum(c.length_of[s] for s in ids)
+        a, b = c.exchange_line(p)
+        t = sum(c.full[s] for s in ids) / p + c.cost.model.n_full * (a * tok / p + b)
+        own = sum(c.linear[s] for s in ids) / p + c.cost.model.n_sparse * (a * tok / p + b)
         if children is not None:
-            return t + min(own, max(self.child_time(c, m) for c, m in children))
+            return t + min(own, max(self.child_time(k, m) for k, m in children))
         return t + own
 
     def without(self, a: int) -> tuple[list[int], list | None]:
@@ -90,8 +92,17 @@ class _Context:
         ids = list(length_of)
         lin = cost.linear_cost(np.array([length_of[s] for s in ids], dtype=np.float64))
         self.linear = dict(zip(ids, map(float, lin)))
+        self.full = dict(zip(ids, map(float, cost.full_cost(np.array([length_of[s] for s in ids], dtype=np.float64)))))
+        self._lines: dict[int, tuple[float, float]] = {}
         self.scost = dict(zip(ids, map(float, cost.sample_cost(np.array([length_of[s] for s in ids], dtype=np.float64)))))
         self.cp: ChildProblem = child_problem([], 2 * cluster.gpus_per_node, cluster, cost)
+
+    def exchange_line(self, size: int) -> tuple[float, float]:
+        """layer_exchange_time(x tokens per rank) = a * x + b for an aligned group of `size`."""
+        if size not in self._lines:
+            b = self.cost.layer_exchange_time(0.0, 0, size, 0)
+            self._lines[size] = (self.cost.layer_exchange_time(1.0, 0, size, 0) - b, b)
+        return self._lines[size]
 
 
 def rebalance_parents(
