@@ -38,25 +38,23 @@ class ChildProblem:
 
 
 def child_problem(lengths, parent_size: int, cluster: Cluster, cost: CostModel) -> ChildProblem:
+    """The child problem of a parent of `parent_size` ranks. A child's per-token cost holds its
+    own sparse-layer exchanges and its ranks' share of the parent's full-layer exchanges."""
     lengths = np.asarray(lengths, dtype=np.int64)
     g = cluster.gpus_per_node
+    fixed_per_exchange = FWD_BWD_EXCHANGES * 2 * cost.hw.a2a_latency
+    b = cost.layer_exchange_time(0.0, 0, parent_size, 0)
+    parent_x = cost.model.n_full * (cost.layer_exchange_time(1.0, 0, parent_size, 0) - b)
     per_token, fixed = {}, {}
     for c in (1 << k for k in range(g.bit_length())):
         if c == 1:
-            per_token[c], fixed[c] = 0.0, 0.0
+            per_token[c], fixed[c] = parent_x, 0.0
             continue
-        # one sparse layer's exchanges for a rank holding 1 token, times the sparse layers
-        t = cost.layer_exchange_time(1.0, 0, c, 0) - FWD_BWD_EXCHANGES * 2 * cost.hw.a2a_latency
-        per_token[c] = cost.model.n_sparse * t  # x the child's tokens / c = per-rank seconds
-        fixed[c] = cost.model.n_sparse * FWD_BWD_EXCHANGES * 2 * cost.hw.a2a_latency
+        t = cost.layer_exchange_time(1.0, 0, c, 0) - fixed_per_exchange
+        per_token[c] = cost.model.n_sparse * t + parent_x  # x the child's tokens / c = per-rank seconds
+        fixed[c] = cost.model.n_sparse * fixed_per_exchange
     return ChildProblem(
-        lengths,
-        np.asarray(cost.linear_cost(lengths), dtype=np.float64),
-        parent_size,
-        g,
-        cluster.tokens_per_rank,
-        per_token,
-        fixed,
+        lengths, np.asarray(cost.linear_cost(lengths), dtype=np.float64), parent_size, g, cluster.tokens_per_rank, per_token, fixed
     )
 
 

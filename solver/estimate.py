@@ -1,5 +1,12 @@
-"""Closed-form step-time estimate of a plan, used by the parent solver (the simulator in
-experiments/ is the detailed per-rank timeline; both use the same CostModel terms)."""
+"""Closed-form step-time estimate of a plan, used by the solvers (the simulator is the detailed
+per-rank timeline; both use the same CostModel terms).
+
+A parent's time is: full attention over its ranks + the latency of its full-layer exchanges +
+the slowest rank's share of everything that scales with the tokens a rank holds in the token
+layout (token-wise and sparse work, and the per-token cost of the full-layer exchanges, whose
+duration follows the rank that sends the most: a child rank holding more tokens than the
+parent's average slows the parent's entry and exit).
+"""
 
 from __future__ import annotations
 
@@ -11,20 +18,28 @@ from .cost import CostModel
 from .layout import Group
 
 
+def exchange_line(cost: CostModel, size: int) -> tuple[float, float]:
+    """One attention layer's exchanges (fwd + bwd) for x tokens per rank = a * x + b."""
+    b = cost.layer_exchange_time(0.0, 0, size, 0)
+    return cost.layer_exchange_time(1.0, 0, size, 0) - b, b
+
+
+def full_exchange_per_token(cost: CostModel, size: int) -> float:
+    """Seconds per token a rank holds, of all full layers' exchanges in a parent of `size`."""
+    return cost.model.n_full * exchange_line(cost, size)[0]
+
+
 def full_part(group: Group, lengths: np.ndarray, cost: CostModel) -> float:
-    """Full attention in the parent head layout plus the parent's entry/exit exchanges."""
-    p = group.size
-    per_rank = lengths.sum() / p
-    return float(cost.full_cost(lengths).sum() / p + cost.model.n_full * cost.layer_exchange_time(per_rank, group.start, p, group.start))
+    """Full attention in the parent head layout plus the fixed cost of its exchanges."""
+    return float(cost.full_cost(lengths).sum() / group.size + cost.model.n_full * exchange_line(cost, group.size)[1])
 
 
 def own_layout_part(group: Group, lengths: np.ndarray, cost: CostModel) -> float:
-    """Token-wise and sparse work when the sparse layers keep the group's own layout."""
+    """Per-token work when every layer keeps the group's own (evenly split) layout."""
     p = group.size
     per_rank = lengths.sum() / p
-    return float(
-        cost.linear_cost(lengths).sum() / p + cost.model.n_sparse * cost.layer_exchange_time(per_rank, group.start, p, group.start)
-    )
+    a, b = exchange_line(cost, p)
+    return float(cost.linear_cost(lengths).sum() / p + cost.model.n_sparse * (a * per_rank + b) + cost.model.n_full * a * per_rank)
 
 
 def group_time(group: Group, lengths: np.ndarray, cluster: Cluster, cost: CostModel, repack: bool, quick: bool = False) -> float:

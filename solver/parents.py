@@ -49,6 +49,41 @@ def anchor_widths(costs: np.ndarray, floors: np.ndarray, capacity: int, widest: 
     return widths
 
 
+def repack_widths(widths, lengths, costs, floors, cluster: Cluster, cost: CostModel, widest: int) -> np.ndarray:
+    """Widen parents whose sparse layers will run in node-local children.
+
+    With repacking, a long sample's token-wise and sparse work runs on a child of c <= node
+    ranks while only its full attention spreads over the parent's P ranks, so its ranks carry
+    linear / c + full / P. The parent is made wide enough for that to meet the per-rank target
+    (its other ranks take short samples in SP1 children, free of inter-node traffic). Samples
+    that do not fit a node, or whose linear work alone exceeds the target on a whole node, keep
+    their width. Anchors are shrunk back, as in anchor_widths, if they outgrow the cluster.
+    """
+    g = cluster.gpus_per_node
+    target = costs.sum() / cluster.world_size
+    linear = np.asarray(cost.linear_cost(lengths), dtype=np.float64)
+    full = np.asarray(cost.full_cost(lengths), dtype=np.float64)
+    out = widths.copy()
+    for i in np.nonzero(widths > 1)[0]:
+        if lengths[i] > g * cluster.tokens_per_rank:
+            continue
+        c = max(int(floors[i]), ceil_pow2(linear[i] / target))
+        if c > g:
+            continue
+        room = target - linear[i] / c
+        want = min(widest, max(c, ceil_pow2(full[i] / room)))
+        if want > g:
+            out[i] = max(out[i], want)
+    anchored = out > 1
+    while out[anchored].sum() > cluster.world_size:
+        grown = np.nonzero(anchored & (out > widths))[0]
+        if not len(grown):
+            break
+        pick = grown[np.argmin(costs[grown] / (out[grown] // 2))]
+        out[pick] //= 2
+    return out
+
+
 class _GroupFill:
     """Groups with per-rank load and token counts; picks the best group for each new sample."""
 
@@ -118,7 +153,10 @@ def assign_parents(samples: Sequence[Sample], cluster: Cluster, cost: CostModel,
     lengths = np.array([s.length for s in samples], dtype=np.int64)
     costs = np.asarray(cost.sample_cost(lengths), dtype=np.float64)
     floors = np.array([cluster.min_group_size(int(n)) for n in lengths])
-    widths = anchor_widths(costs, floors, cluster.world_size, _widest_group(cluster.world_size))
+    widest = _widest_group(cluster.world_size)
+    widths = anchor_widths(costs, floors, cluster.world_size, widest)
+    if repack_aware:
+        widths = repack_widths(widths, lengths, costs, floors, cluster, cost, widest)
 
     anchors = sorted(np.nonzero(widths > 1)[0], key=lambda i: (-widths[i], -costs[i]))
     groups, at = [], 0

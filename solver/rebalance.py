@@ -15,6 +15,7 @@ import numpy as np
 from .children import ChildProblem, child_problem, solve_child_problem
 from .cluster import Cluster, ceil_div
 from .cost import CostModel
+from .estimate import exchange_line
 from .layout import Group
 
 
@@ -43,7 +44,7 @@ class _GroupState:
 
     def child_time(self, size: int, ids) -> float:
         c = self.ctx
-        return c.cp.child_time(size, sum(c.linear[s] for s in ids), sum(c.length_of[s] for s in ids))
+        return c.cp(self.group.size).child_time(size, sum(c.linear[s] for s in ids), sum(c.length_of[s] for s in ids))
 
     def price(self, ids, children) -> float:
         """estimate.group_time for these members, from cached per-sample terms (same formulas)."""
@@ -52,8 +53,8 @@ class _GroupState:
         c, p = self.ctx, self.group.size
         tok = sum(c.length_of[s] for s in ids)
         a, b = c.exchange_line(p)
-        t = sum(c.full[s] for s in ids) / p + c.cost.model.n_full * (a * tok / p + b)
-        own = sum(c.linear[s] for s in ids) / p + c.cost.model.n_sparse * (a * tok / p + b)
+        t = sum(c.full[s] for s in ids) / p + c.cost.model.n_full * b
+        own = sum(c.linear[s] for s in ids) / p + c.cost.model.n_sparse * (a * tok / p + b) + c.cost.model.n_full * a * tok / p
         if children is not None:
             return t + min(own, max(self.child_time(k, m) for k, m in children))
         return t + own
@@ -95,13 +96,17 @@ class _Context:
         self.full = dict(zip(ids, map(float, cost.full_cost(np.array([length_of[s] for s in ids], dtype=np.float64)))))
         self._lines: dict[int, tuple[float, float]] = {}
         self.scost = dict(zip(ids, map(float, cost.sample_cost(np.array([length_of[s] for s in ids], dtype=np.float64)))))
-        self.cp: ChildProblem = child_problem([], 2 * cluster.gpus_per_node, cluster, cost)
+        self._cps: dict[int, ChildProblem] = {}
+
+    def cp(self, parent_size: int) -> ChildProblem:
+        if parent_size not in self._cps:
+            self._cps[parent_size] = child_problem([], parent_size, self.cluster, self.cost)
+        return self._cps[parent_size]
 
     def exchange_line(self, size: int) -> tuple[float, float]:
         """layer_exchange_time(x tokens per rank) = a * x + b for an aligned group of `size`."""
         if size not in self._lines:
-            b = self.cost.layer_exchange_time(0.0, 0, size, 0)
-            self._lines[size] = (self.cost.layer_exchange_time(1.0, 0, size, 0) - b, b)
+            self._lines[size] = exchange_line(self.cost, size)
         return self._lines[size]
 
 

@@ -1,0 +1,221 @@
+"""Step-time simulator: per-rank timelines of one training step under a StepPlan.
+
+The embedded default engine of the ablation. For every layer, forward then backward:
+token-wise work on each rank's tokens of the current token layout; full attention between the
+parent's entry and exit exchanges; sparse attention between the child's own exchanges (none for
+a child of one rank). Every all-to-all is a synchronization point of its group: it starts when
+the group's last rank arrives and lasts as long as its slowest member's transfers (intra-node
+and inter-node phases added, a conservative no-overlap model). The step ends at the slowest
+rank (gradient sync). The same CostModel prices the solvers' estimates.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from .cluster import ceil_pow2
+from .cost import CostModel
+from .plan import StepPlan
+
+
+@dataclass
+class StepResult:
+    step_time: float  # seconds
+    mfu: float
+    model_flops: float
+    lower_bound: float  # seconds: perfect balance, no inter-node traffic in sparse layers
+    compute: float  # mean over ranks, seconds (the four parts add up to step_time)
+    intra_comm: float
+    inter_comm: float
+    imbalance_wait: float
+    full_intra_bytes: float  # whole step, all ranks: bytes that stay inside a node at full layers
+    full_inter_bytes: float
+    sparse_intra_bytes: float
+    sparse_inter_bytes: float
+    a2a_calls_full: int  # all-to-all calls per rank at full-attention sites (max over ranks)
+    a2a_calls_sparse: int
+
+    def to_dict(self):
+        return asdict(self)
+
+
+class _Layout:
+    """Contiguous groups of one token layout as arrays over ranks."""
+
+    def __init__(self, groups, world: int, lengths, cost: CostModel):
+        groups = sorted(groups, key=lambda g: g.start)
+        self.starts = np.array([g.start for g in groups])
+        self.sizes = np.array([g.size for g in groups])
+        self.size_of_rank = np.repeat(self.sizes, self.sizes)
+        self.start_of_rank = np.repeat(self.starts, self.sizes)
+        tokens = np.zeros(world)
+        full_attn = np.zeros(len(groups))
+        sparse_attn = np.zeros(len(groups))
+        for k, g in enumerate(groups):
+            lens = np.array([lengths[s] for s in g.samples], dtype=np.float64)
+            for s in g.samples:
+                b = (lengths[s] * np.arange(g.size + 1)) // g.size
+                tokens[g.start : g.stop] += np.diff(b)
+            if len(lens):
+                full_attn[k] = cost.full_attn_time(lens).sum() / g.size
+                sparse_attn[k] = cost.sparse_attn_time(lens).sum() / g.size
+        self.tokens = tokens  # tokens each rank holds in this token layout
+        self.full_attn = np.repeat(full_attn, self.sizes)  # forward seconds per rank in head layout
+        self.sparse_attn = np.repeat(sparse_attn, self.sizes)
+
+    def group_max(self, x: np.ndarray) -> np.ndarray:
+        return np.repeat(np.maximum.reduceat(x, self.starts), self.sizes)
+
+
+class _Timeline:
+    def __init__(self, world: int):
+        self.t = np.zeros(world)
+        self.compute = np.zeros(world)
+        self.intra = np.zeros(world)
+        self.inter = np.zeros(world)
+        self.wait = np.zeros(world)
+
+    def work(self, dt: np.ndarray):
+        self.t += dt
+        self.compute += dt
+
+    def sync_exchange(self, layout: _Layout, intra_s: np.ndarray, inter_s: np.ndarray):
+        """All-to-all over each group of `layout`: wait for the group, then its slowest transfer."""
+        start = layout.group_max(self.t)
+        self.wait += start - self.t
+        own = intra_s + inter_s
+        dur = layout.group_max(own)
+        # attribute the blocked time like the group's critical member splits it
+        crit_intra = layout.group_max(np.where(own == dur, intra_s, -np.inf))
+        crit_intra = np.where(np.isfinite(crit_intra), crit_intra, 0.0)
+        frac_intra = np.divide(crit_intra, dur, out=np.zeros_like(dur), where=dur > 0)
+        self.intra += dur * frac_intra
+        self.inter += dur * (1 - frac_intra)
+        self.t = start + dur
+
+
+def _exchange(cost: CostModel, layout: _Layout, send_rows: np.ndarray, recv_rows: np.ndarray, row_bytes: np.ndarray, g: int):
+    """Per-rank (intra seconds, inter seconds, intra bytes sent, inter bytes sent) of one all-to-all.
+
+    send_rows[r]: rows r sends to each peer; recv_rows[r]: rows r receives in all (from all peers,
+    its own block included). Each row carries row_bytes[r] / size bytes to one peer."""
+    size = layout.size_of_rank.astype(np.float64)
+    world = len(size)
+    ranks = np.arange(world)
+    node = ranks // g
+    lo = np.maximum(layout.start_of_rank, node * g)
+    hi = np.minimum(layout.start_of_rank + layout.size_of_rank, (node + 1) * g)
+    same = (hi - lo).astype(np.float64)  # group members on my node, me included
+    per_peer = row_bytes / size
+    send_intra = send_rows * per_peer * (same - 1)
+    send_inter = send_rows * per_peer * (size - same)
+    # received: the rows of same-node peers (minus mine) and of the other nodes' peers
+    node_rows = np.zeros(world)
+    for k in range(len(layout.starts)):
+        a, s = layout.starts[k], layout.sizes[k]
+        rows = send_rows[a : a + s]
+        for n0 in range(a // g, (a + s - 1) // g + 1):
+            lo_n, hi_n = max(a, n0 * g), min(a + s, (n0 + 1) * g)
+            node_rows[lo_n:hi_n] = rows[lo_n - a : hi_n - a].sum()
+    recv_intra = (node_rows - send_rows) * per_peer
+    recv_inter = (recv_rows - node_rows) * per_peer
+    single = size == 1
+    intra_s = np.where(single, 0.0, np.maximum(send_intra, recv_intra) / cost.hw.intra_node_bw + cost.hw.a2a_latency)
+    inter_s = np.maximum(send_inter, recv_inter) / cost.hw.inter_node_bw
+    return intra_s, inter_s, float(send_intra.sum()), float(send_inter.sum())
+
+
+def lower_bound(plan: StepPlan, cost: CostModel) -> float:
+    """Perfect balance of all compute, no inter-node traffic in sparse layers, and each sample's
+    full-attention exchanges priced at its memory-floor width (no plan can do less)."""
+    lens = np.array([n for _, n in plan.lengths], dtype=np.float64)
+    compute = float(cost.sample_cost(lens).sum())
+    xfull = 0.0
+    for n in lens:
+        m = min(ceil_pow2(n / plan.cluster.tokens_per_rank), plan.cluster.world_size)
+        if m > 1:
+            line = cost.layer_exchange_time(1.0, 0, m, 0) - cost.layer_exchange_time(0.0, 0, m, 0)
+            xfull += cost.model.n_full * line * n  # rank-seconds: n/m tokens per rank on m ranks
+    return (compute + xfull) / plan.cluster.world_size
+
+
+def simulate(plan: StepPlan, cost: CostModel) -> StepResult:
+    """Simulate one training step (forward + backward) of `plan`.
+
+    >>> from solver import Cluster, CostModel, HardwareConfig, ModelConfig, make_plan, samples_from_lengths
+    >>> cost = CostModel(ModelConfig.from_name("paper"), HardwareConfig())
+    >>> r = simulate(make_plan(samples_from_lengths([100_000] + [4000] * 40), Cluster(16, 8, 32768), cost, "repack"), cost)
+    >>> 0 < r.mfu < 1
+    True
+    """
+    world, g = plan.cluster.world_size, plan.cluster.gpus_per_node
+    m = cost.model
+    parent = _Layout(plan.parent_layout.groups, world, plan.length_of, cost)
+    child = _Layout(plan.child_layout.groups, world, plan.length_of, cost)
+    tokens = child.tokens  # token-wise work runs in the child layout (== parent in baseline)
+    qkv = m.hidden * (m.n_heads + 2 * m.n_kv_heads) * m.head_dim
+    pre_share = qkv / cost.layer_params_active
+    t_pre = tokens * cost.layer_token_time * pre_share
+    t_post = tokens * cost.layer_token_time * (1 - pre_share)
+    t_head = tokens * cost.head_token_time
+
+    def xchg(layout):
+        """(entry, exit) exchanges of one layout. The exit's byte matrix is the entry's transpose,
+        so with per-rank max(send, receive) it has the entry's shape at the exit's row size."""
+        group_tokens = np.repeat(np.add.reduceat(tokens, layout.starts), layout.sizes)
+        entry = np.array([cost.entry_row_bytes(int(s)) for s in layout.size_of_rank])
+        exit_ = np.full(world, cost.exit_row_bytes())
+        return _exchange(cost, layout, tokens, group_tokens, entry, g), _exchange(cost, layout, tokens, group_tokens, exit_, g)
+
+    full_x = xchg(parent)
+    sparse_x = xchg(child)
+
+    tl = _Timeline(world)
+    bytes_acc = {"full": [0.0, 0.0], "sparse": [0.0, 0.0]}
+    calls = {"full": 0, "sparse": 0}
+
+    def attention_layer(kind: str, factor: float):
+        layout, attn, (entry, exit_) = (parent, parent.full_attn, full_x) if kind == "F" else (child, child.sparse_attn, sparse_x)
+        multi = layout.size_of_rank > 1
+        # forward: pre -> entry -> attention -> exit -> post ; backward mirrors it
+        order = [("work", t_pre), ("x", entry), ("work", attn), ("x", exit_), ("work", t_post)]
+        if factor != 1.0:
+            order = order[::-1]
+        key = "full" if kind == "F" else "sparse"
+        for op, val in order:
+            if op == "work":
+                tl.work(val * factor)
+            else:
+                intra_s, inter_s, b_in, b_out = val
+                tl.sync_exchange(layout, np.where(multi, intra_s, 0.0), np.where(multi, inter_s, 0.0))
+                bytes_acc[key][0] += b_in
+                bytes_acc[key][1] += b_out
+                calls[key] += 1
+
+    kinds = m.layer_kinds
+    for kind in kinds:
+        attention_layer(kind, 1.0)
+    tl.work(t_head * 3.0)  # LM head forward + backward
+    for kind in reversed(kinds):
+        attention_layer(kind, 2.0)
+    step = float(tl.t.max())
+    tl.wait += step - tl.t
+    flops = cost.model_flops([n for _, n in plan.lengths])
+    return StepResult(
+        step_time=step,
+        mfu=flops / (step * world * cost.hw.peak_flops),
+        model_flops=flops,
+        lower_bound=lower_bound(plan, cost),
+        compute=float(tl.compute.mean()),
+        intra_comm=float(tl.intra.mean()),
+        inter_comm=float(tl.inter.mean()),
+        imbalance_wait=float(tl.wait.mean()),
+        full_intra_bytes=bytes_acc["full"][0],
+        full_inter_bytes=bytes_acc["full"][1],
+        sparse_intra_bytes=bytes_acc["sparse"][0],
+        sparse_inter_bytes=bytes_acc["sparse"][1],
+        a2a_calls_full=calls["full"],
+        a2a_calls_sparse=calls["sparse"],
+    )
