@@ -1,0 +1,117 @@
+"""Bandwidth of the pack/unpack kernels around the all-to-all.
+
+    python -m experiments.kernel_bench            # on CUDA: Triton vs torch vs a device copy
+    python -m experiments.kernel_bench --quick    # small sizes (the CPU run uses these)
+
+For each local token count, P and direction it times the pack (entry: head split into per-peer
+blocks) and the unpack (entry: rows placed in the group's sample order, a permutation), and
+reports GB/s counting one read and one write of every element, against torch.clone of the same
+bytes (the copy ceiling) and against the torch reference path. On CPU only the torch path runs
+and the figures are NOT GPU figures. Writes results/kernel_bench.csv.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import time
+
+import numpy as np
+import torch
+
+from kernels.exchange import exchange_args
+from kernels.permute import gather_heads, scatter_heads
+from solver.context import run_context
+
+
+class _EntryPlan:
+    """Rank 0's entry exchange of a group of P ranks each holding n tokens (rows land permuted)."""
+
+    def __init__(self, n: int, p: int, seed: int = 0):
+        self.kind, self.group_start, self.group_size, self.rank = "token_to_head", 0, p, 0
+        self.n_in, self.n_out = n, n * p
+        self.send_counts = np.full(p, n)
+        self.recv_counts = np.full(p, n)
+        self.pack_rows = np.tile(np.arange(n), p)
+        self.unpack_rows = np.random.default_rng(seed).permutation(n * p)
+
+
+def _time(fn, cuda: bool) -> float:
+    """Median seconds of fn()."""
+    if cuda:
+        from triton.testing import do_bench
+
+        return do_bench(fn, quantiles=[0.5, 0.2, 0.8])[0] * 1e-3
+    fn()
+    ts = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+    return float(np.median(ts))
+
+
+def _ops(x, a, send):
+    """(name, path -> callable) of the entry pack and unpack for one size."""
+
+    def pack(path):
+        return lambda: gather_heads(x, a.pack_rows, a.pack_peers, a.pack_map, path)
+
+    def unpack(path):
+        return lambda: scatter_heads(send, a.unpack_rows, a.unpack_peers, a.unpack_map, a.n_out, a.out_heads, path)
+
+    return (("pack", pack), ("unpack", unpack))
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="small sizes")
+    ap.add_argument("--heads", type=int, default=32)
+    ap.add_argument("--kv-heads", type=int, default=32, help="K/V heads moved with Q in one exchange (default 32)")
+    ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument("--out", default="results")
+    args = ap.parse_args(argv)
+    cuda = torch.cuda.is_available()
+    dev = torch.device("cuda" if cuda else "cpu")
+    dtype = torch.bfloat16
+    tokens = [2048, 8192] if (args.quick or not cuda) else [16384, 65536, 131072]
+    groups = [8, 16, 32]
+    paths = ["triton", "torch"] if cuda else ["torch"]
+    ctx = run_context()
+    segs = [args.heads, args.kv_heads, args.kv_heads]
+    print(f"device: {ctx['device']}  commit {ctx['commit']}  dtype bf16  heads {segs} x {args.head_dim}")
+    if not cuda:
+        print("NOTE: no CUDA device: torch path on CPU only. These are NOT GPU figures; run on a GPU for the kernel targets.")
+    rows = []
+    print(f"{'tokens':>7} {'P':>3} {'op':>7} {'MB':>8} {'copy GB/s':>10} " + " ".join(f"{p + ' GB/s':>12} {'/copy':>6}" for p in paths))
+    for n in tokens:
+        x = torch.randn(n, sum(segs), args.head_dim, device=dev).to(dtype)
+        for p in groups:
+            a = exchange_args(_EntryPlan(n, p), segs, dev)
+            send = gather_heads(x, a.pack_rows, a.pack_peers, a.pack_map, "torch")
+            mb = x.numel() * x.element_size() / 1e6
+            t_copy = _time(x.clone, cuda)
+            copy_bw = 2 * mb / 1e3 / t_copy
+            for op, fn_of in _ops(x, a, send):
+                cells, row = [], {"tokens": n, "group_size": p, "op": op, "megabytes": round(mb, 1), "copy_gbps": round(copy_bw, 1)}
+                for path in paths:
+                    t = _time(fn_of(path), cuda)
+                    bw = 2 * mb / 1e3 / t
+                    row[f"{path}_gbps"] = round(bw, 1)
+                    row[f"{path}_ms"] = round(t * 1e3, 4)
+                    cells.append(f"{bw:12.1f} {bw / copy_bw:6.2f}")
+                rows.append({**row, **ctx})
+                print(f"{n:7d} {p:3d} {op:>7} {mb:8.1f} {copy_bw:10.1f} " + " ".join(cells), flush=True)
+    os.makedirs(args.out, exist_ok=True)
+    path = os.path.join(args.out, "kernel_bench.csv")
+    keys = sorted({k for r in rows for k in r}, key=lambda k: list(rows[0]).index(k) if k in rows[0] else 99)
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=keys)
+        w.writeheader()
+        w.writerows(rows)
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

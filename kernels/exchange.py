@@ -1,0 +1,286 @@
+"""The exchange: pack -> all_to_all_single with per-peer split sizes -> unpack, as one autograd op.
+
+Every exchange of the model is "token layout <-> head layout of a group". A rank's part of it is
+given by a plan object with the attributes of solver.layout.RankExchange (kind, group_start,
+group_size, rank, n_in, n_out, send_counts, recv_counts, pack_rows, unpack_rows); this module
+reads only those plain arrays. Heads: the token-side tensor holds `segments` of heads (Q, K, V:
+[H, Hkv, Hkv]; an attention output: [H]); peer j of a group of P gets the j-th 1/P slice of every
+segment, so Q, K and V travel in one all-to-all. The backward of an exchange is its inverse
+(entry's backward is an exit over the same layouts, and vice versa).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from .permute import gather_heads, scatter_heads
+
+TOKEN_TO_HEAD = "token_to_head"
+HEAD_TO_TOKEN = "head_to_token"
+
+
+def head_split_map(segments: Sequence[int], group_size: int) -> np.ndarray:
+    """[P, sum(segments) / P] token-side head index of each head a peer gets, segment by segment."""
+    for s in segments:
+        if s % group_size:
+            raise ValueError(
+                f"a head segment of {s} heads cannot be split over a group of {group_size} ranks; every head count "
+                f"(query and key/value heads) must be a multiple of every group size used (KV-head replication is not "
+                f"supported: use n_kv_heads >= the widest group, or a narrower parent)"
+            )
+    rows, off = [], 0
+    parts = []
+    for s in segments:
+        k = s // group_size
+        parts.append(off + np.arange(group_size)[:, None] * k + np.arange(k)[None, :])
+        off += s
+    rows = np.concatenate(parts, axis=1) if parts else np.zeros((group_size, 0), dtype=np.int64)
+    return rows.astype(np.int32)
+
+
+@dataclass(frozen=True, eq=False)
+class ExchangeArgs:
+    """One rank's exchange as device tensors, ready for the kernels and the collective."""
+
+    kind: str
+    group_start: int
+    group_size: int
+    rank: int
+    n_in: int
+    n_out: int
+    in_heads: int
+    out_heads: int
+    send_counts: list[int]
+    recv_counts: list[int]
+    pack_rows: torch.Tensor
+    pack_peers: torch.Tensor
+    pack_map: torch.Tensor
+    unpack_rows: torch.Tensor
+    unpack_peers: torch.Tensor
+    unpack_map: torch.Tensor
+    segments: tuple[int, ...]
+    _inverse: list = field(default_factory=list, repr=False)
+
+    def inverse(self) -> ExchangeArgs:
+        if not self._inverse:
+            self._inverse.append(
+                ExchangeArgs(
+                    kind=HEAD_TO_TOKEN if self.kind == TOKEN_TO_HEAD else TOKEN_TO_HEAD,
+                    group_start=self.group_start,
+                    group_size=self.group_size,
+                    rank=self.rank,
+                    n_in=self.n_out,
+                    n_out=self.n_in,
+                    in_heads=self.out_heads,
+                    out_heads=self.in_heads,
+                    send_counts=self.recv_counts,
+                    recv_counts=self.send_counts,
+                    pack_rows=self.unpack_rows,
+                    pack_peers=self.unpack_peers,
+                    pack_map=self.unpack_map,
+                    unpack_rows=self.pack_rows,
+                    unpack_peers=self.pack_peers,
+                    unpack_map=self.pack_map,
+                    segments=self.segments,
+                    _inverse=[self],
+                )
+            )
+        return self._inverse[0]
+
+
+def exchange_args(plan, segments: Sequence[int], device: torch.device | str = "cpu") -> ExchangeArgs:
+    """Tensors for one rank's exchange `plan` (a RankExchange-like object) moving `segments` heads.
+
+    >>> import numpy as np
+    >>> class P:  # a 1-rank "group": the exchange is a local copy
+    ...     kind, group_start, group_size, rank, n_in, n_out = "token_to_head", 0, 1, 0, 3, 3
+    ...     send_counts = recv_counts = np.array([3]); pack_rows = unpack_rows = np.arange(3)
+    >>> exchange_args(P(), [4]).pack_map.shape
+    torch.Size([1, 4])
+    """
+    p = plan.group_size
+    split = torch.as_tensor(head_split_map(segments, p), device=device)
+    hs = split.shape[1]
+    ident = torch.arange(hs, dtype=torch.int32, device=device).expand(p, hs).contiguous()
+    tokens_heads = int(sum(segments))
+    send = [int(c) for c in plan.send_counts]
+    recv = [int(c) for c in plan.recv_counts]
+
+    def peers(counts):
+        return torch.as_tensor(np.repeat(np.arange(p, dtype=np.int32), counts), device=device)
+
+    def idx(a):
+        return torch.as_tensor(np.asarray(a, dtype=np.int64), device=device)
+
+    if plan.kind == TOKEN_TO_HEAD:
+        pack_map, unpack_map, in_heads, out_heads = split, ident, tokens_heads, hs
+    elif plan.kind == HEAD_TO_TOKEN:
+        pack_map, unpack_map, in_heads, out_heads = ident, split, hs, tokens_heads
+    else:
+        raise ValueError(f"plan kind {plan.kind!r} is not {TOKEN_TO_HEAD!r} or {HEAD_TO_TOKEN!r}")
+    if len(plan.pack_rows) != sum(send) or len(plan.unpack_rows) != sum(recv):
+        raise ValueError(
+            f"rank {plan.rank}: plan rows ({len(plan.pack_rows)}, {len(plan.unpack_rows)}) do not match "
+            f"its split sizes ({sum(send)}, {sum(recv)})"
+        )
+    return ExchangeArgs(
+        kind=plan.kind,
+        group_start=plan.group_start,
+        group_size=p,
+        rank=plan.rank,
+        n_in=int(plan.n_in),
+        n_out=int(plan.n_out),
+        in_heads=in_heads,
+        out_heads=out_heads,
+        send_counts=send,
+        recv_counts=recv,
+        pack_rows=idx(plan.pack_rows),
+        pack_peers=peers(send),
+        pack_map=pack_map,
+        unpack_rows=idx(plan.unpack_rows),
+        unpack_peers=peers(recv),
+        unpack_map=unpack_map,
+        segments=tuple(int(s) for s in segments),
+    )
+
+
+# ----- communication ---------------------------------------------------------------------------
+@dataclass
+class CommStats:
+    """Counts every exchange: all-to-all calls per site, bytes per (src, dst) rank, bytes across nodes."""
+
+    gpus_per_node: int = 8
+    calls: dict = field(default_factory=lambda: defaultdict(int))
+    bytes_to_peer: dict = field(default_factory=lambda: defaultdict(lambda: defaultdict(int)))  # site -> (src, dst) -> bytes
+    bytes_by_site: dict = field(default_factory=lambda: defaultdict(lambda: [0, 0]))  # site -> [intra, inter]
+
+    def record(self, site: str, args: ExchangeArgs, row_bytes: int) -> None:
+        self.calls[site] += 1
+        src_node = args.rank // self.gpus_per_node
+        for j, c in enumerate(args.send_counts):
+            dst = args.group_start + j
+            if dst == args.rank or c == 0:
+                continue
+            b = c * row_bytes
+            self.bytes_to_peer[site][(args.rank, dst)] += b
+            self.bytes_by_site[site][0 if dst // self.gpus_per_node == src_node else 1] += b
+
+    def inter_node_bytes(self, site_prefix: str = "") -> int:
+        return sum(v[1] for k, v in self.bytes_by_site.items() if k.startswith(site_prefix))
+
+    def intra_node_bytes(self, site_prefix: str = "") -> int:
+        return sum(v[0] for k, v in self.bytes_by_site.items() if k.startswith(site_prefix))
+
+    def total_calls(self, site_prefix: str = "") -> int:
+        return sum(v for k, v in self.calls.items() if k.startswith(site_prefix))
+
+
+class AlignedGroups:
+    """torch.distributed subgroups for every aligned power-of-two rank range of size >= 2.
+
+    new_group must be called by every rank in the same order; building all of them once, in a
+    fixed order, keeps that true whatever the plans are."""
+
+    def __init__(self, world_size: int | None = None):
+        self.world_size = world_size or dist.get_world_size()
+        self.groups: dict[tuple[int, int], object] = {}
+        size = 2
+        while size <= self.world_size:
+            for start in range(0, self.world_size - size + 1, size):
+                self.groups[(start, size)] = dist.new_group(list(range(start, start + size)))
+            size *= 2
+
+    def get(self, start: int, size: int):
+        if (start, size) not in self.groups:
+            raise ValueError(
+                f"no process group for ranks [{start}, {start + size}): groups must be aligned powers of two "
+                f"inside a world of {self.world_size}"
+            )
+        return self.groups[(start, size)]
+
+
+Transport = Callable[[torch.Tensor, ExchangeArgs], torch.Tensor]
+
+
+def dist_transport(groups: AlignedGroups) -> Transport:
+    """all_to_all_single over the plan's group with the plan's per-peer split sizes (rows)."""
+
+    def run(send: torch.Tensor, args: ExchangeArgs) -> torch.Tensor:
+        recv = send.new_empty((sum(args.recv_counts),) + tuple(send.shape[1:]))
+        if args.group_size == 1:
+            recv.copy_(send)
+            return recv
+        dist.all_to_all_single(
+            recv,
+            send,
+            output_split_sizes=args.recv_counts,
+            input_split_sizes=args.send_counts,
+            group=groups.get(args.group_start, args.group_size),
+        )
+        return recv
+
+    return run
+
+
+def pack(x: torch.Tensor, args: ExchangeArgs, path: str = "auto") -> torch.Tensor:
+    if x.shape[0] != args.n_in or x.shape[1] != args.in_heads:
+        raise ValueError(
+            f"rank {args.rank}: exchange input has shape {tuple(x.shape)}, the plan expects [{args.n_in}, {args.in_heads}, head_dim]"
+        )
+    return gather_heads(x, args.pack_rows, args.pack_peers, args.pack_map, path)
+
+
+def unpack(recv: torch.Tensor, args: ExchangeArgs, path: str = "auto") -> torch.Tensor:
+    return scatter_heads(recv, args.unpack_rows, args.unpack_peers, args.unpack_map, args.n_out, args.out_heads, path)
+
+
+class _Exchange(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, args, transport, path, stats, site):
+        ctx.args, ctx.transport, ctx.path, ctx.stats, ctx.site = args, transport, path, stats, site
+        return _run(x, args, transport, path, stats, site)
+
+    @staticmethod
+    def backward(ctx, grad):
+        inv = ctx.args.inverse()
+        return _Exchange.apply(grad.contiguous(), inv, ctx.transport, ctx.path, ctx.stats, ctx.site + ".bwd"), None, None, None, None, None
+
+
+def _run(x, args, transport, path, stats, site):
+    send = pack(x, args, path)
+    if stats is not None:
+        stats.record(site, args, send.shape[1] * send.shape[2] * send.element_size())
+    recv = transport(send, args)
+    return unpack(recv, args, path)
+
+
+def exchange(
+    x: torch.Tensor, args: ExchangeArgs, transport: Transport, path: str = "auto", stats: CommStats | None = None, site: str = "exchange"
+) -> torch.Tensor:
+    """One exchange with autograd: [n_in, in_heads, D] -> [n_out, out_heads, D].
+
+    Exactly one all-to-all per call (and one per backward). `stats` counts it under `site`.
+    """
+    return _Exchange.apply(x, args, transport, path, stats, site)
+
+
+def exchange_all_ranks(xs: dict[int, torch.Tensor], args: dict[int, ExchangeArgs], path: str = "auto") -> dict[int, torch.Tensor]:
+    """Single-process reference of one exchange on every rank at once (the torch permutation the
+    distributed run is compared with; differentiable through the kernels' torch path)."""
+    sends = {r: pack(xs[r], a, path) for r, a in args.items()}
+    out = {}
+    for r, a in args.items():
+        blocks = []
+        for j in range(a.group_size):
+            src = args[a.group_start + j]
+            off = int(np.sum(src.send_counts[: a.rank - a.group_start]))
+            blocks.append(sends[a.group_start + j][off : off + src.send_counts[a.rank - a.group_start]])
+        recv = torch.cat(blocks) if blocks else sends[r][:0]
+        out[r] = unpack(recv, a, path)
+    return out

@@ -1,0 +1,138 @@
+"""Fused row-permute + head split/merge kernels around the all-to-all.
+
+One read and one write per element: `gather_heads` packs (rows of the local tensor, the heads of
+each destination peer's slice) into the contiguous send buffer; `scatter_heads` unpacks the
+receive buffer into the output's rows and head slices. Both take a plan's plain integer arrays.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._triton import tl, triton
+from .reference import gather_heads_ref, scatter_heads_ref
+
+
+@triton.jit
+def _gather_heads_kernel(
+    x_ptr, out_ptr, rows_ptr, peers_ptr, map_ptr, M, HX, HS, D, BLOCK_M: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr
+):
+    pid_m = tl.program_id(0)
+    pid_h = tl.program_id(1)
+    m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    h = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
+    d = tl.arange(0, BLOCK_D)
+    m_ok = m < M
+    h_ok = h < HS
+    rows = tl.load(rows_ptr + m, mask=m_ok, other=0).to(tl.int64)
+    peers = tl.load(peers_ptr + m, mask=m_ok, other=0).to(tl.int64)
+    mh_ok = m_ok[:, None] & h_ok[None, :]
+    heads = tl.load(map_ptr + peers[:, None] * HS + h[None, :], mask=mh_ok, other=0).to(tl.int64)
+    mask = mh_ok[:, :, None] & (d < D)[None, None, :]
+    src = x_ptr + (rows[:, None, None] * HX + heads[:, :, None]) * D + d[None, None, :]
+    val = tl.load(src, mask=mask)
+    dst = out_ptr + (m.to(tl.int64)[:, None, None] * HS + h[None, :, None]) * D + d[None, None, :]
+    tl.store(dst, val, mask=mask)
+
+
+@triton.jit
+def _scatter_heads_kernel(
+    src_ptr, out_ptr, rows_ptr, peers_ptr, map_ptr, M, HO, HS, D, BLOCK_M: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr
+):
+    pid_m = tl.program_id(0)
+    pid_h = tl.program_id(1)
+    m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    h = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
+    d = tl.arange(0, BLOCK_D)
+    m_ok = m < M
+    h_ok = h < HS
+    rows = tl.load(rows_ptr + m, mask=m_ok, other=0).to(tl.int64)
+    peers = tl.load(peers_ptr + m, mask=m_ok, other=0).to(tl.int64)
+    mh_ok = m_ok[:, None] & h_ok[None, :]
+    heads = tl.load(map_ptr + peers[:, None] * HS + h[None, :], mask=mh_ok, other=0).to(tl.int64)
+    mask = mh_ok[:, :, None] & (d < D)[None, None, :]
+    val = tl.load(src_ptr + (m.to(tl.int64)[:, None, None] * HS + h[None, :, None]) * D + d[None, None, :], mask=mask)
+    dst = out_ptr + (rows[:, None, None] * HO + heads[:, :, None]) * D + d[None, None, :]
+    tl.store(dst, val, mask=mask)
+
+
+def _blocks(hs: int, d: int) -> tuple[int, int, int]:
+    block_d = triton.next_power_of_2(d)
+    block_h = min(triton.next_power_of_2(hs), max(1, 2048 // block_d))
+    block_m = max(1, min(64, 4096 // (block_h * block_d)))
+    return block_m, block_h, block_d
+
+
+def _check(x: torch.Tensor, rows: torch.Tensor, peers: torch.Tensor, head_map: torch.Tensor) -> None:
+    if x.dim() != 3:
+        raise ValueError(f"expected a [rows, heads, head_dim] tensor, got shape {tuple(x.shape)}")
+    if rows.shape != peers.shape or rows.dim() != 1:
+        raise ValueError(f"rows {tuple(rows.shape)} and peers {tuple(peers.shape)} must be matching 1-D index arrays")
+    if head_map.dim() != 2:
+        raise ValueError(f"head_map must be [peers, heads], got shape {tuple(head_map.shape)}")
+
+
+def gather_heads_triton(x: torch.Tensor, rows: torch.Tensor, peers: torch.Tensor, head_map: torch.Tensor) -> torch.Tensor:
+    """out[m, h, :] = x[rows[m], head_map[peers[m], h], :]; x [N, Hx, D] -> [M, Hs, D]."""
+    _check(x, rows, peers, head_map)
+    x = x.contiguous()
+    m, hs, d = rows.numel(), head_map.shape[1], x.shape[2]
+    out = torch.empty((m, hs, d), dtype=x.dtype, device=x.device)
+    if m == 0 or hs == 0:
+        return out
+    bm, bh, bd = _blocks(hs, d)
+    grid = (triton.cdiv(m, bm), triton.cdiv(hs, bh))
+    _gather_heads_kernel[grid](
+        x, out, rows.contiguous(), peers.contiguous(), head_map.contiguous(), m, x.shape[1], hs, d, BLOCK_M=bm, BLOCK_H=bh, BLOCK_D=bd
+    )
+    return out
+
+
+def scatter_heads_triton(
+    src: torch.Tensor, rows: torch.Tensor, peers: torch.Tensor, head_map: torch.Tensor, n_out: int, out_heads: int
+) -> torch.Tensor:
+    """out[rows[m], head_map[peers[m], h], :] = src[m, h, :]; src [M, Hs, D] -> [n_out, out_heads, D]."""
+    _check(src, rows, peers, head_map)
+    src = src.contiguous()
+    m, hs, d = rows.numel(), head_map.shape[1], src.shape[2]
+    out = torch.empty((n_out, out_heads, d), dtype=src.dtype, device=src.device)
+    if m == 0 or hs == 0:
+        return out
+    bm, bh, bd = _blocks(hs, d)
+    grid = (triton.cdiv(m, bm), triton.cdiv(hs, bh))
+    _scatter_heads_kernel[grid](
+        src, out, rows.contiguous(), peers.contiguous(), head_map.contiguous(), m, out_heads, hs, d, BLOCK_M=bm, BLOCK_H=bh, BLOCK_D=bd
+    )
+    return out
+
+
+PATHS = ("auto", "triton", "torch")
+
+
+def resolve_path(path: str, device: torch.device) -> str:
+    if path not in PATHS:
+        raise ValueError(f"pack path {path!r} is not one of {PATHS}")
+    if path == "auto":
+        return "triton" if device.type == "cuda" else "torch"
+    return path
+
+
+def gather_heads(x, rows, peers, head_map, path: str = "auto") -> torch.Tensor:
+    """Pack: x [N, Hx, D] -> [M, Hs, D] with out[m, h] = x[rows[m], head_map[peers[m], h]].
+
+    >>> x = torch.randn(5, 4, 8)
+    >>> rows, peers = torch.tensor([4, 0, 1]), torch.tensor([0, 0, 1])
+    >>> hmap = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32)
+    >>> torch.equal(gather_heads(x, rows, peers, hmap, "triton"), gather_heads(x, rows, peers, hmap, "torch"))
+    True
+    """
+    if resolve_path(path, x.device) == "triton":
+        return gather_heads_triton(x, rows, peers, head_map)
+    return gather_heads_ref(x, rows, peers, head_map)
+
+
+def scatter_heads(src, rows, peers, head_map, n_out: int, out_heads: int, path: str = "auto") -> torch.Tensor:
+    """Unpack: src [M, Hs, D] -> [n_out, out_heads, D] with out[rows[m], head_map[peers[m], h]] = src[m, h]."""
+    if resolve_path(path, src.device) == "triton":
+        return scatter_heads_triton(src, rows, peers, head_map, n_out, out_heads)
+    return scatter_heads_ref(src, rows, peers, head_map, n_out, out_heads)

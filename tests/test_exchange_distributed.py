@@ -1,0 +1,78 @@
+"""Exchanges over gloo: 8 spawned ranks, emulated nodes of 2, compared with the single-process permutation."""
+
+import numpy as np
+import torch
+
+from kernels.exchange import AlignedGroups, CommStats, dist_transport, exchange, exchange_all_ranks, exchange_args
+from solver import Cluster, Group, ParentPlan, StepPlan, exchange_bytes, head_to_token_plan, token_ids, token_to_head_plan
+from tests.dist_utils import run_distributed
+from tests.test_kernels import features
+
+WORLD, NODE = 8, 2
+QKV = [16, 8, 8]  # 16 query heads, 8 key/value heads (GQA), one exchange
+D = 3
+
+
+def repack_plan() -> StepPlan:
+    """A parent of all 8 ranks (4 emulated nodes) repacked into children of 2 and 1 ranks."""
+    lengths = ((0, 9), (1, 5), (2, 1), (3, 7), (4, 4), (5, 6), (6, 2))
+    parent = Group(0, 8, tuple(s for s, _ in lengths))
+    kids = (Group(0, 2, (0,)), Group(2, 1, (1, 2)), Group(3, 1, (3,)), Group(4, 2, (4, 5)), Group(6, 1, (6,)), Group(7, 1, ()))
+    return StepPlan(Cluster(WORLD, NODE, 64), lengths, (ParentPlan(parent, kids, ""),), "repack").validate()
+
+
+def _body(rank, world):
+    plan = repack_plan()
+    parent, child = plan.parent_layout, plan.child_layout
+    entry_plans = token_to_head_plan(child, parent)
+    exit_plans = head_to_token_plan(parent, child)
+    groups = AlignedGroups(world)
+    transport = dist_transport(groups)
+    entry = {r: exchange_args(entry_plans[r], QKV) for r in range(world)}
+    exit_ = {r: exchange_args(exit_plans[r], QKV[:1]) for r in range(world)}
+    xs = {r: features(token_ids(child, r), sum(QKV), D, torch.float64) for r in range(world)}
+    weights = {r: torch.cos(torch.arange(xs[r].shape[0] * 16 * D, dtype=torch.float64)).view(-1, 16, D) for r in range(world)}
+    # single-process reference: the same permutation on every rank at once, differentiated by torch
+    ref_x = {r: xs[r].clone().requires_grad_() for r in range(world)}
+    ref_heads = exchange_all_ranks(ref_x, entry, "torch")
+    ref_out = exchange_all_ranks({r: ref_heads[r][:, :2].contiguous() for r in range(world)}, exit_, "torch")
+    sum((ref_out[r] * weights[r]).sum() + ref_heads[r].sum() for r in range(world)).backward()
+
+    for path in ("torch", "triton"):
+        stats = CommStats(gpus_per_node=NODE)
+        x = xs[rank].clone().requires_grad_()
+        heads = exchange(x, entry[rank], transport, path, stats, "full.entry")
+        assert torch.equal(heads, ref_heads[rank].detach())
+        q_heads = heads[:, : 16 // 8].contiguous()  # this rank's slice of the query heads
+        out = exchange(q_heads, exit_[rank], transport, path, stats, "full.exit")
+        # entry then exit with the repacking layout returns every token to the rank the child layout names
+        assert torch.equal(out, xs[rank][:, :16])
+        ((out * weights[rank]).sum() + heads.sum()).backward()
+        ref_grad = ref_x[rank].grad if ref_x[rank].grad is not None else torch.zeros_like(x)  # a rank with no tokens
+        torch.testing.assert_close(x.grad, ref_grad, rtol=0, atol=0)
+        assert stats.calls["full.entry"] == 1 and stats.calls["full.exit"] == 1
+        assert stats.calls["full.entry.bwd"] == 1 and stats.calls["full.exit.bwd"] == 1
+        row_bytes = (sum(QKV) // 8) * D * 8
+        expect = exchange_bytes(entry_plans, world, row_bytes)[rank]
+        for dst in range(world):
+            if dst != rank:
+                assert stats.bytes_to_peer["full.entry"].get((rank, dst), 0) == expect[dst], (rank, dst)
+        crossing = sum(int(expect[d]) for d in range(world) if d // NODE != rank // NODE)
+        assert stats.bytes_by_site["full.entry"][1] == crossing
+        assert crossing > 0 or xs[rank].shape[0] == 0  # the parent spans nodes: entry bytes cross them
+        # the sparse layers' own exchange stays inside the child: no byte crosses a node
+        sp = token_to_head_plan(child, child)[rank]
+        y = exchange(xs[rank], exchange_args(sp, QKV), transport, path, stats, "sparse.entry")
+        assert y.shape[0] == sum(child.lengths[s] for s in child.group_of_rank()[rank].samples)
+        assert stats.inter_node_bytes("sparse") == 0
+
+
+def test_exchange_over_gloo_matches_single_process_permutation():
+    run_distributed(_body, WORLD)
+
+
+def test_plan_is_what_the_test_claims():
+    plan = repack_plan()
+    assert plan.parents[0].repacked and plan.parents[0].group.size == 8
+    assert all(c.size <= NODE for c in plan.parents[0].children)
+    assert np.sum(exchange_bytes(token_to_head_plan(plan.child_layout, plan.parent_layout), WORLD, 1)) > 0

@@ -1,0 +1,114 @@
+"""Permute kernels (Triton interpreter) against the torch reference, exchanges in one process."""
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kernels.exchange import exchange_all_ranks, exchange_args, head_split_map
+from kernels.permute import gather_heads, scatter_heads
+from solver import MODES, Cluster, CostModel, HardwareConfig, ModelConfig, head_to_token_plan, make_plan, token_to_head_plan
+from tests.strategies import batches
+
+COST = CostModel(ModelConfig.from_name("tiny"), HardwareConfig())
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def features(ids: np.ndarray, heads: int, dim: int, dtype) -> torch.Tensor:
+    """Deterministic features of global token ids (every rank can build any rank's data)."""
+    ids_t = torch.as_tensor(ids, dtype=torch.float64)
+    sample, pos = torch.floor(ids_t / 2**32), torch.remainder(ids_t, 2**32)
+    h = torch.arange(heads, dtype=torch.float64)[None, :, None]
+    d = torch.arange(dim, dtype=torch.float64)[None, None, :]
+    x = torch.sin(sample[:, None, None] * 1.7 + pos[:, None, None] * 0.013 + h * 0.37 + d * 0.011) * 3
+    return x.to(dtype)
+
+
+@st.composite
+def small_plans(draw):
+    g = draw(st.sampled_from([1, 2, 4]))
+    nodes = draw(st.sampled_from([1, 2, 4]))
+    cluster = Cluster(g * nodes, g, draw(st.sampled_from([63, 97, 128])))
+    return make_plan(draw(batches(cluster)), cluster, COST, draw(st.sampled_from(MODES)))
+
+
+@pytest.mark.usefixtures("poison_empty")
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(plan=small_plans(), dtype=st.sampled_from(list(DTYPES)), dim=st.sampled_from([1, 8, 63]))
+def test_triton_pack_unpack_bit_exact_with_reference(plan, dtype, dim):
+    from solver import token_ids
+
+    dt = DTYPES[dtype]
+    world = plan.cluster.world_size
+    heads = 16  # divisible by every group size drawn here
+    segments = [heads, heads // 2, heads // 2] if plan.widest_parent <= 8 else [heads]
+    entry = token_to_head_plan(plan.child_layout, plan.parent_layout)
+    for r in range(world):
+        a = exchange_args(entry[r], segments)
+        x = features(token_ids(plan.child_layout, r), sum(segments), dim, dt)
+        ref = gather_heads(x, a.pack_rows, a.pack_peers, a.pack_map, "torch")
+        tri = gather_heads(x, a.pack_rows, a.pack_peers, a.pack_map, "triton")
+        assert not torch.isnan(tri).any() and torch.equal(tri, ref)
+        recv = torch.randn(sum(a.recv_counts), a.out_heads, dim).to(dt)
+        ref = scatter_heads(recv, a.unpack_rows, a.unpack_peers, a.unpack_map, a.n_out, a.out_heads, "torch")
+        tri = scatter_heads(recv, a.unpack_rows, a.unpack_peers, a.unpack_map, a.n_out, a.out_heads, "triton")
+        assert not torch.isnan(tri).any() and torch.equal(tri, ref)
+        inv = a.inverse()  # exit side: gather identity heads, scatter into head slices
+        y = torch.randn(inv.n_in, inv.in_heads, dim).to(dt)
+        sent = gather_heads(y, inv.pack_rows, inv.pack_peers, inv.pack_map, "triton")
+        assert torch.equal(sent, gather_heads(y, inv.pack_rows, inv.pack_peers, inv.pack_map, "torch"))
+        recv2 = torch.randn(sum(inv.recv_counts), inv.pack_map.shape[1], dim).to(dt)
+        args2 = (inv.unpack_rows, inv.unpack_peers, inv.unpack_map, inv.n_out, inv.out_heads)
+        back = scatter_heads(recv2, *args2, "triton")
+        assert not torch.isnan(back).any() and torch.equal(back, scatter_heads(recv2, *args2, "torch"))
+
+
+@pytest.mark.usefixtures("poison_empty")
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(plan=small_plans(), path=st.sampled_from(["torch", "triton"]))
+def test_entry_then_exit_repacks_every_token_to_its_owner(plan, path):
+    from solver import head_token_ids, token_ids
+
+    world, heads, dim = plan.cluster.world_size, 16, 5
+    parent, child = plan.parent_layout, plan.child_layout
+    entry = token_to_head_plan(child, parent)
+    exit_ = head_to_token_plan(parent, child)
+    ent = {r: exchange_args(entry[r], [heads]) for r in range(world)}
+    ext = {r: exchange_args(exit_[r], [heads]) for r in range(world)}
+    xs = {r: features(token_ids(child, r), heads, dim, torch.float32) for r in range(world)}
+    hs = exchange_all_ranks(xs, ent, path)
+    by_rank = parent.group_of_rank()
+    for r in range(world):
+        g = by_rank[r]
+        j = r - g.start
+        want = features(head_token_ids(parent, g), heads, dim, torch.float32)[:, j * heads // g.size : (j + 1) * heads // g.size]
+        assert torch.equal(hs[r], want)
+    back = exchange_all_ranks(hs, ext, path)
+    for r in range(world):
+        assert torch.equal(back[r], xs[r])
+
+
+def test_qkv_travel_in_one_exchange_with_gqa_head_split():
+    m = head_split_map([8, 2, 2], 2)
+    assert m.tolist() == [[0, 1, 2, 3, 8, 10], [4, 5, 6, 7, 9, 11]]
+    with pytest.raises(ValueError, match="a head segment of 2 heads cannot be split over a group of 4 ranks"):
+        head_split_map([8, 2, 2], 4)
+
+
+def test_gradcheck_of_the_exchange_reference_in_fp64():
+    from solver import Group, TokenLayout
+
+    lengths = {0: 5, 1: 3, 2: 1}
+    parent = TokenLayout((Group(0, 4, (0, 1, 2)),), lengths)
+    child = TokenLayout((Group(0, 2, (0,)), Group(2, 1, (1,)), Group(3, 1, (2,))), lengths)
+    entry = token_to_head_plan(child, parent)
+    args = {r: exchange_args(entry[r], [4]) for r in range(4)}
+    shapes = [(args[r].n_in, 4, 3) for r in range(4)]
+
+    def f(*xs):
+        out = exchange_all_ranks(dict(enumerate(xs)), args, "torch")
+        return tuple(out[r] for r in range(4))
+
+    xs = tuple(torch.randn(s, dtype=torch.float64, requires_grad=True) for s in shapes)
+    assert torch.autograd.gradcheck(f, xs)
