@@ -1,0 +1,121 @@
+"""The hybrid 1F3S MoE transformer: full (causal) and sparse attention layers by a pattern string.
+
+The model is layout-agnostic: attention goes through a context that knows where the tokens
+are. `LocalContext` runs every sample on one process (the reference); model.distributed's
+`DistributedContext` runs one step of a StepPlan on a process group.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from solver.config import ModelConfig
+
+from .attention import varlen_attention
+from .layers import MoE, Reduce, RMSNorm, apply_rotary
+
+IGNORE = -100
+
+
+class AttentionContext(Protocol):
+    positions: torch.Tensor  # [n] position of each local token inside its sample
+    reduce: Reduce | None  # sums over the global batch (aux loss), identity when local
+    total_tokens: int  # tokens of the global batch
+
+    def attend(self, qkv: torch.Tensor, kind: str, layer: int) -> torch.Tensor:
+        """qkv [n, H + 2 Hkv, D] (rotary applied) -> attention output [n, H, D] for layer kind 'F' or 'S'."""
+
+
+class LocalContext:
+    """All samples packed on one process: the single-process reference."""
+
+    def __init__(self, lengths, cfg: ModelConfig, backend: str = "auto", device="cpu"):
+        self.cfg, self.backend = cfg, backend
+        lengths = [int(n) for n in lengths]
+        self.cu = torch.tensor(np.concatenate([[0], np.cumsum(lengths)]), dtype=torch.int32, device=device)
+        self.max_len = max(lengths)
+        self.positions = torch.cat([torch.arange(n, device=device) for n in lengths])
+        self.reduce = None
+        self.total_tokens = int(sum(lengths))
+
+    def attend(self, qkv, kind, layer):
+        h, hkv = self.cfg.n_heads, self.cfg.n_kv_heads
+        q, k, v = qkv[:, :h], qkv[:, h : h + hkv], qkv[:, h + hkv :]
+        if kind == "F":
+            return varlen_attention(q, k, v, self.cu, self.max_len, "full", backend=self.backend)
+        return varlen_attention(q, k, v, self.cu, self.max_len, self.cfg.sparse_kind, self.cfg.sparse_params, self.backend)
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        qkv = (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim
+        self.attn_norm = RMSNorm(cfg.hidden, cfg.norm_eps)
+        self.wqkv = nn.Linear(cfg.hidden, qkv, bias=False)
+        self.wo = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.hidden, bias=False)
+        self.moe_norm = RMSNorm(cfg.hidden, cfg.norm_eps)
+        self.moe = MoE(cfg.hidden, cfg.expert_ffn, cfg.n_experts, cfg.top_k)
+
+    def forward(self, x: torch.Tensor, ctx: AttentionContext, kind: str, layer: int):
+        """x [n, hidden] -> ([n, hidden], aux)"""
+        c = self.cfg
+        qkv = self.wqkv(self.attn_norm(x)).view(x.shape[0], c.n_heads + 2 * c.n_kv_heads, c.head_dim)
+        nq = c.n_heads + c.n_kv_heads
+        qk = apply_rotary(qkv[:, :nq], ctx.positions, c.rope_theta)
+        qkv = torch.cat([qk, qkv[:, nq:]], dim=1)
+        o = ctx.attend(qkv, kind, layer)
+        x = x + self.wo(o.reshape(x.shape[0], c.n_heads * c.head_dim))
+        m, aux = self.moe(self.moe_norm(x), ctx.reduce, ctx.total_tokens)
+        return x + m, aux
+
+
+class HybridMoE(nn.Module):
+    """>>> from solver.config import ModelConfig
+    >>> cfg = ModelConfig.from_name("tiny")
+    >>> m = HybridMoE(cfg)
+    >>> tokens = torch.randint(0, cfg.vocab, (7,))
+    >>> m(tokens, LocalContext([4, 3], cfg, "torch"))[0].shape
+    torch.Size([7, 64])
+    """
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab, cfg.hidden)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.norm = RMSNorm(cfg.hidden, cfg.norm_eps)
+        self.lm_head = None if cfg.tie_embeddings else nn.Linear(cfg.hidden, cfg.vocab, bias=False)
+
+    def forward(self, tokens: torch.Tensor, ctx: AttentionContext):
+        """tokens [n] -> (final hidden [n, hidden], summed aux loss)"""
+        x = self.embed(tokens)
+        aux = x.new_zeros(())
+        for i, (blk, kind) in enumerate(zip(self.blocks, self.cfg.layer_kinds)):
+            x, a = blk(x, ctx, kind, i)
+            aux = aux + a
+        return self.norm(x), aux
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        return h @ self.embed.weight.T if self.lm_head is None else self.lm_head(h)
+
+    def loss(self, tokens, labels, ctx: AttentionContext, label_count: int, world_size: int = 1):
+        """This process's share of the global loss: sum of next-token CE over its tokens / the global
+        number of labelled tokens, plus aux_loss_coef x aux / world_size (summed over ranks, the
+        global loss)."""
+        h, aux = self(tokens, ctx)
+        logits = self.logits(h)
+        if logits.dtype in (torch.float16, torch.bfloat16):  # the softmax of a big vocab wants fp32
+            logits = logits.float()
+        ce = F.cross_entropy(logits, labels, ignore_index=IGNORE, reduction="sum").to(h.dtype)
+        return ce / label_count + self.cfg.aux_loss_coef * aux / world_size
+
+
+def next_token_labels(sample_tokens: list[np.ndarray]) -> list[np.ndarray]:
+    """Labels per sample: the next token inside the same sample; the last token has none."""
+    return [np.concatenate([t[1:], [IGNORE]]).astype(np.int64) for t in sample_tokens]

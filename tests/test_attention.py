@@ -1,0 +1,98 @@
+"""Attention backends against the torch reference; the sparse-kind registry end to end."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from model import HybridMoE, LocalContext, register_sparse_attention, varlen_attention
+from model.attention import flash_available, torch_varlen_attention
+from solver import CostModel, HardwareConfig, ModelConfig
+from solver.cost import attention_flops, sparse_cost
+
+TOL = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.float64: dict(rtol=1e-10, atol=1e-12)}
+
+
+def dense_reference(q, k, v, cu, allowed_fn):
+    """Attention written out per query, in fp64: the yardstick for every backend."""
+    out = torch.zeros_like(q, dtype=torch.float64)
+    h, hkv = q.shape[1], k.shape[1]
+    for a, b in zip(cu[:-1].tolist(), cu[1:].tolist()):
+        for i in range(b - a):
+            keys = [j for j in range(b - a) if j <= i and allowed_fn(i, j)]
+            for hh in range(h):
+                kh = hh // (h // hkv)
+                s = torch.stack([(q[a + i, hh].double() * k[a + j, kh].double()).sum() / math.sqrt(q.shape[2]) for j in keys])
+                w = torch.softmax(s, 0)
+                out[a + i, hh] = sum(w[t] * v[a + keys[t], kh].double() for t in range(len(keys)))
+    return out
+
+
+@pytest.mark.parametrize(
+    "kind, params, allowed",
+    [
+        ("full", None, lambda i, j: True),
+        ("sliding_window", {"window": 3}, lambda i, j: i - j < 3),
+        ("chunked", {"chunk": 4}, lambda i, j: i // 4 == j // 4),
+    ],
+    ids=["full", "swa-W3", "chunked-C4"],
+)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["fp32", "fp64"])
+def test_torch_backend_matches_dense_reference(kind, params, allowed, dtype):
+    torch.manual_seed(0)
+    cu = torch.tensor([0, 7, 8, 19], dtype=torch.int32)
+    q = torch.randn(19, 4, 8, dtype=dtype)
+    k, v = torch.randn(19, 2, 8, dtype=dtype), torch.randn(19, 2, 8, dtype=dtype)
+    got = varlen_attention(q, k, v, cu, 11, kind, params, "torch")
+    torch.testing.assert_close(got.double(), dense_reference(q, k, v, cu, allowed), **TOL[dtype])
+
+
+def test_flash_wrapper_passes_causal_window_and_cu_seqlens():
+    seen = []
+
+    def fake_flash(q, k, v, cu_q, cu_k, max_q, max_k, causal, window_size):
+        seen.append((cu_q.dtype, cu_q.tolist(), max_q, causal, window_size))
+        return torch_varlen_attention(
+            q, k, v, cu_q, mask=None if window_size == (-1, -1) else (lambda qp, kp, p: (qp - kp) <= window_size[0])
+        )
+
+    q = torch.randn(12, 4, 8)
+    cu = torch.tensor([0, 5, 12])
+    a = varlen_attention(q, q, q, cu, 7, "sliding_window", {"window": 4}, flash_fn=fake_flash)
+    assert seen[-1] == (torch.int32, [0, 5, 12], 7, True, (3, 0))  # "the last W tokens" = (W - 1, 0)
+    torch.testing.assert_close(a, varlen_attention(q, q, q, cu, 7, "sliding_window", {"window": 4}, "torch"))
+    varlen_attention(q, q, q, cu, 7, "full", flash_fn=fake_flash)
+    assert seen[-1][3:] == (True, (-1, -1))
+    varlen_attention(q, q, q, cu, 7, "chunked", {"chunk": 4}, flash_fn=fake_flash)
+    assert seen[-1][1] == [0, 4, 5, 9, 12]  # chunked = causal attention on refined cu_seqlens
+
+
+@pytest.mark.skipif(not flash_available(), reason="flash-attn needs CUDA and the optional flash-attn package")
+@pytest.mark.parametrize("kind, params", [("full", None), ("sliding_window", {"window": 64})])
+def test_flash_backend_error_at_most_twice_torch_error(kind, params):
+    torch.manual_seed(0)
+    cu = torch.tensor([0, 97, 160, 383], dtype=torch.int32, device="cuda")
+    q, k, v = (torch.randn(383, 8, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    ref = varlen_attention(q.double(), k.double(), v.double(), cu, 223, kind, params, "torch")
+    fl = varlen_attention(q, k, v, cu, 223, kind, params, "flash")
+    tc = varlen_attention(q, k, v, cu, 223, kind, params, "torch")
+    assert (fl.double() - ref).abs().max() <= 2 * (tc.double() - ref).abs().max() + 1e-6
+
+
+def test_registering_a_sparse_kind_reaches_model_solver_and_simulator():
+    register_sparse_attention(
+        "strided_test",
+        mask=lambda qp, kp, p: ((qp - kp) < p["local"]) | (kp % p["stride"] == 0),
+        flops=lambda n, cfg: attention_flops(np.asarray(n, dtype=float) * cfg.sparse_params["local"] * 1.5, cfg),
+        overwrite=True,
+    )
+    cfg = ModelConfig.from_name("tiny", sparse_kind="strided_test", sparse_params={"local": 3, "stride": 4})
+    cost = CostModel(cfg, HardwareConfig())
+    assert sparse_cost("strided_test").flops(np.array([100.0]), cfg)[0] > 0
+    assert cost.sparse_attn_time([100])[0] > 0
+    model = HybridMoE(cfg)
+    h, _ = model(torch.randint(0, cfg.vocab, (10,)), LocalContext([6, 4], cfg, "torch"))
+    assert torch.isfinite(h).all()
+    with pytest.raises(ValueError, match="already registered"):
+        register_sparse_attention("strided_test", mask=lambda a, b, p: a >= b, flops=lambda n, c: n)
