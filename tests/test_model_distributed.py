@@ -66,7 +66,7 @@ def _body(rank, world):
             loss = run_step(model, plan, sample_tokens(LENGTHS), groups, path, "torch", stats)
             torch.testing.assert_close(loss, ref_loss, rtol=1e-10, atol=1e-12)
             for n, p in model.named_parameters():
-                torch.testing.assert_close(p.grad, ref_grads[n], rtol=1e-9, atol=1e-11, msg=lambda m, n=n: f"{plan.mode} {path} {n}: {m}")
+                torch.testing.assert_close(p.grad, ref_grads[n], rtol=1e-9, atol=1e-11, msg=f"{plan.mode} {path} {n}")
             counts[(plan.hash, path)] = stats
     b, r = counts[(base.hash, "torch")], counts[(rep.hash, "torch")]
     # the repacked step issues exactly the baseline's all-to-alls at full-attention sites, nothing else ...
