@@ -51,6 +51,14 @@ PAPER = {
 }
 
 
+def _mean(rows, key):
+    """Mean of a column, or None when any row lacks it (the training driver has no lower bound)."""
+    vals = [r.get(key) for r in rows]
+    if not vals or any(v in ("", None) for v in vals):
+        return None
+    return float(np.mean(vals))
+
+
 def summarize(rows: list[dict]) -> dict:
     """Per-mode means and changes vs baseline (matched steps only)."""
     modes = sorted(
@@ -65,11 +73,10 @@ def summarize(rows: list[dict]) -> dict:
             "steps": len(rs),
             "mean_step_time_s": t,
             "mean_mfu": float(np.mean([r["mfu"] for r in rs])),
-            "mean_lower_bound_s": float(np.mean([r["lower_bound_s"] for r in rs])) if rs[0].get("lower_bound_s") != "" else None,
+            "mean_lower_bound_s": _mean(rs, "lower_bound_s"),
         }
-        for k in ("compute_s", "intra_comm_s", "inter_comm_s", "imbalance_wait_s"):
-            vals = [r[k] for r in rs if r.get(k) not in ("", None)]
-            entry["mean_" + k] = float(np.mean(vals)) if vals else None
+        for k in ("compute_s", "intra_comm_s", "inter_comm_s", "imbalance_wait_s", "loss"):
+            entry["mean_" + k] = _mean(rs, k)
         out[m] = entry
     if "baseline" in out:
         b = out["baseline"]

@@ -138,15 +138,20 @@ def run_step(
     backend="auto",
     stats: CommStats | None = None,
     check_hash: bool = True,
+    autocast_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """Forward + backward of one step on this rank; returns the global loss (summed over ranks).
-    Gradients are all-reduced in place."""
+    Gradients are all-reduced in place. autocast_dtype (bf16 on CUDA) wraps the forward."""
     rank, world = dist.get_rank(), dist.get_world_size()
     validate(plan, model.cfg, world, rank, check_hash)
     dev = next(model.parameters()).device
     ctx = DistributedContext(plan, model.cfg, rank, groups, path, backend, stats, dev)
     tokens, labels = ctx.local_batch(sample_tokens, dev)
-    loss = model.loss(tokens, labels, ctx, label_count(plan), world)
+    if autocast_dtype is not None:
+        with torch.autocast(dev.type, dtype=autocast_dtype):
+            loss = model.loss(tokens, labels, ctx, label_count(plan), world)
+    else:
+        loss = model.loss(tokens, labels, ctx, label_count(plan), world)
     loss.backward()
     allreduce_grads(model)
     total = loss.detach().clone()

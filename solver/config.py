@@ -74,6 +74,23 @@ MODEL_PRESETS: dict[str, ModelConfig] = {
     # Attention and MoE shapes of a public 2025 frontier MoE (hidden 4096, 128 experts top-8,
     # expert FFN 1536, head_dim 128, vocab 151936), 48 layers in 1F3S, sliding window 4096.
     "paper": ModelConfig(),
+    # For real multi-node runs of the training driver with replicated parameters (~0.5B): every
+    # head count divides 32, so SP32 parents work.
+    "small": ModelConfig(
+        name="small",
+        n_layers=8,
+        layer_pattern="FSSS",
+        hidden=1024,
+        n_heads=32,
+        n_kv_heads=32,
+        head_dim=32,
+        n_experts=16,
+        top_k=2,
+        expert_ffn=1024,
+        vocab=32000,
+        sparse_params={"window": 1024},
+        rope_theta=1e4,
+    ),
     # Runs a step on CPU in well under a second; heads divisible by groups up to 8 ranks.
     "tiny": ModelConfig(
         name="tiny",

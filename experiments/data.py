@@ -1,0 +1,114 @@
+"""Training data for the driver: per-step documents (lengths and token ids), resumable.
+
+Sources: the synthetic workload generator (lengths) with seeded random tokens; a length trace
+with seeded random tokens; or a token file: a numpy array of uint16/uint32 token ids (loaded
+memory-mapped) with a companion array of document offsets [n_docs + 1] (int64, starting at 0,
+non-decreasing, ending at the token count). Documents are streamed whole into steps of about
+`tokens_per_step` tokens; nothing is cut, padded or dropped.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from solver import PlanError
+
+
+@dataclass
+class StepBatch:
+    step: int
+    tokens: dict[int, np.ndarray]  # sample id -> token ids
+
+    @property
+    def lengths(self) -> list[int]:
+        return [len(self.tokens[i]) for i in sorted(self.tokens)]
+
+
+def random_tokens(lengths, vocab: int, seed: int, step: int) -> dict[int, np.ndarray]:
+    """Tokens of a step as a pure function of (seed, step): resuming needs no generator state."""
+    rng = np.random.default_rng([seed, step])
+    return {i: rng.integers(0, vocab, n).astype(np.int64) for i, n in enumerate(lengths)}
+
+
+class LengthSource:
+    """Steps from precomputed per-step lengths (generator or trace) with random tokens."""
+
+    def __init__(self, steps: list[list[int]], vocab: int, seed: int):
+        self.steps, self.vocab, self.seed = steps, vocab, seed
+
+    def __len__(self):
+        return len(self.steps)
+
+    def get(self, step: int) -> StepBatch:
+        if step >= len(self.steps):
+            raise PlanError(f"step {step} is past the data ({len(self.steps)} steps)")
+        return StepBatch(step, random_tokens(self.steps[step], self.vocab, self.seed, step))
+
+
+class TokenFileSource:
+    """Steps of whole documents from a token file; step i is a pure function of the file and i."""
+
+    def __init__(self, tokens_path: str, offsets_path: str, tokens_per_step: int, vocab: int):
+        self.tokens = load_token_file(tokens_path, vocab)
+        self.offsets = load_offsets(offsets_path, len(self.tokens))
+        lengths = np.diff(self.offsets)
+        if (lengths == 0).any():
+            bad = int(np.nonzero(lengths == 0)[0][0])
+            raise PlanError(f"document {bad} of {offsets_path!r} is empty; documents need at least one token")
+        # steps as ranges of documents, streamed whole
+        self.bounds = [0]
+        total = 0
+        for d, n in enumerate(lengths):
+            if total and total + n > tokens_per_step:
+                self.bounds.append(d)
+                total = 0
+            total += int(n)
+        self.bounds.append(len(lengths))
+
+    def __len__(self):
+        return len(self.bounds) - 1
+
+    def get(self, step: int) -> StepBatch:
+        if step >= len(self):
+            raise PlanError(f"step {step} is past the token file ({len(self)} steps)")
+        a, b = self.bounds[step], self.bounds[step + 1]
+        return StepBatch(
+            step, {i: np.asarray(self.tokens[self.offsets[d] : self.offsets[d + 1]], dtype=np.int64) for i, d in enumerate(range(a, b))}
+        )
+
+
+def load_token_file(path: str, vocab: int) -> np.ndarray:
+    if not os.path.exists(path):
+        raise PlanError(f"token file {path!r} does not exist")
+    try:
+        arr = np.load(path, mmap_mode="r", allow_pickle=False)
+    except (ValueError, OSError) as e:
+        raise PlanError(f"token file {path!r} is not a readable .npy array ({e})") from None
+    if arr.dtype not in (np.uint16, np.uint32) or arr.ndim != 1:
+        raise PlanError(f"token file {path!r} holds {arr.dtype} of shape {arr.shape}; expected a 1-D uint16 or uint32 array")
+    if len(arr) and int(arr.max()) >= vocab:
+        raise PlanError(f"token file {path!r} has token id {int(arr.max())} >= the model's vocab {vocab}")
+    return arr
+
+
+def load_offsets(path: str, n_tokens: int) -> np.ndarray:
+    if not os.path.exists(path):
+        raise PlanError(f"document offsets file {path!r} does not exist")
+    try:
+        off = np.load(path, allow_pickle=False)
+    except (ValueError, OSError) as e:
+        raise PlanError(f"document offsets {path!r} is not a readable .npy array ({e})") from None
+    if off.ndim != 1 or len(off) < 2 or not np.issubdtype(off.dtype, np.integer):
+        raise PlanError(f"document offsets {path!r}: expected a 1-D integer array [n_docs + 1], got {off.dtype} {off.shape}")
+    if off[0] != 0 or off[-1] != n_tokens:
+        raise PlanError(
+            f"document offsets {path!r} must start at 0 and end at the token count {n_tokens}; "
+            f"they run from {int(off[0])} to {int(off[-1])}"
+        )
+    if (np.diff(off) < 0).any():
+        bad = int(np.nonzero(np.diff(off) < 0)[0][0])
+        raise PlanError(f"document offsets {path!r} decrease at index {bad} ({int(off[bad])} -> {int(off[bad + 1])})")
+    return off.astype(np.int64)
