@@ -68,7 +68,7 @@ def parse_args(argv=None):
     ap.add_argument("--warmup", type=int, default=5, help="linear warmup steps, then cosine decay to 10%%")
     ap.add_argument("--dtype", default=None, choices=["fp32", "fp64"], help="parameter dtype (default fp32); bf16 autocast on CUDA")
     ap.add_argument("--pack-path", default="auto", choices=["auto", "triton", "torch"])
-    ap.add_argument("--attn-backend", default="auto", choices=["auto", "torch", "flash"])
+    ap.add_argument("--attn-backend", default="auto", choices=["auto", "torch", "flash", "kernel"])
     ap.add_argument("--save-every", type=int, default=0, help="checkpoint every N steps (0: never)")
     ap.add_argument("--ckpt-dir", default="results/checkpoints")
     ap.add_argument("--resume", action="store_true", help="resume from the latest checkpoint in --ckpt-dir")

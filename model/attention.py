@@ -18,7 +18,7 @@ import torch
 
 from solver.cost import attention_flops, chunked_keys, register_sparse_cost, sliding_window_keys
 
-BACKENDS = ("auto", "torch", "flash")
+BACKENDS = ("auto", "torch", "flash", "kernel")  # kernel: a sparse kind's own fn where it has one, else torch
 
 MaskFn = Callable[[torch.Tensor, torch.Tensor, dict], torch.Tensor]  # (q_pos [Lq,1], k_pos [1,Lk], params) -> allowed
 
@@ -29,17 +29,22 @@ class SparseKind:
     mask: MaskFn  # which keys a query may see (on top of causality)
     flash_window: Callable[[dict], tuple[int, int]] | None = None  # flash-attn window_size, if it is a window
     split_chunks: Callable[[dict], int] | None = None  # attention restricted to aligned chunks of this size
+    fn: Callable | None = None  # a kernel of its own: fn(q, k, v, cu_seqlens, max_seqlen, params) -> out
 
 
 _SPARSE: dict[str, SparseKind] = {}
 
 
-def register_sparse_attention(name: str, mask: MaskFn, flops, flash_window=None, split_chunks=None, overwrite: bool = False):
-    """Register a sparse-attention kind for the model (mask / flash mapping) and its cost (FLOPs
-    of a sample of length L: flops(lengths_array, model_config) -> array) for the solvers."""
+def register_sparse_attention(name: str, mask: MaskFn, flops, flash_window=None, split_chunks=None, fn=None, overwrite: bool = False):
+    """Register a sparse-attention kind by name.
+
+    mask(q_pos, k_pos, params) -> allowed: the pattern (the torch reference path uses it);
+    flops(lengths, model_config) -> forward FLOPs per sample: picked up by the solvers and the
+    simulator through solver.cost; fn(q, k, v, cu_seqlens, max_seqlen, params): an optional kernel
+    of its own, used instead of the reference on every backend but "torch"."""
     if name in _SPARSE and not overwrite:
         raise ValueError(f"sparse kind {name!r} is already registered; pass overwrite=True to replace it")
-    _SPARSE[name] = SparseKind(name, mask, flash_window, split_chunks)
+    _SPARSE[name] = SparseKind(name, mask, flash_window, split_chunks, fn)
     register_sparse_cost(name, flops, overwrite=True)
 
 
@@ -135,7 +140,7 @@ def resolve_backend(backend: str, device: torch.device) -> str:
     if backend not in BACKENDS:
         raise ValueError(f"attention backend {backend!r} is not one of {BACKENDS}")
     if backend == "auto":
-        return "flash" if device.type == "cuda" and flash_available() else "torch"
+        return "flash" if device.type == "cuda" and flash_available() else "kernel"
     return backend
 
 
@@ -146,16 +151,19 @@ def varlen_attention(q, k, v, cu_seqlens, max_seqlen, kind: str = "full", params
     >>> varlen_attention(q, q, q, torch.tensor([0, 4, 9]), 5, "sliding_window", {"window": 2}, "torch").shape
     torch.Size([9, 4, 8])
     """
-    backend = resolve_backend(backend, q.device) if flash_fn is None else "flash"
+    if flash_fn is None:
+        backend = resolve_backend(backend, q.device)
     if kind == "full":
-        if backend == "flash":
+        if backend == "flash" or flash_fn is not None:
             return flash_varlen_attention(q, k, v, cu_seqlens, max_seqlen, fn=flash_fn)
         return torch_varlen_attention(q, k, v, cu_seqlens)
     sk = sparse_kind(kind)
     params = params or {}
+    if sk.fn is not None and (backend != "torch" or flash_fn is not None):
+        return sk.fn(q, k, v, cu_seqlens, max_seqlen, params)
     if sk.split_chunks is not None:  # chunked attention is full causal attention on chunks
         cu, mx = _chunk_cu(cu_seqlens, sk.split_chunks(params))
         return varlen_attention(q, k, v, cu, min(mx, max_seqlen), "full", None, backend, flash_fn)
-    if backend == "flash" and sk.flash_window is not None:
+    if (backend == "flash" or flash_fn is not None) and sk.flash_window is not None:
         return flash_varlen_attention(q, k, v, cu_seqlens, max_seqlen, sk.flash_window(params), fn=flash_fn)
     return torch_varlen_attention(q, k, v, cu_seqlens, mask=sk.mask, params=params)
