@@ -174,10 +174,11 @@ def _improve(p: ChildProblem, sol: ChildSolution, max_rounds: int = 200, swaps: 
                     t = max(tw_new, p.child_time(sizes[k], lk + la, tk + na))
                     if t < cur - 1e-15 and (best is None or t < best[0]):
                         best = (t, "move", a, k, None)
-                for b in members[k] if swaps else ():
+                # swap partners: the few largest members of k below a (the ones that move the
+                # most load back without overshooting); trying every pair is quadratic
+                partners = sorted((b for b in members[k] if p.linear[b] < la), key=lambda b: -p.linear[b])[:4] if swaps else ()
+                for b in partners:
                     lb, nb = float(p.linear[b]), int(p.lengths[b])
-                    if lb >= la:
-                        continue
                     if rw - ceil_div(na, sizes[worst]) + ceil_div(nb, sizes[worst]) > p.budget:
                         continue
                     if rk - ceil_div(nb, sizes[k]) + ceil_div(na, sizes[k]) > p.budget:

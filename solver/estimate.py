@@ -55,5 +55,6 @@ def group_time(group: Group, lengths: np.ndarray, cluster: Cluster, cost: CostMo
     return t + own
 
 
-def step_time(groups, length_of: dict[int, int], cluster: Cluster, cost: CostModel, repack: bool) -> float:
-    return max(group_time(g, np.array([length_of[s] for s in g.samples], dtype=np.int64), cluster, cost, repack) for g in groups)
+def step_time(groups, length_of: dict[int, int], cluster: Cluster, cost: CostModel, repack: bool, quick: bool = False) -> float:
+    """The step estimate: the slowest parent group."""
+    return max(group_time(g, np.array([length_of[s] for s in g.samples], dtype=np.int64), cluster, cost, repack, quick) for g in groups)

@@ -30,25 +30,20 @@ def plan_from_parents(groups: Sequence[Group], samples: Sequence[Sample], cluste
 
 def solve_parents(baseline: tuple[Group, ...], samples: Sequence[Sample], cluster: Cluster, cost: CostModel) -> tuple[Group, ...]:
     """The parent solver: the better of (a) the baseline parents rebalanced by moves and swaps and
-    (b) a repack-aware parent assignment, rebalanced likewise. Both are priced with children; the
-    result is never estimated slower than the baseline parents it was given."""
+    (b) a repack-aware parent assignment, rebalanced likewise. Candidates are compared with quick
+    child solves; the winner is kept only if its full estimate is no slower than the baseline
+    parents' (with children), so the result is never estimated slower than its input."""
     length_of = {s.id: s.length for s in samples}
-
-    def est(groups):
-        return step_time(groups, length_of, cluster, cost, True)
-
-    best, best_t = baseline, est(baseline)
     starts = [baseline]
     try:
         starts.append(assign_parents(samples, cluster, cost, repack_aware=True))
     except PlanError:
         pass  # the repack-aware fill may not fit where the baseline did; keep the baseline start
-    for start in starts:
-        cand = rebalance_parents(start, length_of, cluster, cost)
-        t = est(cand)
-        if t < best_t:
-            best, best_t = cand, t
-    return best
+    cands = [rebalance_parents(start, length_of, cluster, cost) for start in starts]
+    best = min(cands, key=lambda g: step_time(g, length_of, cluster, cost, True, quick=True))
+    if step_time(best, length_of, cluster, cost, True) <= step_time(baseline, length_of, cluster, cost, True):
+        return best
+    return baseline
 
 
 def make_plan(samples: Sequence[Sample], cluster: Cluster, cost: CostModel, mode: str = "repack+solver") -> StepPlan:

@@ -4,8 +4,7 @@ Group shapes stay fixed; only membership changes. Trial moves are priced increme
 parent keeps its current children, a sample leaving it leaves its child and a sample joining it
 joins the child where it finishes earliest (an upper bound of what re-solving the children gives).
 A move is taken only if the slowest group gets faster and the group receiving the sample stays
-below the old slowest time, so the step estimate (the max over groups) never rises. After each
-move the changed wide parents' children are re-solved and kept if better.
+below the old slowest time, so the step estimate (the max over groups) never rises.
 """
 
 from __future__ import annotations
@@ -19,71 +18,121 @@ from .estimate import exchange_line
 from .layout import Group
 
 
+class _Kid:
+    """A child: size, members and the sums its time needs (tokens, linear seconds, rank tokens)."""
+
+    __slots__ = ("size", "members", "lin", "tok", "rtok")
+
+    def __init__(self, size, members, lin, tok, rtok):
+        self.size, self.members, self.lin, self.tok, self.rtok = size, members, lin, tok, rtok
+
+
+class _Config:
+    """Members of a parent with their sums, and its children (None: the parent's own layout)."""
+
+    __slots__ = ("ids", "tok", "lin", "full", "rtok", "kids")
+
+    def __init__(self, ids, tok, lin, full, rtok, kids):
+        self.ids, self.tok, self.lin, self.full, self.rtok, self.kids = ids, tok, lin, full, rtok, kids
+
+
 class _GroupState:
-    """Members of one parent and, for a repackable wide parent, its children (sample-id lists)."""
+    """One parent: its current configuration and estimated time, with O(children) trial moves."""
 
     def __init__(self, group: Group, ids: list[int], ctx: _Context):
         self.group, self.ctx = group, ctx
+        self.p = group.size
         self.wide = group.size > ctx.cluster.gpus_per_node
+        self.cp = ctx.cp(group.size)
+        self.line = ctx.exchange_line(group.size)
         self.set(ids)
 
-    def lens(self, ids) -> np.ndarray:
-        return np.array([self.ctx.length_of[s] for s in ids], dtype=np.int64)
+    def _config(self, ids, kids_members) -> _Config:
+        c, p = self.ctx, self.p
+        kids = None
+        if kids_members is not None:
+            kids = [
+                _Kid(
+                    size,
+                    list(m),
+                    sum(c.linear[s] for s in m),
+                    sum(c.length_of[s] for s in m),
+                    sum(ceil_div(c.length_of[s], size) for s in m),
+                )
+                for size, m in kids_members
+            ]
+        return _Config(
+            list(ids),
+            sum(c.length_of[s] for s in ids),
+            sum(c.linear[s] for s in ids),
+            sum(c.full[s] for s in ids),
+            sum(ceil_div(c.length_of[s], p) for s in ids),
+            kids,
+        )
 
-    def set(self, ids: list[int], hint: list | None = None) -> None:
-        """New members; children re-solved, or `hint` (the trial move's children) if better."""
-        self.ids = list(ids)
-        self.children: list[tuple[int, list[int]]] | None = None
-        if self.wide and self.ids and self.lens(self.ids).max() <= self.ctx.node_cap:
-            sol = solve_child_problem(child_problem(self.lens(self.ids), self.group.size, self.ctx.cluster, self.ctx.cost), quick=True)
+    def set(self, ids: list[int], hint: _Config | None = None) -> None:
+        """New members. A trial move's configuration (`hint`) is taken as it is: its children are
+        a valid assignment and its price an upper bound; the final plan re-solves every parent's
+        children anyway. Without a hint the children are solved (quick)."""
+        if hint is not None:
+            self.config, self.time = hint, self.price(hint)
+            return
+        kids = None
+        lens = np.array([self.ctx.length_of[s] for s in ids], dtype=np.int64)
+        if self.wide and len(ids) and lens.max() <= self.ctx.node_cap:
+            sol = solve_child_problem(child_problem(lens, self.p, self.ctx.cluster, self.ctx.cost), quick=True)
             if sol is not None:
-                self.children = [(c, [self.ids[i] for i in m]) for c, m in zip(sol.sizes, sol.members)]
-        self.time = self.price(self.ids, self.children)
-        if hint is not None and self.price(self.ids, hint) < self.time:
-            self.children, self.time = hint, self.price(self.ids, hint)
+                kids = [(c, [ids[i] for i in m]) for c, m in zip(sol.sizes, sol.members)]
+        self.config = self._config(ids, kids)
+        self.time = self.price(self.config)
 
-    def child_time(self, size: int, ids) -> float:
-        c = self.ctx
-        return c.cp(self.group.size).child_time(size, sum(c.linear[s] for s in ids), sum(c.length_of[s] for s in ids))
-
-    def price(self, ids, children) -> float:
-        """estimate.group_time for these members, from cached per-sample terms (same formulas)."""
-        if not ids:
+    def price(self, cf: _Config) -> float:
+        """estimate.group_time for this configuration (same formulas, from cached sums)."""
+        if not cf.ids:
             return 0.0
-        c, p = self.ctx, self.group.size
-        tok = sum(c.length_of[s] for s in ids)
-        a, b = c.exchange_line(p)
-        t = sum(c.full[s] for s in ids) / p + c.cost.model.n_full * b
-        own = sum(c.linear[s] for s in ids) / p + c.cost.model.n_sparse * (a * tok / p + b) + c.cost.model.n_full * a * tok / p
-        if children is not None:
-            return t + min(own, max(self.child_time(k, m) for k, m in children))
+        m, p = self.ctx.cost.model, self.p
+        a, b = self.line
+        t = cf.full / p + m.n_full * b
+        own = cf.lin / p + m.n_sparse * (a * cf.tok / p + b) + m.n_full * a * cf.tok / p
+        if cf.kids is not None:
+            return t + min(own, max(self.cp.child_time(k.size, k.lin, k.tok) for k in cf.kids))
         return t + own
 
-    def without(self, a: int) -> tuple[list[int], list | None]:
-        ids = [s for s in self.ids if s != a]
-        kids = None if self.children is None else [(c, [s for s in m if s != a]) for c, m in self.children]
-        return ids, kids
+    def without(self, a: int, cf: _Config | None = None) -> _Config:
+        cf = cf or self.config
+        c = self.ctx
+        n, lin = c.length_of[a], c.linear[a]
+        kids = None
+        if cf.kids is not None:
+            kids = [
+                k
+                if a not in k.members
+                else _Kid(k.size, [s for s in k.members if s != a], k.lin - lin, k.tok - n, k.rtok - ceil_div(n, k.size))
+                for k in cf.kids
+            ]
+        return _Config([s for s in cf.ids if s != a], cf.tok - n, cf.lin - lin, cf.full - c.full[a], cf.rtok - ceil_div(n, self.p), kids)
 
-    def with_(self, a: int, ids=None, kids=None) -> tuple[list[int], list | None] | None:
-        """Add `a` (to `ids`/`kids` if given); None if it does not fit the token budget."""
-        ids = self.ids if ids is None else ids
-        kids = self.children if kids is None else kids
-        budget, n = self.ctx.cluster.tokens_per_rank, self.ctx.length_of[a]
-        if sum(ceil_div(self.ctx.length_of[s], self.group.size) for s in ids) + ceil_div(n, self.group.size) > budget:
+    def with_(self, a: int, cf: _Config | None = None) -> _Config | None:
+        """Add `a`; None if it does not fit the token budget. It joins the child where it finishes earliest."""
+        cf = cf or self.config
+        c = self.ctx
+        budget, n, lin = c.cluster.tokens_per_rank, c.length_of[a], c.linear[a]
+        if cf.rtok + ceil_div(n, self.p) > budget:
             return None
-        if kids is None or n > self.ctx.node_cap:
-            return ids + [a], None
-        best, best_t = -1, float("inf")
-        for k, (c, m) in enumerate(kids):
-            if sum(ceil_div(self.ctx.length_of[s], c) for s in m) + ceil_div(n, c) > budget:
-                continue
-            t = self.child_time(c, m + [a])
-            if t < best_t:
-                best, best_t = k, t
-        if best < 0:
-            return ids + [a], None
-        new = [(c, m + [a]) if k == best else (c, m) for k, (c, m) in enumerate(kids)]
-        return ids + [a], new
+        kids = None
+        if cf.kids is not None and n <= c.node_cap:
+            best, best_t = -1, float("inf")
+            for i, k in enumerate(cf.kids):
+                if k.rtok + ceil_div(n, k.size) > budget:
+                    continue
+                t = self.cp.child_time(k.size, k.lin + lin, k.tok + n)
+                if t < best_t:
+                    best, best_t = i, t
+            if best >= 0:
+                k = cf.kids[best]
+                kids = list(cf.kids)
+                kids[best] = _Kid(k.size, k.members + [a], k.lin + lin, k.tok + n, k.rtok + ceil_div(n, k.size))
+        return _Config(cf.ids + [a], cf.tok + n, cf.lin + lin, cf.full + c.full[a], cf.rtok + ceil_div(n, self.p), kids)
 
 
 class _Context:
@@ -121,43 +170,43 @@ def rebalance_parents(
 ) -> tuple[Group, ...]:
     ctx = _Context(length_of, cluster, cost)
     states = [_GroupState(g, list(g.samples), ctx) for g in groups]
-    max_moves = 2 * len(groups) + 32 if max_moves is None else max_moves
+    # bounded: planning must hide under a training step; most gains come in the first moves
+    max_moves = min(2 * len(groups) + 32, 160) if max_moves is None else max_moves
     for _ in range(max_moves):
         times = np.array([s.time for s in states])
         worst = int(np.argmax(times))
         cur = times[worst]
         src = states[worst]
-        by_cost = sorted(src.ids, key=lambda s: -ctx.scost[s])
+        by_cost = sorted(src.config.ids, key=lambda s: -ctx.scost[s])
         # a spread of sizes: large samples move much load, small ones fine-tune
         picks = sorted(set(np.linspace(0, len(by_cost) - 1, min(n_samples, len(by_cost))).round().astype(int)))
         cands = [by_cost[i] for i in picks]
         targets = [int(k) for k in np.argsort(times) if k != worst][:n_targets]
         best = None
         for a in cands:
-            ids_w, kids_w = src.without(a)
-            t_worst = src.price(ids_w, kids_w)
+            out_w = src.without(a)
+            t_worst = src.price(out_w)
             if t_worst >= cur:
                 continue
             for k in targets:
                 dst = states[k]
                 moved = dst.with_(a)
                 if moved is not None:
-                    t = max(t_worst, dst.price(*moved))
+                    t = max(t_worst, dst.price(moved))
                     if t < cur * (1 - 1e-9) and (best is None or t < best[0]):
-                        best = (t, a, k, None, (ids_w, kids_w), moved)
-                smaller = sorted((b for b in dst.ids if ctx.scost[b] < ctx.scost[a]), key=lambda b: -ctx.scost[b])[:2]
+                        best = (t, k, out_w, moved)
+                smaller = sorted((b for b in dst.config.ids if ctx.scost[b] < ctx.scost[a]), key=lambda b: -ctx.scost[b])[:2]
                 for b in smaller:
-                    ids_k, kids_k = dst.without(b)
-                    into_k = dst.with_(a, ids_k, kids_k)
-                    into_w = src.with_(b, ids_w, kids_w)
+                    into_k = dst.with_(a, dst.without(b))
+                    into_w = src.with_(b, out_w)
                     if into_k is None or into_w is None:
                         continue
-                    t = max(src.price(*into_w), dst.price(*into_k))
+                    t = max(src.price(into_w), dst.price(into_k))
                     if t < cur * (1 - 1e-9) and (best is None or t < best[0]):
-                        best = (t, a, k, b, into_w, into_k)
+                        best = (t, k, into_w, into_k)
         if best is None:
             break
-        _, a, k, b, into_w, into_k = best
-        src.set(*into_w)
-        states[k].set(*into_k)
-    return tuple(Group(s.group.start, s.group.size, tuple(s.ids)) for s in states)
+        _, k, new_w, new_k = best
+        src.set(new_w.ids, new_w)
+        states[k].set(new_k.ids, new_k)
+    return tuple(Group(s.group.start, s.group.size, tuple(s.config.ids)) for s in states)
