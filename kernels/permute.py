@@ -14,46 +14,38 @@ from .reference import gather_heads_ref, scatter_heads_ref
 
 
 @triton.jit
+def _tile(rows_ptr, peers_ptr, map_ptr, M, HS, D, BLOCK_M: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
+    """This program's [BLOCK_M, BLOCK_H, BLOCK_D] tile: packed-side offsets, the row and head of
+    every element on the other side, and the mask."""
+    m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    d = tl.arange(0, BLOCK_D)
+    m_ok = m < M
+    rows = tl.load(rows_ptr + m, mask=m_ok, other=0).to(tl.int64)
+    peers = tl.load(peers_ptr + m, mask=m_ok, other=0).to(tl.int64)
+    mh_ok = m_ok[:, None] & (h < HS)[None, :]
+    heads = tl.load(map_ptr + peers[:, None] * HS + h[None, :], mask=mh_ok, other=0).to(tl.int64)
+    mask = mh_ok[:, :, None] & (d < D)[None, None, :]
+    packed = (m.to(tl.int64)[:, None, None] * HS + h[None, :, None]) * D + d[None, None, :]
+    return packed, rows[:, None, None], heads[:, :, None], d[None, None, :], mask
+
+
+@triton.jit
 def _gather_heads_kernel(
     x_ptr, out_ptr, rows_ptr, peers_ptr, map_ptr, M, HX, HS, D, BLOCK_M: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr
 ):
-    pid_m = tl.program_id(0)
-    pid_h = tl.program_id(1)
-    m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    h = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
-    d = tl.arange(0, BLOCK_D)
-    m_ok = m < M
-    h_ok = h < HS
-    rows = tl.load(rows_ptr + m, mask=m_ok, other=0).to(tl.int64)
-    peers = tl.load(peers_ptr + m, mask=m_ok, other=0).to(tl.int64)
-    mh_ok = m_ok[:, None] & h_ok[None, :]
-    heads = tl.load(map_ptr + peers[:, None] * HS + h[None, :], mask=mh_ok, other=0).to(tl.int64)
-    mask = mh_ok[:, :, None] & (d < D)[None, None, :]
-    src = x_ptr + (rows[:, None, None] * HX + heads[:, :, None]) * D + d[None, None, :]
-    val = tl.load(src, mask=mask)
-    dst = out_ptr + (m.to(tl.int64)[:, None, None] * HS + h[None, :, None]) * D + d[None, None, :]
-    tl.store(dst, val, mask=mask)
+    packed, rows, heads, d, mask = _tile(rows_ptr, peers_ptr, map_ptr, M, HS, D, BLOCK_M, BLOCK_H, BLOCK_D)
+    val = tl.load(x_ptr + (rows * HX + heads) * D + d, mask=mask)
+    tl.store(out_ptr + packed, val, mask=mask)
 
 
 @triton.jit
 def _scatter_heads_kernel(
     src_ptr, out_ptr, rows_ptr, peers_ptr, map_ptr, M, HO, HS, D, BLOCK_M: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr
 ):
-    pid_m = tl.program_id(0)
-    pid_h = tl.program_id(1)
-    m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    h = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
-    d = tl.arange(0, BLOCK_D)
-    m_ok = m < M
-    h_ok = h < HS
-    rows = tl.load(rows_ptr + m, mask=m_ok, other=0).to(tl.int64)
-    peers = tl.load(peers_ptr + m, mask=m_ok, other=0).to(tl.int64)
-    mh_ok = m_ok[:, None] & h_ok[None, :]
-    heads = tl.load(map_ptr + peers[:, None] * HS + h[None, :], mask=mh_ok, other=0).to(tl.int64)
-    mask = mh_ok[:, :, None] & (d < D)[None, None, :]
-    val = tl.load(src_ptr + (m.to(tl.int64)[:, None, None] * HS + h[None, :, None]) * D + d[None, None, :], mask=mask)
-    dst = out_ptr + (rows[:, None, None] * HO + heads[:, :, None]) * D + d[None, None, :]
-    tl.store(dst, val, mask=mask)
+    packed, rows, heads, d, mask = _tile(rows_ptr, peers_ptr, map_ptr, M, HS, D, BLOCK_M, BLOCK_H, BLOCK_D)
+    val = tl.load(src_ptr + packed, mask=mask)
+    tl.store(out_ptr + (rows * HO + heads) * D + d, val, mask=mask)
 
 
 def _blocks(hs: int, d: int) -> tuple[int, int, int]:
@@ -72,38 +64,32 @@ def _check(x: torch.Tensor, rows: torch.Tensor, peers: torch.Tensor, head_map: t
         raise ValueError(f"head_map must be [peers, heads], got shape {tuple(head_map.shape)}")
 
 
-def gather_heads_triton(x: torch.Tensor, rows: torch.Tensor, peers: torch.Tensor, head_map: torch.Tensor) -> torch.Tensor:
-    """out[m, h, :] = x[rows[m], head_map[peers[m], h], :]; x [N, Hx, D] -> [M, Hs, D]."""
-    _check(x, rows, peers, head_map)
-    x = x.contiguous()
-    m, hs, d = rows.numel(), head_map.shape[1], x.shape[2]
-    out = torch.empty((m, hs, d), dtype=x.dtype, device=x.device)
+def _launch(kernel, src: torch.Tensor, out_shape, other_heads: int, rows, peers, head_map) -> torch.Tensor:
+    """Allocate the output and run `kernel` over [M rows, Hs heads] tiles (nothing to do for M = 0)."""
+    _check(src, rows, peers, head_map)
+    src = src.contiguous()
+    m, hs, d = rows.numel(), head_map.shape[1], src.shape[2]
+    out = torch.empty(out_shape, dtype=src.dtype, device=src.device)
     if m == 0 or hs == 0:
         return out
     bm, bh, bd = _blocks(hs, d)
     grid = (triton.cdiv(m, bm), triton.cdiv(hs, bh))
-    _gather_heads_kernel[grid](
-        x, out, rows.contiguous(), peers.contiguous(), head_map.contiguous(), m, x.shape[1], hs, d, BLOCK_M=bm, BLOCK_H=bh, BLOCK_D=bd
+    kernel[grid](
+        src, out, rows.contiguous(), peers.contiguous(), head_map.contiguous(), m, other_heads, hs, d, BLOCK_M=bm, BLOCK_H=bh, BLOCK_D=bd
     )
     return out
+
+
+def gather_heads_triton(x: torch.Tensor, rows: torch.Tensor, peers: torch.Tensor, head_map: torch.Tensor) -> torch.Tensor:
+    """out[m, h, :] = x[rows[m], head_map[peers[m], h], :]; x [N, Hx, D] -> [M, Hs, D]."""
+    return _launch(_gather_heads_kernel, x, (rows.numel(), head_map.shape[1], x.shape[2]), x.shape[1], rows, peers, head_map)
 
 
 def scatter_heads_triton(
     src: torch.Tensor, rows: torch.Tensor, peers: torch.Tensor, head_map: torch.Tensor, n_out: int, out_heads: int
 ) -> torch.Tensor:
     """out[rows[m], head_map[peers[m], h], :] = src[m, h, :]; src [M, Hs, D] -> [n_out, out_heads, D]."""
-    _check(src, rows, peers, head_map)
-    src = src.contiguous()
-    m, hs, d = rows.numel(), head_map.shape[1], src.shape[2]
-    out = torch.empty((n_out, out_heads, d), dtype=src.dtype, device=src.device)
-    if m == 0 or hs == 0:
-        return out
-    bm, bh, bd = _blocks(hs, d)
-    grid = (triton.cdiv(m, bm), triton.cdiv(hs, bh))
-    _scatter_heads_kernel[grid](
-        src, out, rows.contiguous(), peers.contiguous(), head_map.contiguous(), m, out_heads, hs, d, BLOCK_M=bm, BLOCK_H=bh, BLOCK_D=bd
-    )
-    return out
+    return _launch(_scatter_heads_kernel, src, (n_out, out_heads, src.shape[2]), out_heads, rows, peers, head_map)
 
 
 PATHS = ("auto", "triton", "torch")

@@ -15,8 +15,24 @@ from .cluster import PlanError
 LAYER_KINDS = ("F", "S")  # F: full causal attention; S: sparse attention of `sparse_kind`
 
 
+class _Config:
+    """replace / to_dict shared by the config dataclasses."""
+
+    def replace(self, **kw):
+        return dataclasses.replace(self, **kw)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _preset(presets: dict, kind: str, name: str, overrides: dict):
+    if name not in presets:
+        raise PlanError(f"unknown {kind} preset {name!r}; valid presets: {sorted(presets)}")
+    return presets[name].replace(**overrides) if overrides else presets[name]
+
+
 @dataclass(frozen=True)
-class ModelConfig:
+class ModelConfig(_Config):
     name: str = "paper"
     n_layers: int = 48
     layer_pattern: str = "FSSS"  # tiled over n_layers: one full : three sparse
@@ -57,17 +73,9 @@ class ModelConfig:
     def n_sparse(self) -> int:
         return self.layer_kinds.count("S")
 
-    def replace(self, **kw) -> ModelConfig:
-        return dataclasses.replace(self, **kw)
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
     @staticmethod
     def from_name(name: str, **overrides) -> ModelConfig:
-        if name not in MODEL_PRESETS:
-            raise PlanError(f"unknown model preset {name!r}; valid presets: {sorted(MODEL_PRESETS)}")
-        return MODEL_PRESETS[name].replace(**overrides) if overrides else MODEL_PRESETS[name]
+        return _preset(MODEL_PRESETS, "model", name, overrides)
 
 
 MODEL_PRESETS: dict[str, ModelConfig] = {
@@ -112,7 +120,7 @@ MODEL_PRESETS: dict[str, ModelConfig] = {
 
 
 @dataclass(frozen=True)
-class HardwareConfig:
+class HardwareConfig(_Config):
     name: str = "h100"
     peak_flops: float = 989e12  # dense bf16 per GPU, H100 SXM datasheet
     gemm_efficiency: float = 0.70  # achieved / peak for large bf16 GEMMs and grouped expert GEMMs
@@ -135,17 +143,9 @@ class HardwareConfig:
     def inter_node_bw(self) -> float:
         return self.intra_node_bw / self.inter_intra_ratio
 
-    def replace(self, **kw) -> HardwareConfig:
-        return dataclasses.replace(self, **kw)
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
     @staticmethod
     def from_name(name: str, **overrides) -> HardwareConfig:
-        if name not in HARDWARE_PRESETS:
-            raise PlanError(f"unknown hardware preset {name!r}; valid presets: {sorted(HARDWARE_PRESETS)}")
-        return HARDWARE_PRESETS[name].replace(**overrides) if overrides else HARDWARE_PRESETS[name]
+        return _preset(HARDWARE_PRESETS, "hardware", name, overrides)
 
 
 HARDWARE_PRESETS: dict[str, HardwareConfig] = {
