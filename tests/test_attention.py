@@ -96,3 +96,14 @@ def test_registering_a_sparse_kind_reaches_model_solver_and_simulator():
     assert torch.isfinite(h).all()
     with pytest.raises(ValueError, match="already registered"):
         register_sparse_attention("strided_test", mask=lambda a, b, p: a >= b, flops=lambda n, c: n)
+
+
+def test_tied_embeddings_share_the_table_and_train():
+    cfg = ModelConfig.from_name("tiny", tie_embeddings=True)
+    model = HybridMoE(cfg)
+    assert model.lm_head is None
+    tokens = torch.randint(0, cfg.vocab, (9,))
+    labels = torch.cat([tokens[1:5], torch.tensor([-100]), tokens[6:], torch.tensor([-100])])
+    loss = model.loss(tokens, labels, LocalContext([5, 4], cfg, "torch"), 7)
+    loss.backward()
+    assert torch.isfinite(loss) and model.embed.weight.grad.abs().sum() > 0
