@@ -23,6 +23,7 @@ import os
 import random
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
@@ -210,14 +211,24 @@ def train(args, rank: int, world: int, device: torch.device):
     autocast = torch.bfloat16 if device.type == "cuda" else None
     bar = tqdm(total=len(step_ids) * len(modes), initial=start * len(modes), disable=rank != 0, desc="train", file=sys.stderr)
     stop = len(step_ids) if args.stop_after is None else min(len(step_ids), args.stop_after)
+
+    def prepare(k):
+        """Data and plans of step k: a pure function of k, computed one step ahead in a thread so
+        that planning overlaps the running step (the plan does not depend on when it is made)."""
+        batch = source.get(step_ids[k])
+        try:
+            return batch, {m: make_plan(samples_from_lengths(batch.lengths), cluster, cost, m) for m in modes}
+        except PlanError as e:
+            raise PlanError(f"step {step_ids[k]}: {e}") from None
+
+    ahead = ThreadPoolExecutor(max_workers=1)
+    pending = ahead.submit(prepare, start) if start < stop else None
     for k in range(start, stop):
         step = step_ids[k]
-        batch = source.get(step)
+        batch, plans = pending.result()
+        pending = ahead.submit(prepare, k + 1) if k + 1 < stop else None
         for mode in modes:
-            try:
-                plan = make_plan(samples_from_lengths(batch.lengths), cluster, cost, mode)
-            except PlanError as e:
-                raise PlanError(f"step {step}: {e}") from None
+            plan = plans[mode]
             stats = CommStats(gpus_per_node=gpn)
             if device.type == "cuda":
                 torch.cuda.synchronize()
@@ -280,6 +291,7 @@ def train(args, rank: int, world: int, device: torch.device):
         if args.save_every and (k + 1) % args.save_every == 0:
             dist.barrier()
     bar.close()
+    ahead.shutdown()
     if rank == 0:
         summary = {
             "engine": "torch",
