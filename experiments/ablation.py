@@ -41,6 +41,13 @@ def add_common_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--window", type=int, default=None, help="sliding window of the sparse layers (default: the preset's)")
     ap.add_argument("--config", default=None, help="JSON file with 'model', 'hardware', 'cluster', 'workload' overrides")
     ap.add_argument("--trace", default=None, help="length trace (.csv step,length rows / .jsonl / .npy) instead of the generator")
+    ap.add_argument(
+        "--baseline-pricing",
+        default="compute",
+        choices=["compute", "comm"],
+        help="what the baseline parent assignment balances: compute (the design's baseline: attention + "
+        "token-wise work) or comm (also each group's all-to-alls, FlexSP-like). Default compute",
+    )
 
 
 def build(args):
@@ -77,12 +84,12 @@ def step_lengths(args, wl: WorkloadConfig) -> list[list[int]]:
     return generate_steps(wl)
 
 
-def select_wide_steps(steps, cluster: Cluster, cost: CostModel, progress=True) -> list[int]:
+def select_wide_steps(steps, cluster: Cluster, cost: CostModel, progress=True, pricing: str = "compute") -> list[int]:
     """Indices of steps whose baseline plan has a parent wider than a node."""
     chosen = []
     for i, lengths in enumerate(tqdm(steps, desc="scanning steps", disable=not progress, file=sys.stderr)):
         try:
-            plan = make_plan(samples_from_lengths(lengths), cluster, cost, "baseline")
+            plan = make_plan(samples_from_lengths(lengths), cluster, cost, "baseline", pricing)
         except PlanError as e:
             raise PlanError(f"step {i}: {e}") from None
         if plan.widest_parent > cluster.gpus_per_node:
@@ -90,9 +97,9 @@ def select_wide_steps(steps, cluster: Cluster, cost: CostModel, progress=True) -
     return chosen
 
 
-def plan_row(step: int, lengths, cluster, cost, mode: str, engine: str = "sim") -> tuple[dict, object]:
+def plan_row(step: int, lengths, cluster, cost, mode: str, engine: str = "sim", pricing: str = "compute") -> tuple[dict, object]:
     t0 = time.perf_counter()
-    plan = make_plan(samples_from_lengths(lengths), cluster, cost, mode)
+    plan = make_plan(samples_from_lengths(lengths), cluster, cost, mode, pricing)
     plan_ms = 1e3 * (time.perf_counter() - t0)
     row = {
         "engine": engine,
@@ -114,11 +121,11 @@ def run_ablation(args, progress=True) -> tuple[list[dict], dict]:
     model, hw, cluster, wl = build(args)
     cost = CostModel(model, hw)
     steps = step_lengths(args, wl)
-    chosen = select_wide_steps(steps, cluster, cost, progress)
+    chosen = select_wide_steps(steps, cluster, cost, progress, args.baseline_pricing)
     rows = []
     for i in tqdm(chosen, desc="ablation (3 modes)", disable=not progress, file=sys.stderr):
         for mode in MODES:
-            row, plan = plan_row(i, steps[i], cluster, cost, mode)
+            row, plan = plan_row(i, steps[i], cluster, cost, mode, pricing=args.baseline_pricing)
             r = simulate(plan, cost)
             row.update(
                 step_time_s=r.step_time,

@@ -62,6 +62,12 @@ def parse_args(argv=None):
     ap.add_argument("--trace", default=None, help="length trace (.csv/.jsonl/.npy) instead of the generator (random tokens)")
     ap.add_argument("--tokens", default=None, help="token file: .npy of uint16/uint32 ids (memory-mapped)")
     ap.add_argument("--doc-offsets", default=None, help="document offsets .npy [n_docs + 1] for --tokens")
+    ap.add_argument(
+        "--baseline-pricing",
+        default="compute",
+        choices=["compute", "comm"],
+        help="what the baseline parent assignment balances (see experiments.ablation --help)",
+    )
     ap.add_argument("--replay", default=None, help="an ablation results folder: run its selected steps (use --mode all)")
     ap.add_argument("--lr", type=float, default=3e-4)
     ap.add_argument("--weight-decay", type=float, default=0.1)
@@ -183,7 +189,8 @@ def train(args, rank: int, world: int, device: torch.device):
     hw = HardwareConfig.from_name(args.hardware, gpus_per_node=gpn)
     cost = CostModel(cfg, hw)
     if args.replay:
-        all_steps, selected, _ = replay_steps(args.replay)
+        all_steps, selected, abl_cfg = replay_steps(args.replay)
+        args.baseline_pricing = abl_cfg.get("baseline_pricing", args.baseline_pricing)  # replay what the ablation planned
         source, wl = LengthSource(all_steps, cfg.vocab, args.seed), None
         step_ids = selected
     else:
@@ -217,7 +224,8 @@ def train(args, rank: int, world: int, device: torch.device):
         that planning overlaps the running step (the plan does not depend on when it is made)."""
         batch = source.get(step_ids[k])
         try:
-            return batch, {m: make_plan(samples_from_lengths(batch.lengths), cluster, cost, m) for m in modes}
+            lengths = samples_from_lengths(batch.lengths)
+            return batch, {m: make_plan(lengths, cluster, cost, m, args.baseline_pricing) for m in modes}
         except PlanError as e:
             raise PlanError(f"step {step_ids[k]}: {e}") from None
 

@@ -144,8 +144,17 @@ def exchange_cost_per_token(cluster: Cluster, cost: CostModel, repack_aware: boo
     return out
 
 
-def assign_parents(samples: Sequence[Sample], cluster: Cluster, cost: CostModel, repack_aware: bool = False) -> tuple[Group, ...]:
+PRICINGS = ("compute", "comm")
+
+
+def assign_parents(
+    samples: Sequence[Sample], cluster: Cluster, cost: CostModel, repack_aware: bool = False, pricing: str = "compute"
+) -> tuple[Group, ...]:
     """Parent groups covering every rank; every sample placed exactly once (or PlanError).
+
+    pricing: what the fill balances. "compute" (the design's baseline): full attention ~L^2 plus
+    token-wise work ~L, divided over the group. "comm": also each group's own all-to-alls, as
+    FlexSP's cost model does; a stronger baseline that gives wide groups fewer short samples.
 
     repack_aware prices wide groups as the parent solver will run them (sparse layers in
     node-local children), so they take more of the short samples."""
@@ -165,7 +174,13 @@ def assign_parents(samples: Sequence[Sample], cluster: Cluster, cost: CostModel,
         at += int(widths[i])
     groups += [(r, 1) for r in range(at, cluster.world_size)]
 
-    fill = _GroupFill(groups, cluster.tokens_per_rank, exchange_cost_per_token(cluster, cost, repack_aware))
+    if pricing not in PRICINGS:
+        raise PlanError(f"pricing={pricing!r}; valid: {PRICINGS}")
+    if pricing == "comm" or repack_aware:
+        comm = exchange_cost_per_token(cluster, cost, repack_aware)
+    else:
+        comm = {w: 0.0 for w in exchange_cost_per_token(cluster, cost)}
+    fill = _GroupFill(groups, cluster.tokens_per_rank, comm)
     for gi, i in enumerate(anchors):
         fill.add(gi, int(i), float(costs[i]), int(lengths[i]))
         heapq.heappush(fill.heaps[fill.size[gi]], (fill.load[gi], gi))

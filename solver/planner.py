@@ -46,7 +46,9 @@ def solve_parents(baseline: tuple[Group, ...], samples: Sequence[Sample], cluste
     return baseline
 
 
-def make_plan(samples: Sequence[Sample], cluster: Cluster, cost: CostModel, mode: str = "repack+solver") -> StepPlan:
+def make_plan(
+    samples: Sequence[Sample], cluster: Cluster, cost: CostModel, mode: str = "repack+solver", baseline_pricing: str = "compute"
+) -> StepPlan:
     """Plan one step.
 
     >>> from solver import Cluster, CostModel, ModelConfig, HardwareConfig, samples_from_lengths
@@ -58,7 +60,7 @@ def make_plan(samples: Sequence[Sample], cluster: Cluster, cost: CostModel, mode
     if mode not in MODES:
         raise PlanError(f"mode={mode!r}; valid modes: {MODES}")
     samples = check_samples(samples, cluster)
-    groups = assign_parents(samples, cluster, cost)
+    groups = assign_parents(samples, cluster, cost, pricing=baseline_pricing)
     if mode == "repack+solver":
         groups = solve_parents(groups, samples, cluster, cost)
     return plan_from_parents(groups, samples, cluster, cost, mode)
