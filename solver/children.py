@@ -7,6 +7,7 @@ its size (plus its own node-local exchanges). The solver minimizes the slowest c
 
 from __future__ import annotations
 
+import functools
 import heapq
 from dataclasses import dataclass
 
@@ -324,6 +325,14 @@ def solve_child_problem(p: ChildProblem, quick: bool = False) -> ChildSolution |
     return best
 
 
+@functools.lru_cache(maxsize=4096)
+def solve_sorted(lengths: tuple[int, ...], parent_size: int, cluster: Cluster, cost: CostModel, quick: bool = False):
+    """solve_child_problem for lengths sorted longest first, memoized: a planning call prices the
+    same parent several times (estimates, the parent solver's check, the final plan). Callers
+    must not mutate the returned solution."""
+    return solve_child_problem(child_problem(np.array(lengths, dtype=np.int64), parent_size, cluster, cost), quick=quick)
+
+
 def solve_children(parent: Group, length_of: dict[int, int], cluster: Cluster, cost: CostModel) -> tuple[tuple[Group, ...], str]:
     """Children for `parent`, or ((parent,), reason) when it keeps its own layout."""
     g = cluster.gpus_per_node
@@ -338,7 +347,9 @@ def solve_children(parent: Group, length_of: dict[int, int], cluster: Cluster, c
         return (parent,), (
             f"sample id={s} of length={n} exceeds one node's capacity ({g} ranks x {cluster.tokens_per_rank} = {node_cap} tokens)"
         )
-    sol = solve_child_problem(child_problem(lengths, parent.size, cluster, cost))
+    order = sorted(range(len(ids)), key=lambda i: (-int(lengths[i]), ids[i]))
+    ids, lengths = [ids[i] for i in order], lengths[order]
+    sol = solve_sorted(tuple(int(n) for n in lengths), parent.size, cluster, cost)
     if sol is None:
         return (parent,), "no node-local child assignment fits the token budget"
     from .estimate import own_layout_part  # estimate imports this module

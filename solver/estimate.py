@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .children import child_problem, solve_child_problem
+from .children import solve_sorted
 from .cluster import Cluster
 from .cost import CostModel
 from .layout import Group
@@ -49,7 +49,7 @@ def group_time(group: Group, lengths: np.ndarray, cluster: Cluster, cost: CostMo
     t = full_part(group, lengths, cost)
     own = own_layout_part(group, lengths, cost)
     if repack and group.size > cluster.gpus_per_node and lengths.max() <= cluster.gpus_per_node * cluster.tokens_per_rank:
-        sol = solve_child_problem(child_problem(lengths, group.size, cluster, cost), quick=quick)
+        sol = solve_sorted(tuple(sorted((int(n) for n in lengths), reverse=True)), group.size, cluster, cost, quick)
         if sol is not None:
             return t + min(own, sol.makespan)  # solve_children keeps the parent layout when it is faster
     return t + own

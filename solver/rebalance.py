@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .children import ChildProblem, child_problem, solve_child_problem
+from .children import ChildProblem, child_problem, solve_sorted
 from .cluster import Cluster, ceil_div
 from .cost import CostModel
 from .estimate import exchange_line
@@ -78,9 +78,10 @@ class _GroupState:
             self.config, self.time = hint, self.price(hint)
             return
         kids = None
-        lens = np.array([self.ctx.length_of[s] for s in ids], dtype=np.int64)
-        if self.wide and len(ids) and lens.max() <= self.ctx.node_cap:
-            sol = solve_child_problem(child_problem(lens, self.p, self.ctx.cluster, self.ctx.cost), quick=True)
+        ids = sorted(ids, key=lambda s: (-self.ctx.length_of[s], s))
+        lens = tuple(self.ctx.length_of[s] for s in ids)
+        if self.wide and ids and lens[0] <= self.ctx.node_cap:
+            sol = solve_sorted(lens, self.p, self.ctx.cluster, self.ctx.cost, True)
             if sol is not None:
                 kids = [(c, [ids[i] for i in m]) for c, m in zip(sol.sizes, sol.members)]
         self.config = self._config(ids, kids)
