@@ -164,12 +164,18 @@ def _improve(p: ChildProblem, sol: ChildSolution, max_rounds: int = 200, swaps: 
         cur = times[worst]
         best = None  # (new_pair_max, kind, ...)
         lw, tw, rw = st[worst]
+        # targets: the few least-loaded children of each size. For a move, a lighter child of the
+        # same size is never worse (time is monotone in load), so this loses little and keeps a
+        # round O(members x sizes) instead of O(members x children)
+        by_size: dict[int, list[int]] = {}
+        for k in sorted(range(len(sizes)), key=lambda k: times[k]):
+            if k != worst and len(by_size.setdefault(sizes[k], [])) < 3:
+                by_size[sizes[k]].append(k)
+        targets = [k for ks in by_size.values() for k in ks]
         for a in members[worst]:
             la, na = float(p.linear[a]), int(p.lengths[a])
             tw_new = p.child_time(sizes[worst], lw - la, tw - na)
-            for k in range(len(sizes)):
-                if k == worst:
-                    continue
+            for k in targets:
                 lk, tk, rk = st[k]
                 if p.fits(sizes[k], rk, na):
                     t = max(tw_new, p.child_time(sizes[k], lk + la, tk + na))
