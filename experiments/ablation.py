@@ -20,10 +20,22 @@ from tqdm import tqdm
 from solver import MODES, Cluster, CostModel, HardwareConfig, ModelConfig, PlanError, make_plan, samples_from_lengths
 from solver.config import load_config_file
 from solver.context import run_context
+from solver.parents import PRICINGS
 from solver.simulator import simulate
 from solver.workload import WorkloadConfig, generate_steps, load_trace
 
 from .results import PAPER, summarize, write_run
+
+
+def add_baseline_pricing_arg(ap: argparse.ArgumentParser) -> None:
+    """--baseline-pricing, shared with the training driver."""
+    ap.add_argument(
+        "--baseline-pricing",
+        default="compute",
+        choices=list(PRICINGS),
+        help="what the baseline parent assignment balances: compute (the design's baseline: attention + "
+        "token-wise work) or comm (also each group's all-to-alls, FlexSP-like). Default compute",
+    )
 
 
 def add_common_args(ap: argparse.ArgumentParser) -> None:
@@ -41,13 +53,7 @@ def add_common_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--window", type=int, default=None, help="sliding window of the sparse layers (default: the preset's)")
     ap.add_argument("--config", default=None, help="JSON file with 'model', 'hardware', 'cluster', 'workload' overrides")
     ap.add_argument("--trace", default=None, help="length trace (.csv step,length rows / .jsonl / .npy) instead of the generator")
-    ap.add_argument(
-        "--baseline-pricing",
-        default="compute",
-        choices=["compute", "comm"],
-        help="what the baseline parent assignment balances: compute (the design's baseline: attention + "
-        "token-wise work) or comm (also each group's all-to-alls, FlexSP-like). Default compute",
-    )
+    add_baseline_pricing_arg(ap)
 
 
 def build(args):

@@ -37,6 +37,7 @@ from solver import MODES, Cluster, CostModel, HardwareConfig, ModelConfig, PlanE
 from solver.context import run_context
 from solver.workload import WorkloadConfig, generate_steps, load_trace
 
+from .ablation import add_baseline_pricing_arg
 from .data import LengthSource, TokenFileSource
 from .results import PAPER, summarize, write_run
 
@@ -62,12 +63,7 @@ def parse_args(argv=None):
     ap.add_argument("--trace", default=None, help="length trace (.csv/.jsonl/.npy) instead of the generator (random tokens)")
     ap.add_argument("--tokens", default=None, help="token file: .npy of uint16/uint32 ids (memory-mapped)")
     ap.add_argument("--doc-offsets", default=None, help="document offsets .npy [n_docs + 1] for --tokens")
-    ap.add_argument(
-        "--baseline-pricing",
-        default="compute",
-        choices=["compute", "comm"],
-        help="what the baseline parent assignment balances (see experiments.ablation --help)",
-    )
+    add_baseline_pricing_arg(ap)
     ap.add_argument("--replay", default=None, help="an ablation results folder: run its selected steps (use --mode all)")
     ap.add_argument("--lr", type=float, default=3e-4)
     ap.add_argument("--weight-decay", type=float, default=0.1)

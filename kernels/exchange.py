@@ -34,8 +34,7 @@ def head_split_map(segments: Sequence[int], group_size: int) -> np.ndarray:
                 f"(query and key/value heads) must be a multiple of every group size used (KV-head replication is not "
                 f"supported: use n_kv_heads >= the widest group, or a narrower parent)"
             )
-    rows, off = [], 0
-    parts = []
+    off, parts = 0, []
     for s in segments:
         k = s // group_size
         parts.append(off + np.arange(group_size)[:, None] * k + np.arange(k)[None, :])

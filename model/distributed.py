@@ -16,7 +16,7 @@ import torch.distributed as dist
 import torch.distributed.nn.functional as dist_fn
 
 from kernels.exchange import AlignedGroups, CommStats, dist_transport, exchange, exchange_args
-from solver import StepPlan, head_cu_seqlens, head_to_token_plan, local_cu_seqlens, token_ids, token_to_head_plan
+from solver import StepPlan, head_cu_seqlens, head_to_token_plan, token_ids, token_to_head_plan
 from solver.config import ModelConfig
 
 from .attention import varlen_attention
@@ -74,11 +74,14 @@ class DistributedContext:
         self.full_exit = exchange_args(head_to_token_plan(parent, child)[rank], qkv[:1], device)
         self.sparse_entry = exchange_args(token_to_head_plan(child, child)[rank], qkv, device)
         self.sparse_exit = exchange_args(head_to_token_plan(child, child)[rank], qkv[:1], device)
-        self.full_cu = torch.as_tensor(head_cu_seqlens(parent, self.parent_group), device=device)
-        self.sparse_cu = torch.as_tensor(head_cu_seqlens(child, self.child_group), device=device)
-        cu, pos = local_cu_seqlens(child, rank)
-        self.positions = torch.as_tensor(pos, device=device)
-        self.ids = token_ids(child, rank)
+        full_cu = head_cu_seqlens(parent, self.parent_group)
+        sparse_cu = head_cu_seqlens(child, self.child_group)
+        # the longest sample of each head layout, from the host copy: no device sync per layer
+        self.full_max, self.sparse_max = _max_len(full_cu), _max_len(sparse_cu)
+        self.full_cu = torch.as_tensor(full_cu, device=device)
+        self.sparse_cu = torch.as_tensor(sparse_cu, device=device)
+        self.ids = token_ids(child, rank)  # sample_id << 32 | position, in local order
+        self.positions = torch.as_tensor(self.ids & 0xFFFFFFFF, device=device)
         self.reduce = lambda t: dist_fn.all_reduce(t)
         self.total_tokens = int(sum(n for _, n in plan.lengths))
 
@@ -88,17 +91,24 @@ class DistributedContext:
 
     def attend(self, qkv, kind, layer):
         if kind == "F":
-            entry, exit_, cu, p, site = self.full_entry, self.full_exit, self.full_cu, self.parent_group.size, "full"
+            entry, exit_, cu, max_len, p, site = (
+                self.full_entry,
+                self.full_exit,
+                self.full_cu,
+                self.full_max,
+                self.parent_group.size,
+                "full",
+            )
             attn_kind, params = "full", None
         else:
-            entry, exit_, cu, p, site = self.sparse_entry, self.sparse_exit, self.sparse_cu, self.child_group.size, "sparse"
-            attn_kind, params = self.cfg.sparse_kind, self.cfg.sparse_params
+            entry, exit_, cu, max_len, p = self.sparse_entry, self.sparse_exit, self.sparse_cu, self.sparse_max, self.child_group.size
+            site, attn_kind, params = "sparse", self.cfg.sparse_kind, self.cfg.sparse_params
         if p == 1:  # a group of one rank holds whole samples in head order: no communication
             q, k, v = self._heads(qkv, 1)
-            return varlen_attention(q, k, v, cu, _max_len(cu), attn_kind, params, self.backend)
+            return varlen_attention(q, k, v, cu, max_len, attn_kind, params, self.backend)
         y = exchange(qkv, entry, self.transport, self.path, self.stats, f"{site}.entry")
         q, k, v = self._heads(y, p)
-        o = varlen_attention(q, k, v, cu, _max_len(cu), attn_kind, params, self.backend)
+        o = varlen_attention(q, k, v, cu, max_len, attn_kind, params, self.backend)
         return exchange(o.contiguous(), exit_, self.transport, self.path, self.stats, f"{site}.exit")
 
     def local_batch(self, sample_tokens: dict[int, np.ndarray], device="cpu") -> tuple[torch.Tensor, torch.Tensor]:
@@ -112,8 +122,8 @@ class DistributedContext:
         return torch.as_tensor(toks, device=device), torch.as_tensor(labs, device=device)
 
 
-def _max_len(cu: torch.Tensor) -> int:
-    return int((cu[1:] - cu[:-1]).max()) if cu.numel() > 1 else 0
+def _max_len(cu: np.ndarray) -> int:
+    return int(np.diff(cu).max()) if len(cu) > 1 else 0
 
 
 def label_count(plan: StepPlan) -> int:

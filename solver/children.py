@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .cluster import Cluster, ceil_div, ceil_pow2
-from .cost import FWD_BWD_EXCHANGES, CostModel
+from .cost import CostModel
 from .layout import Group
 from .plan import NODE_LOCAL
 
@@ -43,17 +43,12 @@ def child_problem(lengths, parent_size: int, cluster: Cluster, cost: CostModel) 
     own sparse-layer exchanges and its ranks' share of the parent's full-layer exchanges."""
     lengths = np.asarray(lengths, dtype=np.int64)
     g = cluster.gpus_per_node
-    fixed_per_exchange = FWD_BWD_EXCHANGES * 2 * cost.hw.a2a_latency
-    b = cost.layer_exchange_time(0.0, 0, parent_size, 0)
-    parent_x = cost.model.n_full * (cost.layer_exchange_time(1.0, 0, parent_size, 0) - b)
+    parent_x = cost.model.n_full * cost.exchange_line(parent_size)[0]
     per_token, fixed = {}, {}
     for c in (1 << k for k in range(g.bit_length())):
-        if c == 1:
-            per_token[c], fixed[c] = parent_x, 0.0
-            continue
-        t = cost.layer_exchange_time(1.0, 0, c, 0) - fixed_per_exchange
-        per_token[c] = cost.model.n_sparse * t + parent_x  # x the child's tokens / c = per-rank seconds
-        fixed[c] = cost.model.n_sparse * fixed_per_exchange
+        a, b = cost.exchange_line(c)  # (0, 0) for a child of one rank
+        per_token[c] = cost.model.n_sparse * a + parent_x  # x the child's tokens / c = per-rank seconds
+        fixed[c] = cost.model.n_sparse * b
     return ChildProblem(
         lengths, np.asarray(cost.linear_cost(lengths), dtype=np.float64), parent_size, g, cluster.tokens_per_rank, per_token, fixed
     )

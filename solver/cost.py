@@ -165,6 +165,12 @@ class CostModel:
             per_peer * inter_peers / self.hw.inter_node_bw,
         )
 
+    def exchange_line(self, size: int) -> tuple[float, float]:
+        """One attention layer's exchanges (fwd + bwd) in an aligned group of `size`, for x tokens
+        per rank, as a * x + b: (seconds per token, fixed seconds)."""
+        b = self.layer_exchange_time(0.0, 0, size, 0)
+        return self.layer_exchange_time(1.0, 0, size, 0) - b, b
+
     def layer_exchange_time(self, tokens: float, start: int, size: int, rank: int) -> float:
         """Forward + backward seconds of one attention layer's entry and exit exchanges."""
         if size == 1:

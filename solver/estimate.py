@@ -18,27 +18,16 @@ from .cost import CostModel
 from .layout import Group
 
 
-def exchange_line(cost: CostModel, size: int) -> tuple[float, float]:
-    """One attention layer's exchanges (fwd + bwd) for x tokens per rank = a * x + b."""
-    b = cost.layer_exchange_time(0.0, 0, size, 0)
-    return cost.layer_exchange_time(1.0, 0, size, 0) - b, b
-
-
-def full_exchange_per_token(cost: CostModel, size: int) -> float:
-    """Seconds per token a rank holds, of all full layers' exchanges in a parent of `size`."""
-    return cost.model.n_full * exchange_line(cost, size)[0]
-
-
 def full_part(group: Group, lengths: np.ndarray, cost: CostModel) -> float:
     """Full attention in the parent head layout plus the fixed cost of its exchanges."""
-    return float(cost.full_cost(lengths).sum() / group.size + cost.model.n_full * exchange_line(cost, group.size)[1])
+    return float(cost.full_cost(lengths).sum() / group.size + cost.model.n_full * cost.exchange_line(group.size)[1])
 
 
 def own_layout_part(group: Group, lengths: np.ndarray, cost: CostModel) -> float:
     """Per-token work when every layer keeps the group's own (evenly split) layout."""
     p = group.size
     per_rank = lengths.sum() / p
-    a, b = exchange_line(cost, p)
+    a, b = cost.exchange_line(p)
     return float(cost.linear_cost(lengths).sum() / p + cost.model.n_sparse * (a * per_rank + b) + cost.model.n_full * a * per_rank)
 
 

@@ -128,15 +128,6 @@ def head_cu_seqlens(layout: TokenLayout, g: Group) -> np.ndarray:
     return np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
 
 
-def local_cu_seqlens(layout: TokenLayout, rank: int) -> tuple[np.ndarray, np.ndarray]:
-    """cu_seqlens of `rank`'s local chunks and the position of each local token in its sample."""
-    segs = layout.local_segments(rank)
-    lens = [b - a for _, a, b in segs]
-    cu = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
-    pos = np.concatenate([np.arange(a, b) for _, a, b in segs] or [np.zeros(0)]).astype(np.int64)
-    return cu, pos
-
-
 # ----- exchange plans -------------------------------------------------------------------------
 TOKEN_TO_HEAD = "token_to_head"
 HEAD_TO_TOKEN = "head_to_token"

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from .cluster import Cluster, PlanError, Sample, ceil_div, ceil_pow2, check_samples
-from .cost import FWD_BWD_EXCHANGES, CostModel
+from .cost import CostModel
 from .layout import Group
 
 
@@ -136,10 +136,9 @@ def exchange_cost_per_token(cluster: Cluster, cost: CostModel, repack_aware: boo
     groups wider than a node pay their own exchanges only at full-attention layers, since their
     sparse layers will run in node-local children."""
     out, w = {}, 1
-    fixed = FWD_BWD_EXCHANGES * 2 * cost.hw.a2a_latency
     while w <= cluster.world_size:
         layers = cost.model.n_full if (repack_aware and w > cluster.gpus_per_node) else cost.model.n_layers
-        out[w] = 0.0 if w == 1 else layers * (cost.layer_exchange_time(1.0, 0, w, 0) - fixed)
+        out[w] = layers * cost.exchange_line(w)[0]
         w *= 2
     return out
 

@@ -14,7 +14,6 @@ import numpy as np
 from .children import ChildProblem, child_problem, solve_sorted
 from .cluster import Cluster, ceil_div
 from .cost import CostModel
-from .estimate import exchange_line
 from .layout import Group
 
 
@@ -44,7 +43,7 @@ class _GroupState:
         self.p = group.size
         self.wide = group.size > ctx.cluster.gpus_per_node
         self.cp = ctx.cp(group.size)
-        self.line = ctx.exchange_line(group.size)
+        self.line = ctx.cost.exchange_line(group.size)
         self.set(ids)
 
     def _config(self, ids, kids_members) -> _Config:
@@ -141,23 +140,16 @@ class _Context:
         self.length_of, self.cluster, self.cost = length_of, cluster, cost
         self.node_cap = cluster.gpus_per_node * cluster.tokens_per_rank
         ids = list(length_of)
-        lin = cost.linear_cost(np.array([length_of[s] for s in ids], dtype=np.float64))
-        self.linear = dict(zip(ids, map(float, lin)))
-        self.full = dict(zip(ids, map(float, cost.full_cost(np.array([length_of[s] for s in ids], dtype=np.float64)))))
-        self._lines: dict[int, tuple[float, float]] = {}
-        self.scost = dict(zip(ids, map(float, cost.sample_cost(np.array([length_of[s] for s in ids], dtype=np.float64)))))
+        lens = np.array([length_of[s] for s in ids], dtype=np.float64)
+        self.linear = dict(zip(ids, map(float, cost.linear_cost(lens))))
+        self.full = dict(zip(ids, map(float, cost.full_cost(lens))))
+        self.scost = dict(zip(ids, map(float, cost.sample_cost(lens))))
         self._cps: dict[int, ChildProblem] = {}
 
     def cp(self, parent_size: int) -> ChildProblem:
         if parent_size not in self._cps:
             self._cps[parent_size] = child_problem([], parent_size, self.cluster, self.cost)
         return self._cps[parent_size]
-
-    def exchange_line(self, size: int) -> tuple[float, float]:
-        """layer_exchange_time(x tokens per rank) = a * x + b for an aligned group of `size`."""
-        if size not in self._lines:
-            self._lines[size] = exchange_line(self.cost, size)
-        return self._lines[size]
 
 
 def rebalance_parents(

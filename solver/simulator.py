@@ -136,8 +136,7 @@ def lower_bound(plan: StepPlan, cost: CostModel) -> float:
     for n in lens:
         m = min(ceil_pow2(n / plan.cluster.tokens_per_rank), plan.cluster.world_size)
         if m > 1:
-            line = cost.layer_exchange_time(1.0, 0, m, 0) - cost.layer_exchange_time(0.0, 0, m, 0)
-            xfull += cost.model.n_full * line * n  # rank-seconds: n/m tokens per rank on m ranks
+            xfull += cost.model.n_full * cost.exchange_line(m)[0] * n  # rank-seconds: n/m tokens per rank on m ranks
     return (compute + xfull) / plan.cluster.world_size
 
 
@@ -178,7 +177,6 @@ def simulate(plan: StepPlan, cost: CostModel) -> StepResult:
 
     def attention_layer(kind: str, factor: float):
         layout, attn, (entry, exit_) = (parent, parent.full_attn, full_x) if kind == "F" else (child, child.sparse_attn, sparse_x)
-        multi = layout.size_of_rank > 1
         # forward: pre -> entry -> attention -> exit -> post ; backward mirrors it
         order = [("work", t_pre), ("x", entry), ("work", attn), ("x", exit_), ("work", t_post)]
         if factor != 1.0:
@@ -189,7 +187,7 @@ def simulate(plan: StepPlan, cost: CostModel) -> StepResult:
                 tl.work(val * factor)
             else:
                 intra_s, inter_s, b_in, b_out = val
-                tl.sync_exchange(layout, np.where(multi, intra_s, 0.0), np.where(multi, inter_s, 0.0))
+                tl.sync_exchange(layout, intra_s, inter_s)  # zero for groups of one rank
                 bytes_acc[key][0] += b_in
                 bytes_acc[key][1] += b_out
                 calls[key] += 1
