@@ -393,23 +393,11 @@ def solve_sorted(lengths: tuple[int, ...], parent_size: int, cluster: Cluster, c
     return solve_child_problem(child_problem(np.array(lengths, dtype=np.int64), parent_size, cluster, cost), quick=quick)
 
 
-def solve_children(parent: Group, length_of: dict[int, int], cluster: Cluster, cost: CostModel) -> tuple[tuple[Group, ...], str]:
-    """Children for `parent`, or ((parent,), reason) when it keeps its own layout."""
-    g = cluster.gpus_per_node
-    if parent.size <= g:
-        return (parent,), NODE_LOCAL
-    ids = list(parent.samples)
-    lengths = np.array([length_of[s] for s in ids], dtype=np.int64)
-    node_cap = g * cluster.tokens_per_rank
-    too_long = [(s, int(n)) for s, n in zip(ids, lengths) if n > node_cap]
-    if too_long:
-        s, n = too_long[0]
-        return (parent,), (
-            f"sample id={s} of length={n} exceeds one node's capacity ({g} ranks x {cluster.tokens_per_rank} = {node_cap} tokens)"
-        )
-    order = sorted(range(len(ids)), key=lambda i: (-int(lengths[i]), ids[i]))
-    ids, lengths = [ids[i] for i in order], lengths[order]
-    sol = solve_sorted(tuple(int(n) for n in lengths), parent.size, cluster, cost)
+def _choose(
+    parent: Group, ids: list[int], lengths: np.ndarray, sol: ChildSolution | None, cost: CostModel
+) -> tuple[tuple[Group, ...], str]:
+    """The children of `sol` (ids and lengths in its index order), or the parent's own layout
+    with the reason when there is no solution or it is not faster."""
     if sol is None:
         return (parent,), "no node-local child assignment fits the token budget"
     from .estimate import own_layout_part  # estimate imports this module
@@ -422,3 +410,56 @@ def solve_children(parent: Group, length_of: dict[int, int], cluster: Cluster, c
         )
     kids = [Group(parent.start + st, c, tuple(ids[i] for i in m)) for c, st, m in zip(sol.sizes, sol.starts, sol.members)]
     return tuple(sorted(kids, key=lambda c: c.start)), ""
+
+
+def _sorted_members(parent: Group, length_of: dict[int, int], cluster: Cluster) -> tuple[list[int], np.ndarray, str]:
+    """The parent's ids longest first (ties by id) with their lengths, or the reason it keeps its
+    own layout ("" when it may be repacked)."""
+    g = cluster.gpus_per_node
+    if parent.size <= g:
+        return [], np.zeros(0, dtype=np.int64), NODE_LOCAL
+    ids = sorted(parent.samples, key=lambda s: (-length_of[s], s))
+    lengths = np.array([length_of[s] for s in ids], dtype=np.int64)
+    node_cap = g * cluster.tokens_per_rank
+    if len(lengths) and lengths[0] > node_cap:
+        return (
+            ids,
+            lengths,
+            (
+                f"sample id={ids[0]} of length={int(lengths[0])} exceeds one node's capacity "
+                f"({g} ranks x {cluster.tokens_per_rank} = {node_cap} tokens)"
+            ),
+        )
+    return ids, lengths, ""
+
+
+def solve_children(parent: Group, length_of: dict[int, int], cluster: Cluster, cost: CostModel) -> tuple[tuple[Group, ...], str]:
+    """Children for `parent`, or ((parent,), reason) when it keeps its own layout."""
+    ids, lengths, reason = _sorted_members(parent, length_of, cluster)
+    if reason:
+        return (parent,), reason
+    sol = solve_sorted(tuple(int(n) for n in lengths), parent.size, cluster, cost)
+    return _choose(parent, ids, lengths, sol, cost)
+
+
+def polish_children(
+    parent: Group, kids: tuple[tuple[int, tuple[int, ...]], ...], length_of: dict[int, int], cluster: Cluster, cost: CostModel
+) -> tuple[tuple[Group, ...], str]:
+    """Children for `parent` starting from a given assignment ((size, sample ids) per child, as
+    the parent solver leaves them): laid out in the parent, polished by moves, swaps and merges
+    (never slower than given), or the parent's own layout when that is faster."""
+    ids, lengths, reason = _sorted_members(parent, length_of, cluster)
+    if reason:
+        return (parent,), reason
+    index = {s: i for i, s in enumerate(ids)}
+    sizes = [c for c, _ in kids]
+    members = [[index[s] for s in m] for _, m in kids]
+    if sorted(i for m in members for i in m) != list(range(len(ids))) or sum(sizes) != parent.size:
+        raise ValueError(f"children {kids} do not hold exactly the samples and ranks of {parent}")
+    starts = _layout_children(sizes, parent.size, cluster.gpus_per_node)
+    if starts is None:
+        raise ValueError(f"child sizes {sizes} do not fit the nodes of {parent}")
+    p = child_problem(lengths, parent.size, cluster, cost)
+    sol = ChildSolution(sizes, starts, members, _evaluate(p, sizes, members))
+    _polish(p, sol, swaps=True)
+    return _choose(parent, ids, lengths, sol, cost)

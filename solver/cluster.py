@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 
 class PlanError(ValueError):
     """Bad input to a planner, or a batch that cannot be placed. The message names the value."""
@@ -20,6 +22,15 @@ def ceil_pow2(x: float) -> int:
     while p < x:
         p *= 2
     return p
+
+
+def ceil_pow2_array(x) -> np.ndarray:
+    """ceil_pow2 elementwise (int64), exact at powers of two whatever log2 rounds to."""
+    x = np.asarray(x, dtype=np.float64)
+    p = np.exp2(np.ceil(np.log2(np.maximum(x, 1.0))))
+    p = np.where(p < x, 2 * p, p)
+    p = np.where((p > 1) & (p / 2 >= x), p / 2, p)
+    return p.astype(np.int64)
 
 
 def ceil_div(a: int, b: int) -> int:
@@ -81,6 +92,7 @@ def check_samples(samples: Iterable[Sample], cluster: Cluster | None = None) -> 
     if not out:
         raise PlanError("the step has no samples; a step needs at least one sample")
     seen: set[int] = set()
+    longest = cluster.max_sample_length() if cluster is not None else None
     for s in out:
         if not isinstance(s.length, int) or isinstance(s.length, bool) or s.length < 1:
             raise PlanError(f"sample id={s.id} has length={s.length!r}; lengths must be integers >= 1")
@@ -89,11 +101,11 @@ def check_samples(samples: Iterable[Sample], cluster: Cluster | None = None) -> 
         if s.id in seen:
             raise PlanError(f"duplicate sample id={s.id}; every sample id in a step must be unique")
         seen.add(s.id)
-        if cluster is not None and s.length > cluster.max_sample_length():
+        if longest is not None and s.length > longest:
             raise PlanError(
                 f"sample id={s.id} of length={s.length} cannot be placed: the widest aligned group "
                 f"of this cluster (world_size={cluster.world_size}, tokens_per_rank="
-                f"{cluster.tokens_per_rank}) holds at most {cluster.max_sample_length()} tokens"
+                f"{cluster.tokens_per_rank}) holds at most {longest} tokens"
             )
     if cluster is not None:
         total = sum(s.length for s in out)

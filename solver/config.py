@@ -6,6 +6,7 @@ Every number of the paper-scale presets is sourced or reasoned in the README's "
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from dataclasses import dataclass, field
 from typing import Any
@@ -61,15 +62,16 @@ class ModelConfig(_Config):
         if self.top_k > self.n_experts:
             raise PlanError(f"top_k={self.top_k} exceeds n_experts={self.n_experts}")
 
-    @property
+    # cached: the solvers read these in their inner loops (the fields are frozen)
+    @functools.cached_property
     def layer_kinds(self) -> str:
         return self.layer_pattern * (self.n_layers // len(self.layer_pattern))
 
-    @property
+    @functools.cached_property
     def n_full(self) -> int:
         return self.layer_kinds.count("F")
 
-    @property
+    @functools.cached_property
     def n_sparse(self) -> int:
         return self.layer_kinds.count("S")
 

@@ -95,6 +95,7 @@ class CostModel:
         # forward seconds per token of one layer's token-wise work, and of the LM head
         self.layer_token_time = 2.0 * self.layer_params_active / gemm_rate
         self.head_token_time = 2.0 * self.lm_head_params / gemm_rate
+        self._lines: dict[int, tuple[float, float]] = {}  # exchange_line per group size
 
     # --- FLOPs (model FLOPs, for MFU) ---
     def active_params(self) -> float:
@@ -167,9 +168,12 @@ class CostModel:
 
     def exchange_line(self, size: int) -> tuple[float, float]:
         """One attention layer's exchanges (fwd + bwd) in an aligned group of `size`, for x tokens
-        per rank, as a * x + b: (seconds per token, fixed seconds)."""
-        b = self.layer_exchange_time(0.0, 0, size, 0)
-        return self.layer_exchange_time(1.0, 0, size, 0) - b, b
+        per rank, as a * x + b: (seconds per token, fixed seconds). Cached per size."""
+        line = self._lines.get(size)
+        if line is None:
+            b = self.layer_exchange_time(0.0, 0, size, 0)
+            line = self._lines[size] = (float(self.layer_exchange_time(1.0, 0, size, 0) - b), float(b))
+        return line
 
     def layer_exchange_time(self, tokens: float, start: int, size: int, rank: int) -> float:
         """Forward + backward seconds of one attention layer's entry and exit exchanges."""

@@ -31,19 +31,55 @@ def own_layout_part(group: Group, lengths: np.ndarray, cost: CostModel) -> float
     return float(cost.linear_cost(lengths).sum() / p + cost.model.n_sparse * (a * per_rank + b) + cost.model.n_full * a * per_rank)
 
 
-def group_time(group: Group, lengths: np.ndarray, cluster: Cluster, cost: CostModel, repack: bool, quick: bool = False) -> float:
+def group_time(group: Group, lengths: np.ndarray, cluster: Cluster, cost: CostModel, repack: bool) -> float:
     """Estimated training seconds of one parent group (its slowest rank)."""
     if len(lengths) == 0:
         return 0.0
     t = full_part(group, lengths, cost)
     own = own_layout_part(group, lengths, cost)
     if repack and group.size > cluster.gpus_per_node and lengths.max() <= cluster.gpus_per_node * cluster.tokens_per_rank:
-        sol = solve_sorted(tuple(sorted((int(n) for n in lengths), reverse=True)), group.size, cluster, cost, quick)
+        sol = solve_sorted(tuple(sorted((int(n) for n in lengths), reverse=True)), group.size, cluster, cost)
         if sol is not None:
             return t + min(own, sol.makespan)  # solve_children keeps the parent layout when it is faster
     return t + own
 
 
-def step_time(groups, length_of: dict[int, int], cluster: Cluster, cost: CostModel, repack: bool, quick: bool = False) -> float:
+def step_time(groups, length_of: dict[int, int], cluster: Cluster, cost: CostModel, repack: bool) -> float:
     """The step estimate: the slowest parent group."""
-    return max(group_time(g, np.array([length_of[s] for s in g.samples], dtype=np.int64), cluster, cost, repack, quick) for g in groups)
+    return max(group_time(g, np.array([length_of[s] for s in g.samples], dtype=np.int64), cluster, cost, repack) for g in groups)
+
+
+class PlanEstimate:
+    """group_time of parents whose children are already chosen (ParentPlans), from per-sample
+    terms computed once: the planner compares whole candidate plans with it."""
+
+    def __init__(self, length_of: dict[int, int], cluster: Cluster, cost: CostModel):
+        self.length_of, self.cluster, self.cost = length_of, cluster, cost
+        ids = list(length_of)
+        lens = np.array([length_of[s] for s in ids], dtype=np.float64)
+        self.linear = dict(zip(ids, cost.linear_cost(lens).tolist()))
+        self.full = dict(zip(ids, cost.full_cost(lens).tolist()))
+
+    def parent_time(self, parent) -> float:
+        """Seconds of one ParentPlan: full attention and exchanges over the parent, then its
+        slowest child (or its own layout when it is not repacked)."""
+        g = parent.group
+        if not g.samples:
+            return 0.0
+        m, p = self.cost.model, g.size
+        a_p, b_p = self.cost.exchange_line(p)
+        tok = sum(self.length_of[s] for s in g.samples)
+        t = sum(self.full[s] for s in g.samples) / p + m.n_full * b_p
+        if not parent.repacked:
+            lin = sum(self.linear[s] for s in g.samples)
+            return t + lin / p + m.n_sparse * (a_p * tok / p + b_p) + m.n_full * a_p * tok / p
+        slowest = 0.0
+        for c in parent.children:
+            a_c, b_c = self.cost.exchange_line(c.size)
+            lin = sum(self.linear[s] for s in c.samples)
+            ctok = sum(self.length_of[s] for s in c.samples)
+            slowest = max(slowest, (lin + (m.n_sparse * a_c + m.n_full * a_p) * ctok) / c.size + m.n_sparse * b_c)
+        return t + slowest
+
+    def plan_time(self, parents) -> float:
+        return max(self.parent_time(pp) for pp in parents)

@@ -84,11 +84,13 @@ class TokenLayout:
     def tokens_per_rank(self) -> dict[int, int]:
         counts = {}
         for g in self.groups:
-            tot = np.zeros(g.size, dtype=np.int64)
-            for sid in g.samples:
-                tot += np.diff(chunk_bounds(self.lengths[sid], g.size))
-            for k, r in enumerate(g.ranks):
-                counts[r] = int(tot[k])
+            if g.size == 1:
+                counts[g.start] = sum(self.lengths[s] for s in g.samples)
+                continue
+            # chunk_bounds of every sample at once: [n_samples, size + 1]
+            lens = np.array([self.lengths[s] for s in g.samples], dtype=np.int64).reshape(-1, 1)
+            tot = np.diff(lens * np.arange(g.size + 1, dtype=np.int64) // g.size, axis=1).sum(axis=0)
+            counts.update(zip(g.ranks, tot.tolist()))
         return counts
 
     def group_tokens(self, g: Group) -> int:

@@ -5,6 +5,9 @@ step's cost; samples wider than one rank anchor their own group; (2) anchor grou
 widest first (power-of-two widths laid out in decreasing order stay aligned) and the remaining
 ranks become SP1 groups; (3) the other samples go, longest first, to the group whose per-rank
 cost stays lowest, within the token budget.
+
+The parent solver's start (assign_with_children) shares steps (1) and (2) and fills bins that
+know their real cost: node-local groups, and the children of parents wider than a node.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .cluster import Cluster, PlanError, Sample, ceil_div, ceil_pow2, check_samples
+from .cluster import Cluster, PlanError, Sample, ceil_div, ceil_pow2_array, check_samples
 from .cost import CostModel
 from .layout import Group
 
@@ -34,7 +37,8 @@ def anchor_widths(costs: np.ndarray, floors: np.ndarray, capacity: int, widest: 
     per-rank cost grows least is halved until they fit (never below its floor).
     """
     target = costs.sum() / capacity
-    widths = np.array([min(widest, max(int(f), ceil_pow2(c / target) if target > 0 else 1)) for c, f in zip(costs, floors)])
+    share = ceil_pow2_array(costs / target) if target > 0 else np.ones(len(costs), dtype=np.int64)
+    widths = np.minimum(widest, np.maximum(floors, share))
     anchored = widths > 1
     while widths[anchored].sum() > capacity:
         can = np.nonzero(anchored & (widths > floors))[0]
@@ -47,41 +51,6 @@ def anchor_widths(costs: np.ndarray, floors: np.ndarray, capacity: int, widest: 
         widths[pick] //= 2
         anchored = widths > 1
     return widths
-
-
-def repack_widths(widths, lengths, costs, floors, cluster: Cluster, cost: CostModel, widest: int) -> np.ndarray:
-    """Widen parents whose sparse layers will run in node-local children.
-
-    With repacking, a long sample's token-wise and sparse work runs on a child of c <= node
-    ranks while only its full attention spreads over the parent's P ranks, so its ranks carry
-    linear / c + full / P. The parent is made wide enough for that to meet the per-rank target
-    (its other ranks take short samples in SP1 children, free of inter-node traffic). Samples
-    that do not fit a node, or whose linear work alone exceeds the target on a whole node, keep
-    their width. Anchors are shrunk back, as in anchor_widths, if they outgrow the cluster.
-    """
-    g = cluster.gpus_per_node
-    target = costs.sum() / cluster.world_size
-    linear = np.asarray(cost.linear_cost(lengths), dtype=np.float64)
-    full = np.asarray(cost.full_cost(lengths), dtype=np.float64)
-    out = widths.copy()
-    for i in np.nonzero(widths > 1)[0]:
-        if lengths[i] > g * cluster.tokens_per_rank:
-            continue
-        c = max(int(floors[i]), ceil_pow2(linear[i] / target))
-        if c > g:
-            continue
-        room = target - linear[i] / c
-        want = min(widest, max(c, ceil_pow2(full[i] / room)))
-        if want > g:
-            out[i] = max(out[i], want)
-    anchored = out > 1
-    while out[anchored].sum() > cluster.world_size:
-        grown = np.nonzero(anchored & (out > widths))[0]
-        if not len(grown):
-            break
-        pick = grown[np.argmin(costs[grown] / (out[grown] // 2))]
-        out[pick] //= 2
-    return out
 
 
 class _GroupFill:
@@ -124,70 +93,235 @@ class _GroupFill:
                 heapq.heappush(heap, e)
         if best < 0:
             return -1
-        self.add(best, item, cost, length)
-        heapq.heappush(self.heaps[self.size[best]], (self.load[best], best))
+        self.add(best, item, cost, length)  # its heap entry is stale now and is re-keyed when it surfaces
         return best
 
 
-def exchange_cost_per_token(cluster: Cluster, cost: CostModel, repack_aware: bool = False) -> dict[int, float]:
-    """Width -> training seconds of exchanges per token the group holds.
-
-    Baseline: every layer runs in the group's own layout (FlexSP prices this too). Repack-aware:
-    groups wider than a node pay their own exchanges only at full-attention layers, since their
-    sparse layers will run in node-local children."""
+def exchange_cost_per_token(cluster: Cluster, cost: CostModel) -> dict[int, float]:
+    """Width -> training seconds of exchanges per token the group holds, every layer running in
+    the group's own layout (FlexSP prices this too)."""
     out, w = {}, 1
     while w <= cluster.world_size:
-        layers = cost.model.n_full if (repack_aware and w > cluster.gpus_per_node) else cost.model.n_layers
-        out[w] = layers * cost.exchange_line(w)[0]
+        out[w] = cost.model.n_layers * cost.exchange_line(w)[0]
         w *= 2
     return out
 
 
 PRICINGS = ("compute", "comm")
 
+# A parent's children before layout: (child size, sample ids) in rank order; None = own layout.
+Kids = tuple[tuple[int, tuple[int, ...]], ...]
 
-def assign_parents(
-    samples: Sequence[Sample], cluster: Cluster, cost: CostModel, repack_aware: bool = False, pricing: str = "compute"
-) -> tuple[Group, ...]:
-    """Parent groups covering every rank; every sample placed exactly once (or PlanError).
 
-    pricing: what the fill balances. "compute" (the design's baseline): full attention ~L^2 plus
-    token-wise work ~L, divided over the group. "comm": also each group's own all-to-alls, as
-    FlexSP's cost model does; a stronger baseline that gives wide groups fewer short samples.
-
-    repack_aware prices wide groups as the parent solver will run them (sparse layers in
-    node-local children), so they take more of the short samples."""
-    samples = check_samples(samples, cluster)
+def _anchor_groups(samples, cluster: Cluster, cost: CostModel):
+    """Per-sample arrays, anchor widths, and the groups laid out widest first: (start, width)
+    per anchor, in `anchors` order, then SP1 groups over the remaining ranks."""
     lengths = np.array([s.length for s in samples], dtype=np.int64)
     costs = np.asarray(cost.sample_cost(lengths), dtype=np.float64)
-    floors = np.array([cluster.min_group_size(int(n)) for n in lengths])
+    floors = ceil_pow2_array(lengths / cluster.tokens_per_rank)  # memory floors (Cluster.min_group_size)
     widest = _widest_group(cluster.world_size)
     widths = anchor_widths(costs, floors, cluster.world_size, widest)
-    if repack_aware:
-        widths = repack_widths(widths, lengths, costs, floors, cluster, cost, widest)
-
     anchors = sorted(np.nonzero(widths > 1)[0], key=lambda i: (-widths[i], -costs[i]))
     groups, at = [], 0
     for i in anchors:
         groups.append((at, int(widths[i])))
         at += int(widths[i])
     groups += [(r, 1) for r in range(at, cluster.world_size)]
+    rest = sorted(np.nonzero(widths == 1)[0], key=lambda i: -costs[i])
+    return lengths, costs, anchors, groups, rest
 
+
+def _unplaceable(samples, i: int, lengths: np.ndarray, cluster: Cluster) -> PlanError:
+    return PlanError(
+        f"sample id={samples[i].id} of length={int(lengths[i])} cannot be placed: no group has "
+        f"{int(lengths[i])} free tokens left under tokens_per_rank={cluster.tokens_per_rank}; "
+        f"the batch ({int(lengths.sum())} tokens) is too large for {cluster.world_size} ranks"
+    )
+
+
+def assign_parents(samples: Sequence[Sample], cluster: Cluster, cost: CostModel, pricing: str = "compute") -> tuple[Group, ...]:
+    """Parent groups covering every rank; every sample placed exactly once (or PlanError).
+
+    pricing: what the fill balances. "compute" (the design's baseline): full attention ~L^2 plus
+    token-wise work ~L, divided over the group. "comm": also each group's own all-to-alls, as
+    FlexSP's cost model does; a stronger baseline that gives wide groups fewer short samples."""
     if pricing not in PRICINGS:
         raise PlanError(f"pricing={pricing!r}; valid: {PRICINGS}")
-    if pricing == "comm" or repack_aware:
-        comm = exchange_cost_per_token(cluster, cost, repack_aware)
+    samples = check_samples(samples, cluster)
+    lengths, costs, anchors, groups, rest = _anchor_groups(samples, cluster, cost)
+    if pricing == "comm":
+        comm = exchange_cost_per_token(cluster, cost)
     else:
         comm = {w: 0.0 for w in exchange_cost_per_token(cluster, cost)}
     fill = _GroupFill(groups, cluster.tokens_per_rank, comm)
     for gi, i in enumerate(anchors):
         fill.add(gi, int(i), float(costs[i]), int(lengths[i]))
-        heapq.heappush(fill.heaps[fill.size[gi]], (fill.load[gi], gi))
-    for i in sorted(np.nonzero(widths == 1)[0], key=lambda i: -costs[i]):
+    for i in rest:
         if fill.place(int(i), float(costs[i]), int(lengths[i])) < 0:
-            raise PlanError(
-                f"sample id={samples[i].id} of length={int(lengths[i])} cannot be placed: no group has "
-                f"{int(lengths[i])} free tokens left under tokens_per_rank={cluster.tokens_per_rank}; "
-                f"the batch ({int(lengths.sum())} tokens) is too large for {cluster.world_size} ranks"
-            )
+            raise _unplaceable(samples, i, lengths, cluster)
     return tuple(Group(fill.start[k], fill.size[k], tuple(samples[i].id for i in fill.members[k])) for k in range(len(groups)))
+
+
+class _BinFill:
+    """Longest-first fill into bins that know what they cost: a node-local group is one bin;
+    a parent wider than a node is one bin per child (its sparse layers' layout).
+
+    A bin's time is its parent's shared part (full attention over the parent's ranks, and the
+    fixed cost of its full-layer exchanges) plus its own: (linear + per-token x tokens) / size +
+    fixed, the terms of estimate.group_time. A sample joining a parent raises every bin of that
+    parent by its full attention share, so heap keys go stale; they only grow, and a stale top
+    is re-keyed when it is looked at."""
+
+    def __init__(self, cluster: Cluster, cost: CostModel, linear: np.ndarray, full: np.ndarray, lengths: np.ndarray):
+        self.cluster, self.cost, self.budget = cluster, cost, cluster.tokens_per_rank
+        self.linear, self.full, self.lengths = linear, full, lengths
+        self.p_size, self.p_base, self.p_full, self.p_rtok, self.p_members = [], [], [], [], []
+        self.b_parent, self.b_size, self.b_pt, self.b_fixed, self.b_lin, self.b_tok, self.b_rtok, self.b_members = ([] for _ in range(8))
+        # one heap per kind of bin (parent size, bin size, own layout): its least-loaded bin
+        # with room is the only one of that kind a sample has to look at
+        self.b_kind: list[tuple[int, int, bool]] = []
+        self.heaps: dict[tuple[int, int, bool], list[tuple[float, int]]] = {}
+
+    def add_parent(self, size: int, child_sizes: list[int] | None) -> tuple[int, list[int]]:
+        """A parent of `size` ranks with children of `child_sizes` (None: its own layout)."""
+        m = self.cost.model
+        a_p, b_p = self.cost.exchange_line(size)
+        p = len(self.p_size)
+        self.p_size.append(size)
+        self.p_full.append(0.0)
+        self.p_rtok.append(0)
+        self.p_members.append([])
+        self.p_base.append(m.n_full * b_p)
+        bins = []
+        for c in child_sizes or [size]:
+            if child_sizes is None:  # every layer in the parent's own layout
+                pt, fixed = m.n_layers * a_p, m.n_sparse * b_p
+            else:
+                a_c, b_c = self.cost.exchange_line(c)
+                pt, fixed = m.n_sparse * a_c + m.n_full * a_p, m.n_sparse * b_c
+            b = len(self.b_size)
+            for lst, v in zip(
+                (self.b_parent, self.b_size, self.b_pt, self.b_fixed, self.b_lin, self.b_tok, self.b_rtok, self.b_members),
+                (p, c, pt, fixed, 0.0, 0, 0, None),
+            ):
+                lst.append(v)
+            self.b_members[b] = []
+            self.b_kind.append((size, c, child_sizes is None))
+            bins.append(b)
+            heapq.heappush(self.heaps.setdefault(self.b_kind[b], []), (self.load(b), b))
+        return p, bins
+
+    def load(self, b: int) -> float:
+        p, c = self.b_parent[b], self.b_size[b]
+        return self.p_base[p] + self.p_full[p] / self.p_size[p] + (self.b_lin[b] + self.b_pt[b] * self.b_tok[b]) / c + self.b_fixed[b]
+
+    def add(self, b: int, i: int) -> None:
+        p, n = self.b_parent[b], int(self.lengths[i])
+        self.p_full[p] += float(self.full[i])
+        self.p_rtok[p] += ceil_div(n, self.p_size[p])
+        self.p_members[p].append(i)
+        self.b_lin[b] += float(self.linear[i])
+        self.b_tok[b] += n
+        self.b_rtok[b] += ceil_div(n, self.b_size[b])
+        self.b_members[b].append(i)
+
+    def place(self, i: int) -> int:
+        """Put sample i where the bin it joins finishes earliest; -1 if no bin has room."""
+        n, lin, full = int(self.lengths[i]), float(self.linear[i]), float(self.full[i])
+        budget, load = self.budget, self.load
+        b_rtok, b_parent, p_rtok = self.b_rtok, self.b_parent, self.p_rtok
+        best, best_t = -1, float("inf")
+        for (size, c, _), heap in self.heaps.items():
+            if -(-n // c) > budget:
+                continue
+            skipped = []
+            while heap:
+                key, b = heap[0]
+                now = load(b)
+                if key != now:  # stale: the parent took a sample since this entry was pushed
+                    heapq.heapreplace(heap, (now, b))
+                    continue
+                if b_rtok[b] - (-n // c) <= budget and p_rtok[b_parent[b]] - (-n // size) <= budget:
+                    break
+                skipped.append(heapq.heappop(heap))
+            if heap:
+                key, b = heap[0]
+                t = key + full / size + (lin + self.b_pt[b] * n) / c
+                if t < best_t:
+                    best, best_t = b, t
+            for e in skipped:
+                heapq.heappush(heap, e)
+        if best >= 0:
+            self.add(best, i)  # its heap entry is stale now and is re-keyed when it surfaces
+        return best
+
+
+def _child_pays(n: int, linear: float, full: float, parent_size: int, node: int, cost: CostModel, target: float) -> bool:
+    """Should a wide parent's anchor run its sparse layers and token-wise work in a child of (at
+    most) one node? Yes if that is no slower than spreading it over the whole parent (with
+    inter-node exchanges at every layer), or if it stays within the per-rank target anyway (the
+    parent's other ranks then take short samples free of inter-node sparse traffic). A long
+    sample may fail both: a child gives its linear work to at most `node` ranks."""
+    m = cost.model
+    a_p, b_p = cost.exchange_line(parent_size)
+    a_g, b_g = cost.exchange_line(node)
+    shared = full / parent_size + m.n_full * b_p
+    own = (linear + m.n_layers * a_p * n) / parent_size + m.n_sparse * b_p
+    child = (linear + (m.n_sparse * a_g + m.n_full * a_p) * n) / node + m.n_sparse * b_g
+    return child <= max(own, target - shared)
+
+
+def _anchor_child(n: int, linear: float, full: float, parent_size: int, cluster: Cluster, cost: CostModel, target: float) -> int:
+    """The anchor's child: the fewest ranks (from its memory floor up to a node) on which its
+    parent's time, counting only the anchor, stays within the per-rank target; else a node."""
+    m = cost.model
+    a_p, b_p = cost.exchange_line(parent_size)
+    shared = full / parent_size + m.n_full * b_p
+    c = cluster.min_group_size(n)
+    while c < cluster.gpus_per_node:
+        a_c, b_c = cost.exchange_line(c)
+        if shared + (linear + (m.n_sparse * a_c + m.n_full * a_p) * n) / c + m.n_sparse * b_c <= target:
+            break
+        c *= 2
+    return c
+
+
+def assign_with_children(samples: Sequence[Sample], cluster: Cluster, cost: CostModel) -> tuple[tuple[Group, Kids | None], ...]:
+    """Parents and their children in one pass: the parent solver's start.
+
+    Anchor groups as in assign_parents. A parent wider than a node whose anchor fits one node gets
+    a child for the anchor (sized by its memory floor and its linear share, within a node) and SP1
+    children on its other ranks; the other samples then fill, longest first, whichever bin (a
+    node-local group or a child) finishes earliest, priced as estimate.group_time prices it. So a
+    wide parent takes the short samples its inter-node exchanges leave room for, no more.
+
+    Returns ((Group, Kids | None), ...) in rank order; Kids lists (size, sample ids) per child."""
+    samples = check_samples(samples, cluster)
+    lengths, costs, anchors, groups, rest = _anchor_groups(samples, cluster, cost)
+    linear = np.asarray(cost.linear_cost(lengths), dtype=np.float64)
+    full = np.asarray(cost.full_cost(lengths), dtype=np.float64)
+    g, node_cap = cluster.gpus_per_node, cluster.gpus_per_node * cluster.tokens_per_rank
+    target = costs.sum() / cluster.world_size
+    fill = _BinFill(cluster, cost, linear, full, lengths)
+    parent_bins = []
+    for k, (_, w) in enumerate(groups):
+        kids = None
+        if k < len(anchors) and w > g and lengths[anchors[k]] <= node_cap:
+            i = anchors[k]
+            if _child_pays(int(lengths[i]), float(linear[i]), float(full[i]), w, g, cost, target):
+                c = _anchor_child(int(lengths[i]), float(linear[i]), float(full[i]), w, cluster, cost, target)
+                kids = [c] + [1] * (w - c)
+        p, bins = fill.add_parent(w, kids)
+        parent_bins.append(bins)
+        if k < len(anchors):
+            fill.add(bins[0], int(anchors[k]))
+    for i in rest:
+        if fill.place(int(i)) < 0:
+            raise _unplaceable(samples, i, lengths, cluster)
+    out = []
+    for k, (start, w) in enumerate(groups):
+        ids = tuple(samples[i].id for i in fill.p_members[k])
+        bins = parent_bins[k]
+        kids = None if len(bins) == 1 else tuple((fill.b_size[b], tuple(samples[i].id for i in fill.b_members[b])) for b in bins)
+        out.append((Group(start, w, ids), kids))
+    return tuple(out)

@@ -4,19 +4,19 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .children import solve_children
+from .children import polish_children, solve_children
 from .cluster import Cluster, PlanError, Sample, check_samples
 from .cost import CostModel
-from .estimate import step_time
+from .estimate import PlanEstimate
 from .layout import Group
-from .parents import assign_parents
+from .parents import assign_parents, assign_with_children
 from .plan import DISABLED, MODES, NODE_LOCAL, ParentPlan, StepPlan
-from .rebalance import rebalance_parents
+from .rebalance import rebalance
 
 
-def plan_from_parents(groups: Sequence[Group], samples: Sequence[Sample], cluster: Cluster, cost: CostModel, mode: str) -> StepPlan:
-    """Children for given parents (repack modes) or the parents' own layout (baseline)."""
-    length_of = {s.id: s.length for s in samples}
+def _parent_plans(
+    groups: Sequence[Group], length_of: dict[int, int], cluster: Cluster, cost: CostModel, mode: str
+) -> tuple[ParentPlan, ...]:
     parents = []
     for g in groups:
         if mode == "baseline":
@@ -24,26 +24,48 @@ def plan_from_parents(groups: Sequence[Group], samples: Sequence[Sample], cluste
         else:
             kids, reason = solve_children(g, length_of, cluster, cost)
             parents.append(ParentPlan(g, kids, reason))
-    plan = StepPlan(cluster, tuple((s.id, s.length) for s in samples), tuple(parents), mode)
-    return plan.validate()
+    return tuple(parents)
 
 
-def solve_parents(baseline: tuple[Group, ...], samples: Sequence[Sample], cluster: Cluster, cost: CostModel) -> tuple[Group, ...]:
-    """The parent solver: the better of (a) the baseline parents rebalanced by moves and swaps and
-    (b) a repack-aware parent assignment, rebalanced likewise. Candidates are compared with quick
-    child solves; the winner is kept only if its full estimate is no slower than the baseline
-    parents' (with children), so the result is never estimated slower than its input."""
+def plan_from_parents(groups: Sequence[Group], samples: Sequence[Sample], cluster: Cluster, cost: CostModel, mode: str) -> StepPlan:
+    """Children for given parents (repack modes) or the parents' own layout (baseline)."""
+    parents = _parent_plans(groups, {s.id: s.length for s in samples}, cluster, cost, mode)
+    return StepPlan(cluster, tuple((s.id, s.length) for s in samples), parents, mode).validate()
+
+
+# the parents within this fraction of the slowest also get a child solve from scratch
+RESOLVE_NEAR_SLOWEST = 0.01
+
+
+def solve_parents(baseline: Sequence[Group], samples: Sequence[Sample], cluster: Cluster, cost: CostModel) -> tuple[ParentPlan, ...]:
+    """The parent solver: parents and children filled together (assign_with_children), polished
+    by moves and swaps between parents (rebalance) and inside them (polish_children); the
+    slowest parents also get a child solve from scratch, the faster of the two kept. The result
+    is kept only if its estimate is no slower than the baseline parents with solved children
+    (the repack plan), so it is never estimated slower than its input."""
     length_of = {s.id: s.length for s in samples}
-    starts = [baseline]
+    est = PlanEstimate(length_of, cluster, cost)
+    base = _parent_plans(baseline, length_of, cluster, cost, "repack")
     try:
-        starts.append(assign_parents(samples, cluster, cost, repack_aware=True))
+        start = assign_with_children(samples, cluster, cost)
     except PlanError:
-        pass  # the repack-aware fill may not fit where the baseline did; keep the baseline start
-    cands = [rebalance_parents(start, length_of, cluster, cost) for start in starts]
-    best = min(cands, key=lambda g: step_time(g, length_of, cluster, cost, True, quick=True))
-    if step_time(best, length_of, cluster, cost, True) <= step_time(baseline, length_of, cluster, cost, True):
-        return best
-    return baseline
+        return base  # the joint fill may not fit where the baseline did: keep the baseline
+    parents, times = [], []
+    for g, kids in rebalance(start, length_of, cluster, cost):
+        if kids is None:
+            pp = ParentPlan(g, *solve_children(g, length_of, cluster, cost))
+        else:
+            pp = ParentPlan(g, *polish_children(g, kids, length_of, cluster, cost))
+        parents.append(pp)
+        times.append(est.parent_time(pp))
+    slowest = max(times)
+    for j, pp in enumerate(parents):
+        if pp.group.size > cluster.gpus_per_node and times[j] >= (1 - RESOLVE_NEAR_SLOWEST) * slowest:
+            alt = ParentPlan(pp.group, *solve_children(pp.group, length_of, cluster, cost))
+            t = est.parent_time(alt)
+            if t < times[j]:
+                parents[j], times[j] = alt, t
+    return tuple(parents) if max(times) <= est.plan_time(base) else base
 
 
 def make_plan(
@@ -62,5 +84,6 @@ def make_plan(
     samples = check_samples(samples, cluster)
     groups = assign_parents(samples, cluster, cost, pricing=baseline_pricing)
     if mode == "repack+solver":
-        groups = solve_parents(groups, samples, cluster, cost)
+        parents = solve_parents(groups, samples, cluster, cost)
+        return StepPlan(cluster, tuple((s.id, s.length) for s in samples), parents, mode).validate()
     return plan_from_parents(groups, samples, cluster, cost, mode)

@@ -1,5 +1,7 @@
-"""Parent solver (repack+solver): move or swap samples between parents so children can balance.
+"""Parent solver, second stage: move or swap samples between parents so children can balance.
 
+The planner starts it from the joint fill (parents.assign_with_children), whose children come
+along; `rebalance_parents` starts it from bare parents and solves their children first.
 Group shapes stay fixed; only membership changes. Trial moves are priced incrementally: a wide
 parent keeps its current children, a sample leaving it leaves its child and a sample joining it
 joins the child where it finishes earliest (an upper bound of what re-solving the children gives).
@@ -9,12 +11,15 @@ below the old slowest time, so the step estimate (the max over groups) never ris
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from .children import ChildProblem, child_problem, solve_sorted
 from .cluster import Cluster, ceil_div
 from .cost import CostModel
 from .layout import Group
+from .parents import Kids
 
 
 class _Kid:
@@ -38,13 +43,17 @@ class _Config:
 class _GroupState:
     """One parent: its current configuration and estimated time, with O(children) trial moves."""
 
-    def __init__(self, group: Group, ids: list[int], ctx: _Context):
+    def __init__(self, group: Group, ids: list[int], ctx: _Context, kids: Kids | None = None):
         self.group, self.ctx = group, ctx
         self.p = group.size
         self.wide = group.size > ctx.cluster.gpus_per_node
         self.cp = ctx.cp(group.size)
         self.line = ctx.cost.exchange_line(group.size)
-        self.set(ids)
+        if kids is not None and self.wide:  # a start that comes with its children (the joint fill)
+            self.config = self._config(ids, kids)
+            self.time = self.price(self.config)
+        else:
+            self.set(ids)
 
     def _config(self, ids, kids_members) -> _Config:
         c, p = self.ctx, self.p
@@ -71,8 +80,8 @@ class _GroupState:
 
     def set(self, ids: list[int], hint: _Config | None = None) -> None:
         """New members. A trial move's configuration (`hint`) is taken as it is: its children are
-        a valid assignment and its price an upper bound; the final plan re-solves every parent's
-        children anyway. Without a hint the children are solved (quick)."""
+        a valid assignment and its price an upper bound; the planner polishes the children it
+        returns (children.polish_children). Without a hint the children are solved (quick)."""
         if hint is not None:
             self.config, self.time = hint, self.price(hint)
             return
@@ -152,21 +161,29 @@ class _Context:
         return self._cps[parent_size]
 
 
-def rebalance_parents(
-    groups: tuple[Group, ...],
+def rebalance_parents(groups: tuple[Group, ...], length_of: dict[int, int], cluster: Cluster, cost: CostModel, **kw) -> tuple[Group, ...]:
+    """rebalance() of parents without children given: wide parents' children are solved first."""
+    return tuple(g for g, _ in rebalance([(g, None) for g in groups], length_of, cluster, cost, **kw))
+
+
+def rebalance(
+    start: Sequence[tuple[Group, Kids | None]],
     length_of: dict[int, int],
     cluster: Cluster,
     cost: CostModel,
     max_moves: int | None = None,
     n_samples: int = 10,
     n_targets: int = 6,
-) -> tuple[Group, ...]:
+) -> tuple[tuple[Group, Kids | None], ...]:
+    """Moves and swaps out of the slowest parent while they lower it and keep every other
+    parent below it. Returns the parents with their children (None: a node-local parent, or a
+    wide one whose children could not be formed), in the input order."""
     ctx = _Context(length_of, cluster, cost)
-    states = [_GroupState(g, list(g.samples), ctx) for g in groups]
+    states = [_GroupState(g, list(g.samples), ctx, kids) for g, kids in start]
     # bounded: planning must hide under a training step; most gains come in the first moves
-    max_moves = min(2 * len(groups) + 32, 160) if max_moves is None else max_moves
+    max_moves = min(2 * len(states) + 32, 160) if max_moves is None else max_moves
+    times = np.array([s.time for s in states])
     for _ in range(max_moves):
-        times = np.array([s.time for s in states])
         worst = int(np.argmax(times))
         cur = times[worst]
         src = states[worst]
@@ -174,13 +191,17 @@ def rebalance_parents(
         # a spread of sizes: large samples move much load, small ones fine-tune
         picks = sorted(set(np.linspace(0, len(by_cost) - 1, min(n_samples, len(by_cost))).round().astype(int)))
         cands = [by_cost[i] for i in picks]
-        targets = [int(k) for k in np.argsort(times) if k != worst][:n_targets]
+        near = np.argpartition(times, min(n_targets, len(times) - 1))[: n_targets + 1]
+        targets = [int(k) for k in sorted(near, key=lambda k: (times[k], k)) if k != worst][:n_targets]
+        # swap partners come from each target's members, costliest first
+        ranked = {k: sorted(states[k].config.ids, key=lambda b: -ctx.scost[b]) for k in targets}
         best = None
         for a in cands:
             out_w = src.without(a)
             t_worst = src.price(out_w)
             if t_worst >= cur:
                 continue
+            ca = ctx.scost[a]
             for k in targets:
                 dst = states[k]
                 moved = dst.with_(a)
@@ -188,8 +209,7 @@ def rebalance_parents(
                     t = max(t_worst, dst.price(moved))
                     if t < cur * (1 - 1e-9) and (best is None or t < best[0]):
                         best = (t, k, out_w, moved)
-                smaller = sorted((b for b in dst.config.ids if ctx.scost[b] < ctx.scost[a]), key=lambda b: -ctx.scost[b])[:2]
-                for b in smaller:
+                for b in [b for b in ranked[k] if ctx.scost[b] < ca][:2]:
                     into_k = dst.with_(a, dst.without(b))
                     into_w = src.with_(b, out_w)
                     if into_k is None or into_w is None:
@@ -202,4 +222,11 @@ def rebalance_parents(
         _, k, new_w, new_k = best
         src.set(new_w.ids, new_w)
         states[k].set(new_k.ids, new_k)
-    return tuple(Group(s.group.start, s.group.size, tuple(s.config.ids)) for s in states)
+        times[worst], times[k] = src.time, states[k].time
+    return tuple(
+        (
+            Group(s.group.start, s.group.size, tuple(s.config.ids)),
+            None if s.config.kids is None else tuple((k.size, tuple(k.members)) for k in s.config.kids),
+        )
+        for s in states
+    )

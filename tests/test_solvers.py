@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from solver import (
     Cluster,
@@ -12,13 +13,16 @@ from solver import (
     ModelConfig,
     PlanError,
     Sample,
+    TokenLayout,
     make_plan,
     samples_from_lengths,
 )
-from solver.children import child_problem, solve_child_problem, solve_children
-from solver.estimate import step_time
+from solver.children import child_problem, polish_children, solve_child_problem, solve_children
+from solver.cluster import ceil_pow2, ceil_pow2_array
+from solver.estimate import PlanEstimate, group_time, step_time
 from solver.exact import solve_exact
-from solver.parents import assign_parents
+from solver.parents import assign_parents, assign_with_children
+from solver.plan import ParentPlan
 from solver.rebalance import rebalance_parents
 from tests.strategies import batches, clusters
 
@@ -124,3 +128,122 @@ def test_parent_solver_strictly_improves_a_clearly_unbalanced_case():
     before = step_time(groups, lengths, cluster, PAPER, True)
     after = step_time(rebalance_parents(groups, lengths, cluster, PAPER), lengths, cluster, PAPER, True)
     assert after < 0.9 * before
+
+
+# full attention heavy and cheap exchanges: wide parents whose children pay, at paper scale
+FULL_HEAVY = CostModel(
+    ModelConfig.from_name("paper").replace(layer_pattern="FFFS"), HardwareConfig(intra_node_bw=1e13, inter_intra_ratio=1.0)
+)
+
+
+@st.composite
+def long_tailed_steps(draw):
+    """Paper-scale steps on small clusters: a few long documents among many short ones, so that
+    wide parents form (tiny token counts leave only the exchanges' latency to balance)."""
+    g = draw(st.sampled_from([2, 4, 8]))
+    cluster = Cluster(g * draw(st.integers(2, 8)), g, 32768)
+    longs = draw(st.lists(st.integers(60_000, min(200_000, cluster.max_sample_length() // 2)), min_size=1, max_size=3))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    shorts = np.clip(rng.lognormal(7.5, 1.0, 12 * cluster.world_size), 1, 9000).astype(int).tolist()
+    lengths, total = [], 0
+    for n in longs + shorts:
+        if total + n > 0.7 * cluster.world_size * cluster.tokens_per_rank:
+            break
+        lengths.append(n)
+        total += n
+    return cluster, samples_from_lengths(lengths)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(st.one_of(clusters(max_nodes=6).flatmap(lambda c: batches(c).map(lambda b: (c, b))), long_tailed_steps()))
+def test_joint_fill_places_every_sample_once_and_its_children_fit(case):
+    cluster, samples = case
+    length_of = {s.id: s.length for s in samples}
+    try:
+        start = assign_with_children(samples, cluster, FULL_HEAVY)
+    except PlanError as e:  # the fill may not fit where another placement would: a named error
+        assert "cannot be placed" in str(e)
+        return
+    assert sorted(r for g, _ in start for r in g.ranks) == list(range(cluster.world_size))
+    assert sorted(s for g, _ in start for s in g.samples) == sorted(length_of)
+    budget = cluster.tokens_per_rank
+    for g, kids in start:
+        assert sum(-(-length_of[s] // g.size) for s in g.samples) <= budget
+        if kids is None:
+            continue
+        assert g.size > cluster.gpus_per_node and sum(c for c, _ in kids) == g.size
+        assert sorted(s for _, m in kids for s in m) == sorted(g.samples)
+        for c, m in kids:
+            assert c <= cluster.gpus_per_node and sum(-(-length_of[s] // c) for s in m) <= budget
+        # the planner's finishing step lays them out: they tile the parent, node-local, in budget
+        children, reason = polish_children(g, kids, length_of, cluster, FULL_HEAVY)
+        TokenLayout(children, {s: length_of[s] for s in g.samples}).validate(cluster, ranks=g.ranks, name="children")
+        if children != (g,):
+            assert not reason
+            assert all(c.start // cluster.gpus_per_node == (c.stop - 1) // cluster.gpus_per_node for c in children)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(st.one_of(clusters(max_nodes=6).flatmap(lambda c: batches(c).map(lambda b: (c, b))), long_tailed_steps()))
+@pytest.mark.parametrize("cost", [PAPER, FULL_HEAVY], ids=["paper", "full-heavy"])
+def test_solver_plan_is_never_estimated_slower_than_the_repack_plan(cost, case):
+    cluster, samples = case
+    est = PlanEstimate({s.id: s.length for s in samples}, cluster, cost)
+    repack = make_plan(samples, cluster, cost, "repack")
+    solved = make_plan(samples, cluster, cost, "repack+solver")
+    assert est.plan_time(solved.parents) <= est.plan_time(repack.parents) * (1 + 1e-12)
+
+
+def test_plan_estimate_agrees_with_group_time():
+    cluster = Cluster(64, 8, 32768)
+    rng = np.random.default_rng(5)
+    lengths = [120_000, 70_000] + [int(n) for n in rng.integers(200, 9000, 150)]
+    plan = make_plan(samples_from_lengths(lengths), cluster, PAPER, "repack")
+    est = PlanEstimate(plan.length_of, cluster, PAPER)
+    for p in plan.parents:
+        n = np.array([plan.length_of[s] for s in p.group.samples], dtype=np.int64)
+        assert est.parent_time(p) == pytest.approx(group_time(p.group, n, cluster, PAPER, True), rel=1e-9)
+
+
+def test_polish_children_is_never_slower_than_its_start_and_rejects_bad_children():
+    cluster = Cluster(32, 8, 32768)
+    rng = np.random.default_rng(7)
+    length_of = {i: int(n) for i, n in enumerate([60_000] + list(rng.integers(100, 9000, 70)))}
+    parent = Group(0, 32, tuple(length_of))
+    # a poor start: the long sample alone on 4 ranks, every short sample piled on one SP1 child
+    kids = ((4, (0,)), (1, tuple(range(1, 71)))) + tuple((1, ()) for _ in range(27))
+    est = PlanEstimate(length_of, cluster, PAPER)
+    given_kids = ParentPlan(parent, tuple(Group(4 + k - 1 if k else 0, c, m) for k, (c, m) in enumerate(kids)), "")
+    children, reason = polish_children(parent, kids, length_of, cluster, PAPER)
+    assert reason == ""
+    assert est.parent_time(ParentPlan(parent, children, "")) < 0.5 * est.parent_time(given_kids)
+    with pytest.raises(ValueError, match="do not hold exactly the samples"):
+        polish_children(parent, kids[:1] + kids[2:] + ((1, ()),), length_of, cluster, PAPER)
+
+
+def test_joint_fill_gives_a_wide_parent_children_and_short_samples():
+    cluster = Cluster(32, 8, 32768)
+    rng = np.random.default_rng(0)
+    lengths = [120_000] + [int(n) for n in rng.integers(1, 9000, 300)]
+    while sum(lengths) > 0.7 * 32 * 32768:
+        lengths.pop()
+    samples = samples_from_lengths(lengths)
+    wide = [(g, kids) for g, kids in assign_with_children(samples, cluster, FULL_HEAVY) if g.size > 8]
+    assert len(wide) == 1 and 0 in wide[0][0].samples and wide[0][1] is not None
+    assert len(wide[0][0].samples) > 1  # its other ranks took short samples
+    est = PlanEstimate({s.id: s.length for s in samples}, cluster, FULL_HEAVY)
+    solved = make_plan(samples, cluster, FULL_HEAVY, "repack+solver")
+    assert est.plan_time(solved.parents) < est.plan_time(make_plan(samples, cluster, FULL_HEAVY, "repack").parents)
+
+
+def test_vectorized_pow2_matches_the_scalar_one_at_and_around_powers_of_two():
+    x = np.concatenate(
+        [
+            np.random.default_rng(0).uniform(0, 100, 2000),
+            2.0 ** np.arange(-3, 30),
+            np.nextafter(2.0 ** np.arange(0, 30), np.inf),
+            np.nextafter(2.0 ** np.arange(0, 30), 0),
+            [0.0, 1.0, -1.0],
+        ]
+    )
+    np.testing.assert_array_equal(ceil_pow2_array(x), [ceil_pow2(v) for v in x])
