@@ -174,18 +174,26 @@ def rebalance(
     max_moves: int | None = None,
     n_samples: int = 10,
     n_targets: int = 6,
+    window: int = 16,
+    min_gain: float = 3e-4,
 ) -> tuple[tuple[Group, Kids | None], ...]:
     """Moves and swaps out of the slowest parent while they lower it and keep every other
     parent below it. Returns the parents with their children (None: a node-local parent, or a
-    wide one whose children could not be formed), in the input order."""
+    wide one whose children could not be formed), in the input order.
+
+    Bounded, since planning must hide under a training step: at most max_moves moves, and it
+    stops once the last `window` moves together gained less than `min_gain` of the step time."""
     ctx = _Context(length_of, cluster, cost)
     states = [_GroupState(g, list(g.samples), ctx, kids) for g, kids in start]
-    # bounded: planning must hide under a training step; most gains come in the first moves
     max_moves = min(2 * len(states) + 32, 160) if max_moves is None else max_moves
     times = np.array([s.time for s in states])
+    history = []  # the step time before each move
     for _ in range(max_moves):
         worst = int(np.argmax(times))
         cur = times[worst]
+        history.append(cur)
+        if len(history) > window and history[-window - 1] - cur < min_gain * cur:
+            break
         src = states[worst]
         by_cost = sorted(src.config.ids, key=lambda s: -ctx.scost[s])
         # a spread of sizes: large samples move much load, small ones fine-tune
