@@ -112,3 +112,16 @@ def test_gradcheck_of_the_exchange_reference_in_fp64():
 
     xs = tuple(torch.randn(s, dtype=torch.float64, requires_grad=True) for s in shapes)
     assert torch.autograd.gradcheck(f, xs)
+
+
+def test_gpu_check_script_runs_its_cpu_smoke_and_refuses_without_cuda(tmp_path):
+    import json
+
+    from experiments import gpu_check
+
+    if torch.cuda.is_available():
+        pytest.skip("the full GPU check runs on CUDA machines: python3 -m experiments.gpu_check")
+    assert gpu_check.main(["--out", str(tmp_path)]) == 2
+    assert gpu_check.main(["--cpu-smoke", "--out", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert report["bit_exact"]["ok"] and report["bit_exact"]["kernel_calls"] > 0 and report["failed"] == []
