@@ -147,7 +147,21 @@ def check_flash() -> dict:
 
 def check_train(out: str) -> dict:
     # one rank holds the whole tiny step, so it needs a larger token budget than the default 32
-    cmd = ["torchrun", "--nproc-per-node", "1", "-m", "experiments.train", "--model", "tiny", "--steps", "3", "--tokens-per-rank", "512"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "1",
+        "-m",
+        "experiments.train",
+        "--model",
+        "tiny",
+        "--steps",
+        "3",
+        "--tokens-per-rank",
+        "512",
+    ]
     cmd += ["--mode", "repack+solver", "--out", os.path.join(out, "train"), "--timeout", "120"]
     rc, log = _run(cmd, 600)
     print(f"[4] torchrun, 1 GPU, tiny model, 3 steps: {'PASS' if rc == 0 else 'FAIL'} (rc {rc})")
