@@ -125,3 +125,14 @@ def test_gpu_check_script_runs_its_cpu_smoke_and_refuses_without_cuda(tmp_path):
     assert gpu_check.main(["--cpu-smoke", "--out", str(tmp_path)]) == 0
     report = json.loads((tmp_path / "gpu_check.json").read_text())
     assert report["bit_exact"]["ok"] and report["bit_exact"]["kernel_calls"] > 0 and report["failed"] == []
+
+
+def test_gpu_check_bandwidth_targets():
+    from experiments.gpu_check import bandwidth_misses
+
+    def row(mb, tri, tor, copy):
+        return {"tokens": 1, "group_size": 8, "op": "pack", "megabytes": mb, "triton_gbps": tri, "torch_gbps": tor, "copy_gbps": copy}
+
+    assert bandwidth_misses([row(32, 1, 2, 100), row(64, 80, 50, 100)]) == (1, [])  # small rows are not judged
+    assert len(bandwidth_misses([row(128, 79, 50, 100)])[1]) == 1  # under 80% of copy
+    assert len(bandwidth_misses([row(128, 90, 95, 100)])[1]) == 1  # slower than torch
