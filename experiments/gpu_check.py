@@ -29,6 +29,7 @@ import torch
 
 from kernels.exchange import exchange_args
 from kernels.permute import gather_heads, scatter_heads
+from kernels.reference import nan_poisoned_empty
 from solver import (
     MODES,
     Cluster,
@@ -45,19 +46,6 @@ from solver.context import run_context
 TARGET_COPY_FRACTION = 0.8
 TARGET_MIN_MB = 64.0
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-def _poisoned_empty():
-    """torch.empty that fills floating buffers with NaN (an unwritten element then shows)."""
-    empty = torch.empty
-
-    def nan_empty(*args, **kwargs):
-        t = empty(*args, **kwargs)
-        if t.is_floating_point():
-            t.fill_(float("nan"))
-        return t
-
-    return empty, nan_empty
 
 
 def _plans(world: int, gpus_per_node: int, budget: int, seed: int):
@@ -78,10 +66,8 @@ def check_bit_exact(device: torch.device, quick: bool) -> dict:
     dims = (63,) if quick else (1, 63, 128)
     dtypes = ("bf16",) if quick else tuple(DTYPES)
     heads = 32
-    empty, nan_empty = _poisoned_empty()
     compared, failures = 0, []
-    torch.empty = nan_empty
-    try:
+    with nan_poisoned_empty():
         for plan in _plans(world, g, budget, seed=0):
             segments = [heads] if plan.widest_parent > 8 else [heads, 8, 8]
             entry = token_to_head_plan(plan.child_layout, plan.parent_layout)
@@ -101,8 +87,6 @@ def check_bit_exact(device: torch.device, quick: bool) -> dict:
                             for name, t, rr in (("pack", tri, ref), ("unpack", tri_u, ref_u)):
                                 if torch.isnan(t).any() or not torch.equal(t, rr):
                                     failures.append(f"{plan.mode} {kind} rank {r} {name} {dt} dim {dim}")
-    finally:
-        torch.empty = empty
     ok = not failures
     print(f"[1] bit-exact Triton vs torch on {device}: {compared} kernel calls, {len(failures)} mismatches -> {'PASS' if ok else 'FAIL'}")
     for f in failures[:10]:

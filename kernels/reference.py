@@ -6,6 +6,8 @@ scatter_heads: out[rows[m], head_map[peers[m], h], :] = src[m, h, :]
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 
@@ -35,3 +37,22 @@ def scatter_heads_ref(
     if rows.numel():
         out[rows.long().unsqueeze(1), head_map.long()[peers.long()]] = src
     return out
+
+
+@contextlib.contextmanager
+def nan_poisoned_empty():
+    """Inside the block torch.empty fills floating buffers with NaN, so an element a kernel
+    forgets to write shows up in a comparison (used by the tests and experiments.gpu_check)."""
+    empty = torch.empty
+
+    def nan_empty(*args, **kwargs):
+        t = empty(*args, **kwargs)
+        if t.is_floating_point():
+            t.fill_(float("nan"))
+        return t
+
+    torch.empty = nan_empty
+    try:
+        yield
+    finally:
+        torch.empty = empty
