@@ -66,12 +66,9 @@ def child_problem(lengths, parent_size: int, cluster: Cluster, cost: CostModel) 
     own sparse-layer exchanges and its ranks' share of the parent's full-layer exchanges."""
     lengths = np.asarray(lengths, dtype=np.int64)
     g = cluster.gpus_per_node
-    parent_x = cost.model.n_full * cost.exchange_line(parent_size)[0]
     per_token, fixed = {}, {}
     for c in (1 << k for k in range(g.bit_length())):
-        a, b = cost.exchange_line(c)  # (0, 0) for a child of one rank
-        per_token[c] = cost.model.n_sparse * a + parent_x  # x the child's tokens / c = per-rank seconds
-        fixed[c] = cost.model.n_sparse * b
+        per_token[c], fixed[c] = cost.child_line(c, parent_size)  # x the child's tokens / c = per-rank seconds
     return ChildProblem(
         lengths, np.asarray(cost.linear_cost(lengths), dtype=np.float64), parent_size, g, cluster.tokens_per_rank, per_token, fixed
     )

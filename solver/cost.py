@@ -96,6 +96,7 @@ class CostModel:
         self.layer_token_time = 2.0 * self.layer_params_active / gemm_rate
         self.head_token_time = 2.0 * self.lm_head_params / gemm_rate
         self._lines: dict[int, tuple[float, float]] = {}  # exchange_line per group size
+        self._child_lines: dict[tuple[int, int], tuple[float, float]] = {}  # child_line per (size, parent)
 
     # --- FLOPs (model FLOPs, for MFU) ---
     def active_params(self) -> float:
@@ -174,6 +175,24 @@ class CostModel:
             b = self.layer_exchange_time(0.0, 0, size, 0)
             line = self._lines[size] = (float(self.layer_exchange_time(1.0, 0, size, 0) - b), float(b))
         return line
+
+    def child_line(self, size: int, parent_size: int) -> tuple[float, float]:
+        """Per-rank seconds of the token-layout work of a layout of `size` ranks inside a parent
+        of `parent_size`, as (linear + a * tokens) / size + b for the layout's linear seconds and
+        tokens: a holds its own exchanges at the sparse layers and its share of the parent's at
+        the full layers; b the sparse layers' fixed cost. A group in its own layout is the case
+        size == parent_size. The parent's full attention and parent_fixed come on top. Cached."""
+        line = self._child_lines.get((size, parent_size))
+        if line is None:
+            m = self.model
+            a_c, b_c = self.exchange_line(size)
+            a_p = self.exchange_line(parent_size)[0]
+            line = self._child_lines[(size, parent_size)] = (m.n_sparse * a_c + m.n_full * a_p, m.n_sparse * b_c)
+        return line
+
+    def parent_fixed(self, parent_size: int) -> float:
+        """Fixed seconds of a parent's full-layer exchanges (every rank of the parent waits them)."""
+        return self.model.n_full * self.exchange_line(parent_size)[1]
 
     def layer_exchange_time(self, tokens: float, start: int, size: int, rank: int) -> float:
         """Forward + backward seconds of one attention layer's entry and exit exchanges."""

@@ -20,15 +20,13 @@ from .layout import Group
 
 def full_part(group: Group, lengths: np.ndarray, cost: CostModel) -> float:
     """Full attention in the parent head layout plus the fixed cost of its exchanges."""
-    return float(cost.full_cost(lengths).sum() / group.size + cost.model.n_full * cost.exchange_line(group.size)[1])
+    return float(cost.full_cost(lengths).sum() / group.size + cost.parent_fixed(group.size))
 
 
 def own_layout_part(group: Group, lengths: np.ndarray, cost: CostModel) -> float:
     """Per-token work when every layer keeps the group's own (evenly split) layout."""
-    p = group.size
-    per_rank = lengths.sum() / p
-    a, b = cost.exchange_line(p)
-    return float(cost.linear_cost(lengths).sum() / p + cost.model.n_sparse * (a * per_rank + b) + cost.model.n_full * a * per_rank)
+    a, b = cost.child_line(group.size, group.size)
+    return float((cost.linear_cost(lengths).sum() + a * lengths.sum()) / group.size + b)
 
 
 def group_time(group: Group, lengths: np.ndarray, cluster: Cluster, cost: CostModel, repack: bool) -> float:
@@ -62,24 +60,17 @@ class PlanEstimate:
 
     def parent_time(self, parent) -> float:
         """Seconds of one ParentPlan: full attention and exchanges over the parent, then its
-        slowest child (or its own layout when it is not repacked)."""
+        slowest child (an unrepacked parent's only child is the parent itself)."""
         g = parent.group
         if not g.samples:
             return 0.0
-        m, p = self.cost.model, g.size
-        a_p, b_p = self.cost.exchange_line(p)
-        tok = sum(self.length_of[s] for s in g.samples)
-        t = sum(self.full[s] for s in g.samples) / p + m.n_full * b_p
-        if not parent.repacked:
-            lin = sum(self.linear[s] for s in g.samples)
-            return t + lin / p + m.n_sparse * (a_p * tok / p + b_p) + m.n_full * a_p * tok / p
         slowest = 0.0
         for c in parent.children:
-            a_c, b_c = self.cost.exchange_line(c.size)
+            a, b = self.cost.child_line(c.size, g.size)
             lin = sum(self.linear[s] for s in c.samples)
-            ctok = sum(self.length_of[s] for s in c.samples)
-            slowest = max(slowest, (lin + (m.n_sparse * a_c + m.n_full * a_p) * ctok) / c.size + m.n_sparse * b_c)
-        return t + slowest
+            tok = sum(self.length_of[s] for s in c.samples)
+            slowest = max(slowest, (lin + a * tok) / c.size + b)
+        return sum(self.full[s] for s in g.samples) / g.size + self.cost.parent_fixed(g.size) + slowest
 
     def plan_time(self, parents) -> float:
         return max(self.parent_time(pp) for pp in parents)

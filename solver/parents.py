@@ -102,7 +102,7 @@ def exchange_cost_per_token(cluster: Cluster, cost: CostModel) -> dict[int, floa
     the group's own layout (FlexSP prices this too)."""
     out, w = {}, 1
     while w <= cluster.world_size:
-        out[w] = cost.model.n_layers * cost.exchange_line(w)[0]
+        out[w] = cost.child_line(w, w)[0]
         w *= 2
     return out
 
@@ -173,7 +173,7 @@ class _BinFill:
     is re-keyed when it is looked at."""
 
     def __init__(self, cluster: Cluster, cost: CostModel, linear: np.ndarray, full: np.ndarray, lengths: np.ndarray):
-        self.cluster, self.cost, self.budget = cluster, cost, cluster.tokens_per_rank
+        self.cost, self.budget = cost, cluster.tokens_per_rank
         self.linear, self.full, self.lengths = linear, full, lengths
         self.p_size, self.p_base, self.p_full, self.p_rtok, self.p_members = [], [], [], [], []
         self.b_parent, self.b_size, self.b_pt, self.b_fixed, self.b_lin, self.b_tok, self.b_rtok, self.b_members = ([] for _ in range(8))
@@ -182,34 +182,31 @@ class _BinFill:
         self.b_kind: list[tuple[int, int, bool]] = []
         self.heaps: dict[tuple[int, int, bool], list[tuple[float, int]]] = {}
 
-    def add_parent(self, size: int, child_sizes: list[int] | None) -> tuple[int, list[int]]:
-        """A parent of `size` ranks with children of `child_sizes` (None: its own layout)."""
-        m = self.cost.model
-        a_p, b_p = self.cost.exchange_line(size)
+    def add_parent(self, size: int, child_sizes: list[int] | None) -> list[int]:
+        """A parent of `size` ranks with children of `child_sizes` (None: its own layout, one
+        bin of all its ranks); returns its bins."""
         p = len(self.p_size)
         self.p_size.append(size)
         self.p_full.append(0.0)
         self.p_rtok.append(0)
         self.p_members.append([])
-        self.p_base.append(m.n_full * b_p)
+        self.p_base.append(self.cost.parent_fixed(size))
         bins = []
         for c in child_sizes or [size]:
-            if child_sizes is None:  # every layer in the parent's own layout
-                pt, fixed = m.n_layers * a_p, m.n_sparse * b_p
-            else:
-                a_c, b_c = self.cost.exchange_line(c)
-                pt, fixed = m.n_sparse * a_c + m.n_full * a_p, m.n_sparse * b_c
             b = len(self.b_size)
-            for lst, v in zip(
-                (self.b_parent, self.b_size, self.b_pt, self.b_fixed, self.b_lin, self.b_tok, self.b_rtok, self.b_members),
-                (p, c, pt, fixed, 0.0, 0, 0, None),
-            ):
-                lst.append(v)
-            self.b_members[b] = []
+            pt, fixed = self.cost.child_line(c, size)
+            self.b_parent.append(p)
+            self.b_size.append(c)
+            self.b_pt.append(pt)
+            self.b_fixed.append(fixed)
+            self.b_lin.append(0.0)
+            self.b_tok.append(0)
+            self.b_rtok.append(0)
+            self.b_members.append([])
             self.b_kind.append((size, c, child_sizes is None))
             bins.append(b)
             heapq.heappush(self.heaps.setdefault(self.b_kind[b], []), (self.load(b), b))
-        return p, bins
+        return bins
 
     def load(self, b: int) -> float:
         p, c = self.b_parent[b], self.b_size[b]
@@ -262,25 +259,20 @@ def _child_pays(n: int, linear: float, full: float, parent_size: int, node: int,
     inter-node exchanges at every layer), or if it stays within the per-rank target anyway (the
     parent's other ranks then take short samples free of inter-node sparse traffic). A long
     sample may fail both: a child gives its linear work to at most `node` ranks."""
-    m = cost.model
-    a_p, b_p = cost.exchange_line(parent_size)
-    a_g, b_g = cost.exchange_line(node)
-    shared = full / parent_size + m.n_full * b_p
-    own = (linear + m.n_layers * a_p * n) / parent_size + m.n_sparse * b_p
-    child = (linear + (m.n_sparse * a_g + m.n_full * a_p) * n) / node + m.n_sparse * b_g
-    return child <= max(own, target - shared)
+    shared = full / parent_size + cost.parent_fixed(parent_size)
+    a_own, b_own = cost.child_line(parent_size, parent_size)
+    a_kid, b_kid = cost.child_line(node, parent_size)
+    return (linear + a_kid * n) / node + b_kid <= max((linear + a_own * n) / parent_size + b_own, target - shared)
 
 
 def _anchor_child(n: int, linear: float, full: float, parent_size: int, cluster: Cluster, cost: CostModel, target: float) -> int:
     """The anchor's child: the fewest ranks (from its memory floor up to a node) on which its
     parent's time, counting only the anchor, stays within the per-rank target; else a node."""
-    m = cost.model
-    a_p, b_p = cost.exchange_line(parent_size)
-    shared = full / parent_size + m.n_full * b_p
+    shared = full / parent_size + cost.parent_fixed(parent_size)
     c = cluster.min_group_size(n)
     while c < cluster.gpus_per_node:
-        a_c, b_c = cost.exchange_line(c)
-        if shared + (linear + (m.n_sparse * a_c + m.n_full * a_p) * n) / c + m.n_sparse * b_c <= target:
+        a, b = cost.child_line(c, parent_size)
+        if shared + (linear + a * n) / c + b <= target:
             break
         c *= 2
     return c
@@ -311,7 +303,7 @@ def assign_with_children(samples: Sequence[Sample], cluster: Cluster, cost: Cost
             if _child_pays(int(lengths[i]), float(linear[i]), float(full[i]), w, g, cost, target):
                 c = _anchor_child(int(lengths[i]), float(linear[i]), float(full[i]), w, cluster, cost, target)
                 kids = [c] + [1] * (w - c)
-        p, bins = fill.add_parent(w, kids)
+        bins = fill.add_parent(w, kids)
         parent_bins.append(bins)
         if k < len(anchors):
             fill.add(bins[0], int(anchors[k]))

@@ -48,7 +48,8 @@ class _GroupState:
         self.p = group.size
         self.wide = group.size > ctx.cluster.gpus_per_node
         self.cp = ctx.cp(group.size)
-        self.line = ctx.cost.exchange_line(group.size)
+        self.own_line = ctx.cost.child_line(group.size, group.size)
+        self.fixed = ctx.cost.parent_fixed(group.size)
         if kids is not None and self.wide:  # a start that comes with its children (the joint fill)
             self.config = self._config(ids, kids)
             self.time = self.price(self.config)
@@ -99,10 +100,10 @@ class _GroupState:
         """estimate.group_time for this configuration (same formulas, from cached sums)."""
         if not cf.ids:
             return 0.0
-        m, p = self.ctx.cost.model, self.p
-        a, b = self.line
-        t = cf.full / p + m.n_full * b
-        own = cf.lin / p + m.n_sparse * (a * cf.tok / p + b) + m.n_full * a * cf.tok / p
+        p = self.p
+        a, b = self.own_line
+        t = cf.full / p + self.fixed
+        own = (cf.lin + a * cf.tok) / p + b
         if cf.kids is not None:
             return t + min(own, max(self.cp.child_time(k.size, k.lin, k.tok) for k in cf.kids))
         return t + own
