@@ -45,8 +45,9 @@ def time_plan(samples, cluster: Cluster, cost: CostModel, mode: str, repeats: in
 def planning_times(world_sizes, steps_per_size: int, cost: CostModel, tokens_per_rank: int, repeats: int = 3):
     rows = []
     for w in world_sizes:
+        # 16K tokens per rank; the long-document rate is per document, so bigger steps hold
+        # proportionally more long documents
         wl = WorkloadConfig(steps=steps_per_size, tokens_per_step=w * 16384, seed=w)
-        # scale the long-document rate so each step keeps about one long document per 64 ranks
         steps = generate_steps(wl)
         cluster = Cluster(w, 8, tokens_per_rank)
         for mode in MODES:
