@@ -18,13 +18,20 @@ import time
 from tqdm import tqdm
 
 from solver import MODES, Cluster, CostModel, HardwareConfig, ModelConfig, PlanError, make_plan, samples_from_lengths
+from solver.baseline import PRICINGS
 from solver.config import load_config_file
-from solver.context import run_context
-from solver.parents import PRICINGS
 from solver.simulator import simulate
-from solver.workload import WorkloadConfig, generate_steps, load_trace
 
+from .context import run_context
 from .results import PAPER, summarize, write_run
+from .workload import (
+    DEFAULT_STEP_TOKENS_PER_RANK,
+    DEFAULT_TOKENS_PER_RANK,
+    WorkloadConfig,
+    default_tokens_per_step,
+    generate_steps,
+    load_trace,
+)
 
 
 def add_baseline_pricing_arg(ap: argparse.ArgumentParser) -> None:
@@ -43,8 +50,15 @@ def add_common_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--steps", type=int, default=200, help="training steps to scan for SP16/32 parents (default 200)")
     ap.add_argument("--world-size", type=int, default=64, help="ranks in the cluster (default 64 = 8 nodes x 8)")
     ap.add_argument("--gpus-per-node", type=int, default=8, help="ranks per node (default 8)")
-    ap.add_argument("--tokens-per-rank", type=int, default=32768, help="per-rank token budget (default 32768)")
-    ap.add_argument("--tokens-per-step", type=int, default=None, help="global batch in tokens (default 16384 x world size)")
+    ap.add_argument(
+        "--tokens-per-rank", type=int, default=DEFAULT_TOKENS_PER_RANK, help=f"per-rank token budget (default {DEFAULT_TOKENS_PER_RANK})"
+    )
+    ap.add_argument(
+        "--tokens-per-step",
+        type=int,
+        default=None,
+        help=f"global batch in tokens (default {DEFAULT_STEP_TOKENS_PER_RANK} x world size)",
+    )
     ap.add_argument("--long-prob", type=float, default=None, help="per-document probability of a long document (default 5e-4)")
     ap.add_argument("--ratio", type=float, default=None, help="intra/inter-node all-to-all bandwidth ratio (default 7.0, the paper's)")
     ap.add_argument("--model", default="paper", help="model preset (default paper; see solver.config.MODEL_PRESETS)")
@@ -65,7 +79,6 @@ def build(args):
     if args.window:
         model = model.replace(sparse_params={**model.sparse_params, "window": args.window})
     hw = HardwareConfig.from_name(args.hardware, **over.get("hardware", {}))
-    hw = hw.replace(gpus_per_node=args.gpus_per_node)
     if args.ratio is not None:
         hw = hw.replace(inter_intra_ratio=args.ratio)
     cl = {"world_size": args.world_size, "gpus_per_node": args.gpus_per_node, "tokens_per_rank": args.tokens_per_rank}
@@ -76,7 +89,7 @@ def build(args):
         **over.get("workload", {}),
         seed=args.seed,
         steps=args.steps,
-        tokens_per_step=args.tokens_per_step or 16384 * cluster.world_size,
+        tokens_per_step=args.tokens_per_step or default_tokens_per_step(cluster.world_size),
     )
     if args.long_prob is not None:
         wl = dataclasses.replace(wl, long_prob=args.long_prob)

@@ -22,14 +22,15 @@ import torch
 
 from kernels.exchange import exchange_args
 from kernels.permute import gather_heads, scatter_heads
-from solver.context import run_context
+
+from .context import run_context
 
 
 class _EntryPlan:
     """Rank 0's entry exchange of a group of P ranks each holding n tokens (rows land permuted)."""
 
     def __init__(self, n: int, p: int, seed: int = 0):
-        self.kind, self.group_start, self.group_size, self.rank = "token_to_head", 0, p, 0
+        self.to_heads, self.group_start, self.group_size, self.rank = True, 0, p, 0
         self.n_in, self.n_out = n, n * p
         self.send_counts = np.full(p, n)
         self.recv_counts = np.full(p, n)

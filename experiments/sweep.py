@@ -17,9 +17,8 @@ import sys
 
 from tqdm import tqdm
 
-from solver.context import run_context
-
 from .ablation import add_common_args, run_ablation
+from .context import run_context
 
 FACTORS = {
     "ratio": ("ratio", [1.0, 2.0, 4.0, 7.0, 10.0, 16.0]),

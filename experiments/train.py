@@ -24,6 +24,7 @@ import random
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -34,13 +35,14 @@ from kernels.exchange import AlignedGroups, CommStats
 from model import HybridMoE
 from model.distributed import run_step
 from solver import MODES, Cluster, CostModel, HardwareConfig, ModelConfig, PlanError, make_plan, samples_from_lengths
-from solver.context import run_context
-from solver.workload import WorkloadConfig, generate_steps, load_trace
 
 from .ablation import add_baseline_pricing_arg
+from .context import run_context
 from .data import LengthSource, TokenFileSource
 from .results import PAPER, summarize, write_run
+from .workload import DEFAULT_TOKENS_PER_RANK, WorkloadConfig, default_tokens_per_step, generate_steps, load_trace
 
+TINY_TOKENS_PER_RANK = 32  # the tiny model's per-rank budget: a CPU step in well under a second
 TINY_WORKLOAD = dict(tokens_per_step=160, body_median=8, body_sigma=0.8, body_min=1, body_max=40, long_prob=0.04, long_min=48, long_max=120)
 
 
@@ -57,7 +59,12 @@ def parse_args(argv=None):
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--gpus-per-node", type=int, default=None, help="default: LOCAL_WORLD_SIZE from the launcher")
-    ap.add_argument("--tokens-per-rank", type=int, default=None, help="per-rank token budget (default 32 for tiny, 32768 otherwise)")
+    ap.add_argument(
+        "--tokens-per-rank",
+        type=int,
+        default=None,
+        help=f"per-rank token budget (default {TINY_TOKENS_PER_RANK} for tiny, {DEFAULT_TOKENS_PER_RANK} otherwise)",
+    )
     ap.add_argument("--workload", default=None, choices=["tiny", "default"], help="synthetic workload (default: tiny for the tiny model)")
     ap.add_argument("--tokens-per-step", type=int, default=None, help="global batch in tokens of the synthetic workload")
     ap.add_argument("--trace", default=None, help="length trace (.csv/.jsonl/.npy) instead of the generator (random tokens)")
@@ -134,11 +141,11 @@ def build_source(args, cfg: ModelConfig, world: int):
     if args.tokens:
         if not args.doc_offsets:
             raise PlanError("--tokens needs --doc-offsets (document boundaries)")
-        return TokenFileSource(args.tokens, args.doc_offsets, args.tokens_per_step or 16384 * world, cfg.vocab), None
+        return TokenFileSource(args.tokens, args.doc_offsets, args.tokens_per_step or default_tokens_per_step(world), cfg.vocab), None
     if args.trace:
         return LengthSource(load_trace(args.trace), cfg.vocab, args.seed), None
     shape = args.workload or ("tiny" if cfg.name == "tiny" else "default")
-    over = dict(TINY_WORKLOAD) if shape == "tiny" else {"tokens_per_step": 16384 * world}
+    over = dict(TINY_WORKLOAD) if shape == "tiny" else {"tokens_per_step": default_tokens_per_step(world)}
     if args.tokens_per_step:
         over["tokens_per_step"] = args.tokens_per_step
     wl = dataclasses.replace(WorkloadConfig(), **over, seed=args.seed, steps=args.steps)
@@ -177,144 +184,197 @@ def main(argv=None):
     dist.destroy_process_group()
 
 
-def train(args, rank: int, world: int, device: torch.device):
+@dataclass
+class Run:
+    """Everything one rank sets up before step 1."""
+
+    args: argparse.Namespace
+    rank: int
+    world: int
+    device: torch.device
+    cfg: ModelConfig
+    cluster: Cluster
+    hw: HardwareConfig
+    cost: CostModel
+    source: object  # LengthSource or TokenFileSource
+    workload: WorkloadConfig | None
+    step_ids: list[int]  # the data steps this run trains on, in order
+    modes: list[str]
+    model: HybridMoE
+    opt: torch.optim.Optimizer
+    sched: torch.optim.lr_scheduler.LRScheduler
+    groups: AlignedGroups
+    start: int = 0  # index into step_ids of the first step to run (after a resume)
+    rows: list[dict] = field(default_factory=list)
+
+    @property
+    def stop(self) -> int:
+        return len(self.step_ids) if self.args.stop_after is None else min(len(self.step_ids), self.args.stop_after)
+
+
+def set_up(args, rank: int, world: int, device: torch.device) -> Run:
+    """Model, cluster, data, optimizer and process groups; restored from a checkpoint on --resume."""
     cfg = ModelConfig.from_name(args.model)
     gpn = args.gpus_per_node or int(os.environ.get("LOCAL_WORLD_SIZE", world))
-    budget = args.tokens_per_rank or (32 if cfg.name == "tiny" else 32768)
+    budget = args.tokens_per_rank or (TINY_TOKENS_PER_RANK if cfg.name == "tiny" else DEFAULT_TOKENS_PER_RANK)
     cluster = Cluster(world, gpn, budget)
-    hw = HardwareConfig.from_name(args.hardware, gpus_per_node=gpn)
-    cost = CostModel(cfg, hw)
+    hw = HardwareConfig.from_name(args.hardware)
+    cost = CostModel(cfg, hw).for_cluster(cluster)
     if args.replay:
-        all_steps, selected, abl_cfg = replay_steps(args.replay)
+        all_steps, step_ids, abl_cfg = replay_steps(args.replay)
         args.baseline_pricing = abl_cfg.get("baseline_pricing", args.baseline_pricing)  # replay what the ablation planned
         source, wl = LengthSource(all_steps, cfg.vocab, args.seed), None
-        step_ids = selected
     else:
         source, wl = build_source(args, cfg, world)
         step_ids = list(range(min(args.steps, len(source))))
-    modes = list(MODES) if args.mode == "all" else [args.mode]
-    dtype = torch.float64 if args.dtype == "fp64" else torch.float32
     torch.manual_seed(args.seed)
-    model = HybridMoE(cfg).to(device=device, dtype=dtype)
+    model = HybridMoE(cfg).to(device=device, dtype=torch.float64 if args.dtype == "fp64" else torch.float32)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=tuple(args.betas), weight_decay=args.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(args.warmup, args.steps))
-    start = 0
-    rows = []
+    modes = list(MODES) if args.mode == "all" else [args.mode]
+    run = Run(args, rank, world, device, cfg, cluster, hw, cost, source, wl, step_ids, modes, model, opt, sched, AlignedGroups(world))
     if args.resume:
-        state = load_checkpoint(args.ckpt_dir)
-        model.load_state_dict(state["model"])
-        opt.load_state_dict(state["optimizer"])
-        sched.load_state_dict(state["scheduler"])
-        torch.set_rng_state(state["rng"]["torch"])
-        np.random.set_state(state["rng"]["numpy"])
-        random.setstate(state["rng"]["python"])
-        start = state["step"]
-        rows = state.get("rows", [])
-    groups = AlignedGroups(world)
-    autocast = torch.bfloat16 if device.type == "cuda" else None
-    bar = tqdm(total=len(step_ids) * len(modes), initial=start * len(modes), disable=rank != 0, desc="train", file=sys.stderr)
-    stop = len(step_ids) if args.stop_after is None else min(len(step_ids), args.stop_after)
+        restore(run, load_checkpoint(args.ckpt_dir))
+    return run
 
-    def prepare(k):
-        """Data and plans of step k: a pure function of k, computed one step ahead in a thread so
-        that planning overlaps the running step (the plan does not depend on when it is made)."""
-        batch = source.get(step_ids[k])
-        try:
-            lengths = samples_from_lengths(batch.lengths)
-            return batch, {m: make_plan(lengths, cluster, cost, m, args.baseline_pricing) for m in modes}
-        except PlanError as e:
-            raise PlanError(f"step {step_ids[k]}: {e}") from None
 
-    ahead = ThreadPoolExecutor(max_workers=1)
-    pending = ahead.submit(prepare, start) if start < stop else None
-    for k in range(start, stop):
-        step = step_ids[k]
-        batch, plans = pending.result()
-        pending = ahead.submit(prepare, k + 1) if k + 1 < stop else None
-        for mode in modes:
-            plan = plans[mode]
-            stats = CommStats(gpus_per_node=gpn)
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            loss = run_step(model, plan, batch.tokens, groups, args.pack_path, args.attn_backend, stats, autocast_dtype=autocast)
-            if args.mode != "all":
-                opt.step()
-                sched.step()
-            opt.zero_grad(set_to_none=True)
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            dt = time.perf_counter() - t0
-            b = torch.tensor(
-                [
-                    stats.intra_node_bytes("full"),
-                    stats.inter_node_bytes("full"),
-                    stats.intra_node_bytes("sparse"),
-                    stats.inter_node_bytes("sparse"),
-                    dt,
-                ],
-                dtype=torch.float64,
-                device=device,
-            )
-            dist.all_reduce(b[:4])
-            dist.all_reduce(b[4:], op=dist.ReduceOp.MAX)
-            dt = float(b[4])
-            flops = cost.model_flops(batch.lengths)
-            row = {
-                "engine": "torch",
-                "mode": mode,
-                "step": step,
-                "n_samples": len(batch.lengths),
-                "tokens": sum(batch.lengths),
-                "longest": max(batch.lengths),
-                "widest_parent": plan.widest_parent,
-                "wide_parents": len(plan.wide_parents()),
-                "repacked_parents": sum(p.repacked for p in plan.parents),
-                "step_time_s": dt,
-                "mfu": flops / (dt * world * hw.peak_flops),
-                "model_flops": flops,
-                "full_intra_bytes": float(b[0]),
-                "full_inter_bytes": float(b[1]),
-                "sparse_intra_bytes": float(b[2]),
-                "sparse_inter_bytes": float(b[3]),
-                "plan_hash": plan.hash,
-                "loss": float(loss),
-            }
-            rows.append(row)
-            if rank == 0:
-                tqdm.write(
-                    f"step {step:5d} {mode:>13} loss {row['loss']:.6f} time {dt:.3f}s tok/s {row['tokens'] / dt:,.0f} "
-                    f"TFLOP/s {flops / dt / world / 1e12:.3f} MFU {100 * row['mfu']:.2f}% a2a intra "
-                    f"{(b[0] + b[2]) / 1e6:.2f} MB inter {(b[1] + b[3]) / 1e6:.2f} MB (sparse inter {b[3] / 1e6:.2f} MB)",
-                    file=sys.stdout,
-                )
-                sys.stdout.flush()
-            bar.update(1)
-        if args.save_every and (k + 1) % args.save_every == 0 and rank == 0:
-            save_checkpoint(args.ckpt_dir, k + 1, model, opt, sched, {"rows": rows, "args": vars(args)})
-        if args.save_every and (k + 1) % args.save_every == 0:
-            dist.barrier()
+def restore(run: Run, state: dict) -> None:
+    run.model.load_state_dict(state["model"])
+    run.opt.load_state_dict(state["optimizer"])
+    run.sched.load_state_dict(state["scheduler"])
+    torch.set_rng_state(state["rng"]["torch"])
+    np.random.set_state(state["rng"]["numpy"])
+    random.setstate(state["rng"]["python"])
+    run.start = state["step"]
+    run.rows = state.get("rows", [])
+
+
+def plan_step(run: Run, k: int):
+    """Data and plans (one per mode) of the k-th step: a pure function of k, so it can be computed
+    ahead in a thread while the previous step runs (a plan does not depend on when it is made)."""
+    batch = run.source.get(run.step_ids[k])
+    try:
+        samples = samples_from_lengths(batch.lengths)
+        return batch, {m: make_plan(samples, run.cluster, run.cost, m, run.args.baseline_pricing) for m in run.modes}
+    except PlanError as e:
+        raise PlanError(f"step {run.step_ids[k]}: {e}") from None
+
+
+def one_step(run: Run, plan, batch, mode: str) -> dict:
+    """Forward, backward and (unless replaying every mode) the optimizer step; the measured row.
+    Time is the slowest rank's; bytes are summed over ranks."""
+    stats = CommStats(gpus_per_node=run.cluster.gpus_per_node)
+    autocast = torch.bfloat16 if run.device.type == "cuda" else None
+    _sync(run.device)
+    t0 = time.perf_counter()
+    loss = run_step(run.model, plan, batch.tokens, run.groups, run.args.pack_path, run.args.attn_backend, stats, autocast_dtype=autocast)
+    if run.args.mode != "all":
+        run.opt.step()
+        run.sched.step()
+    run.opt.zero_grad(set_to_none=True)
+    _sync(run.device)
+    dt = time.perf_counter() - t0
+    sites = [(s, f) for s in ("full", "sparse") for f in (stats.intra_node_bytes, stats.inter_node_bytes)]
+    b = torch.tensor([f(s) for s, f in sites] + [dt], dtype=torch.float64, device=run.device)
+    dist.all_reduce(b[:4])
+    dist.all_reduce(b[4:], op=dist.ReduceOp.MAX)
+    dt = float(b[4])
+    flops = run.cost.model_flops(batch.lengths)
+    return {
+        "engine": "torch",
+        "mode": mode,
+        "step": batch.step,
+        "n_samples": len(batch.lengths),
+        "tokens": sum(batch.lengths),
+        "longest": max(batch.lengths),
+        "widest_parent": plan.widest_parent,
+        "wide_parents": len(plan.wide_parents()),
+        "repacked_parents": sum(p.repacked for p in plan.parents),
+        "step_time_s": dt,
+        "mfu": flops / (dt * run.world * run.hw.peak_flops),
+        "model_flops": flops,
+        "full_intra_bytes": float(b[0]),
+        "full_inter_bytes": float(b[1]),
+        "sparse_intra_bytes": float(b[2]),
+        "sparse_inter_bytes": float(b[3]),
+        "plan_hash": plan.hash,
+        "loss": float(loss),
+    }
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def log_row(run: Run, row: dict) -> None:
+    """One line per step from rank 0: loss, time, tokens/s, TFLOP/s, MFU and exchanged bytes."""
+    if run.rank != 0:
+        return
+    dt, flops = row["step_time_s"], row["model_flops"]
+    intra = row["full_intra_bytes"] + row["sparse_intra_bytes"]
+    inter = row["full_inter_bytes"] + row["sparse_inter_bytes"]
+    tqdm.write(
+        f"step {row['step']:5d} {row['mode']:>13} loss {row['loss']:.6f} time {dt:.3f}s tok/s {row['tokens'] / dt:,.0f} "
+        f"TFLOP/s {flops / dt / run.world / 1e12:.3f} MFU {100 * row['mfu']:.2f}% a2a intra {intra / 1e6:.2f} MB "
+        f"inter {inter / 1e6:.2f} MB (sparse inter {row['sparse_inter_bytes'] / 1e6:.2f} MB)",
+        file=sys.stdout,
+    )
+    sys.stdout.flush()
+
+
+def save(run: Run, k: int) -> None:
+    """Checkpoint after the k-th step (every --save-every steps): rank 0 writes, every rank waits."""
+    if not run.args.save_every or k % run.args.save_every:
+        return
+    if run.rank == 0:
+        save_checkpoint(run.args.ckpt_dir, k, run.model, run.opt, run.sched, {"rows": run.rows, "args": vars(run.args)})
+    dist.barrier()
+
+
+def write_results(run: Run) -> None:
+    if run.rank != 0:
+        return
+    summary = {
+        "engine": "torch",
+        "context": run_context(),
+        "config": {
+            "model": run.cfg.to_dict(),
+            "hardware": run.hw.to_dict(),
+            "cluster": dataclasses.asdict(run.cluster),
+            "workload": run.workload.to_dict() if run.workload else None,
+            "trace": run.args.trace,
+            "tokens_file": run.args.tokens,
+            "args": dict(vars(run.args)),
+        },
+        "selected_steps": run.step_ids,
+        "modes": summarize(run.rows) if run.rows else {},
+        "paper": PAPER,
+    }
+    csv_path, json_path = write_run(run.args.out, run.rows, summary)
+    print(f"wrote {csv_path} and {json_path}")
+
+
+def train(args, rank: int, world: int, device: torch.device) -> None:
+    """Set up, then for every step: its plans (made one step ahead), one measured step per mode,
+    a log line each, a checkpoint every --save-every steps; then the results."""
+    run = set_up(args, rank, world, device)
+    bar = tqdm(
+        total=len(run.step_ids) * len(run.modes), initial=run.start * len(run.modes), disable=rank != 0, desc="train", file=sys.stderr
+    )
+    with ThreadPoolExecutor(max_workers=1) as ahead:
+        pending = ahead.submit(plan_step, run, run.start) if run.start < run.stop else None
+        for k in range(run.start, run.stop):
+            batch, plans = pending.result()
+            pending = ahead.submit(plan_step, run, k + 1) if k + 1 < run.stop else None
+            for mode in run.modes:
+                row = one_step(run, plans[mode], batch, mode)
+                run.rows.append(row)
+                log_row(run, row)
+                bar.update(1)
+            save(run, k + 1)
     bar.close()
-    ahead.shutdown()
-    if rank == 0:
-        summary = {
-            "engine": "torch",
-            "context": run_context(),
-            "config": {
-                "model": cfg.to_dict(),
-                "hardware": hw.to_dict(),
-                "cluster": dataclasses.asdict(cluster),
-                "workload": wl.to_dict() if wl else None,
-                "trace": args.trace,
-                "tokens_file": args.tokens,
-                "args": {k: v for k, v in vars(args).items()},
-            },
-            "selected_steps": step_ids,
-            "modes": summarize(rows) if rows else {},
-            "paper": PAPER,
-        }
-        csv_path, json_path = write_run(args.out, rows, summary)
-        print(f"wrote {csv_path} and {json_path}")
+    write_results(run)
 
 
 if __name__ == "__main__":

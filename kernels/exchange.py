@@ -21,9 +21,6 @@ import torch.distributed as dist
 
 from .permute import gather_heads, scatter_heads
 
-TOKEN_TO_HEAD = "token_to_head"
-HEAD_TO_TOKEN = "head_to_token"
-
 
 def head_split_map(segments: Sequence[int], group_size: int) -> np.ndarray:
     """[P, sum(segments) / P] token-side head index of each head a peer gets, segment by segment."""
@@ -45,14 +42,15 @@ def head_split_map(segments: Sequence[int], group_size: int) -> np.ndarray:
 
 @dataclass(frozen=True, eq=False)
 class ExchangeArgs:
-    """One rank's exchange as device tensors, ready for the kernels and the collective."""
+    """One rank's exchange as device tensors, ready for the kernels and the collective.
 
-    kind: str
-    group_start: int
-    group_size: int
-    rank: int
-    n_in: int
-    n_out: int
+    `plan` is the plain-array plan they were made from (solver.layout.RankExchange or any object
+    with its attributes); its fields are not copied here, and the inverse (the backward) is made
+    from plan.inverse(), so the logic of an exchange lives in one place."""
+
+    plan: object
+    segments: tuple[int, ...]
+    device: torch.device
     in_heads: int
     out_heads: int
     send_counts: list[int]
@@ -63,33 +61,32 @@ class ExchangeArgs:
     unpack_rows: torch.Tensor
     unpack_peers: torch.Tensor
     unpack_map: torch.Tensor
-    segments: tuple[int, ...]
     _inverse: list = field(default_factory=list, repr=False)
 
+    @property
+    def group_start(self) -> int:
+        return self.plan.group_start
+
+    @property
+    def group_size(self) -> int:
+        return self.plan.group_size
+
+    @property
+    def rank(self) -> int:
+        return self.plan.rank
+
+    @property
+    def n_in(self) -> int:
+        return int(self.plan.n_in)
+
+    @property
+    def n_out(self) -> int:
+        return int(self.plan.n_out)
+
     def inverse(self) -> ExchangeArgs:
+        """The exchange back (made once, then kept)."""
         if not self._inverse:
-            self._inverse.append(
-                ExchangeArgs(
-                    kind=HEAD_TO_TOKEN if self.kind == TOKEN_TO_HEAD else TOKEN_TO_HEAD,
-                    group_start=self.group_start,
-                    group_size=self.group_size,
-                    rank=self.rank,
-                    n_in=self.n_out,
-                    n_out=self.n_in,
-                    in_heads=self.out_heads,
-                    out_heads=self.in_heads,
-                    send_counts=self.recv_counts,
-                    recv_counts=self.send_counts,
-                    pack_rows=self.unpack_rows,
-                    pack_peers=self.unpack_peers,
-                    pack_map=self.unpack_map,
-                    unpack_rows=self.pack_rows,
-                    unpack_peers=self.pack_peers,
-                    unpack_map=self.pack_map,
-                    segments=self.segments,
-                    _inverse=[self],
-                )
-            )
+            self._inverse.append(exchange_args(self.plan.inverse(), self.segments, self.device))
         return self._inverse[0]
 
 
@@ -98,11 +95,12 @@ def exchange_args(plan, segments: Sequence[int], device: torch.device | str = "c
 
     >>> import numpy as np
     >>> class P:  # a 1-rank "group": the exchange is a local copy
-    ...     kind, group_start, group_size, rank, n_in, n_out = "token_to_head", 0, 1, 0, 3, 3
+    ...     to_heads, group_start, group_size, rank, n_in, n_out = True, 0, 1, 0, 3, 3
     ...     send_counts = recv_counts = np.array([3]); pack_rows = unpack_rows = np.arange(3)
     >>> exchange_args(P(), [4]).pack_map.shape
     torch.Size([1, 4])
     """
+    device = torch.device(device)
     p = plan.group_size
     split = torch.as_tensor(head_split_map(segments, p), device=device)
     hs = split.shape[1]
@@ -117,24 +115,19 @@ def exchange_args(plan, segments: Sequence[int], device: torch.device | str = "c
     def idx(a):
         return torch.as_tensor(np.asarray(a, dtype=np.int64), device=device)
 
-    if plan.kind == TOKEN_TO_HEAD:
+    if plan.to_heads:  # token side in, head side out: pack splits heads, unpack keeps them
         pack_map, unpack_map, in_heads, out_heads = split, ident, tokens_heads, hs
-    elif plan.kind == HEAD_TO_TOKEN:
-        pack_map, unpack_map, in_heads, out_heads = ident, split, hs, tokens_heads
     else:
-        raise ValueError(f"plan kind {plan.kind!r} is not {TOKEN_TO_HEAD!r} or {HEAD_TO_TOKEN!r}")
+        pack_map, unpack_map, in_heads, out_heads = ident, split, hs, tokens_heads
     if len(plan.pack_rows) != sum(send) or len(plan.unpack_rows) != sum(recv):
         raise ValueError(
             f"rank {plan.rank}: plan rows ({len(plan.pack_rows)}, {len(plan.unpack_rows)}) do not match "
             f"its split sizes ({sum(send)}, {sum(recv)})"
         )
     return ExchangeArgs(
-        kind=plan.kind,
-        group_start=plan.group_start,
-        group_size=p,
-        rank=plan.rank,
-        n_in=int(plan.n_in),
-        n_out=int(plan.n_out),
+        plan=plan,
+        segments=tuple(int(s) for s in segments),
+        device=device,
         in_heads=in_heads,
         out_heads=out_heads,
         send_counts=send,
@@ -145,7 +138,6 @@ def exchange_args(plan, segments: Sequence[int], device: torch.device | str = "c
         unpack_rows=idx(plan.unpack_rows),
         unpack_peers=peers(recv),
         unpack_map=unpack_map,
-        segments=tuple(int(s) for s in segments),
     )
 
 
@@ -270,8 +262,8 @@ def exchange(
 
 
 def exchange_all_ranks(xs: dict[int, torch.Tensor], args: dict[int, ExchangeArgs], path: str = "auto") -> dict[int, torch.Tensor]:
-    """Single-process reference of one exchange on every rank at once (the torch permutation the
-    distributed run is compared with; differentiable through the kernels' torch path)."""
+    """Single-process reference of one exchange on every rank at once: the tests' yardstick, the
+    torch permutation the distributed run is compared with (differentiable through the torch path)."""
     sends = {r: pack(xs[r], a, path) for r, a in args.items()}
     out = {}
     for r, a in args.items():

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from solver.cost import attention_flops, chunked_keys, register_sparse_cost, sliding_window_keys
+from solver.cost import register_sparse_cost, sparse_cost
 
 BACKENDS = ("auto", "torch", "flash", "kernel")  # kernel: a sparse kind's own fn where it has one, else torch
 
@@ -35,17 +35,23 @@ class SparseKind:
 _SPARSE: dict[str, SparseKind] = {}
 
 
-def register_sparse_attention(name: str, mask: MaskFn, flops, flash_window=None, split_chunks=None, fn=None, overwrite: bool = False):
+def register_sparse_attention(
+    name: str, mask: MaskFn, flops=None, flash_window=None, split_chunks=None, fn=None, overwrite: bool = False
+) -> None:
     """Register a sparse-attention kind by name.
 
     mask(q_pos, k_pos, params) -> allowed: the pattern (the torch reference path uses it);
     flops(lengths, model_config) -> forward FLOPs per sample: picked up by the solvers and the
-    simulator through solver.cost; fn(q, k, v, cu_seqlens, max_seqlen, params): an optional kernel
-    of its own, used instead of the reference on every backend but "torch"."""
+    simulator through solver.cost (None: the kind is already priced there, as the built-in kinds
+    are); fn(q, k, v, cu_seqlens, max_seqlen, params): an optional kernel of its own, used
+    instead of the reference on every backend but "torch"."""
     if name in _SPARSE and not overwrite:
         raise ValueError(f"sparse kind {name!r} is already registered; pass overwrite=True to replace it")
+    if flops is None:
+        sparse_cost(name)  # raises, naming the priced kinds, unless solver.cost prices it
+    else:
+        register_sparse_cost(name, flops, overwrite=True)
     _SPARSE[name] = SparseKind(name, mask, flash_window, split_chunks, fn)
-    register_sparse_cost(name, flops, overwrite=True)
 
 
 def sparse_kind(name: str) -> SparseKind:
@@ -54,20 +60,9 @@ def sparse_kind(name: str) -> SparseKind:
     return _SPARSE[name]
 
 
-register_sparse_attention(
-    "sliding_window",
-    mask=lambda qp, kp, p: (qp - kp) < p["window"],
-    flops=lambda n, cfg: attention_flops(sliding_window_keys(n, cfg.sparse_params["window"]), cfg),
-    flash_window=lambda p: (p["window"] - 1, 0),
-    overwrite=True,
-)
-register_sparse_attention(
-    "chunked",
-    mask=lambda qp, kp, p: (qp // p["chunk"]) == (kp // p["chunk"]),
-    flops=lambda n, cfg: attention_flops(chunked_keys(n, cfg.sparse_params["chunk"]), cfg),
-    split_chunks=lambda p: p["chunk"],
-    overwrite=True,
-)
+# the built-in kinds: priced in solver.cost, their patterns here
+register_sparse_attention("sliding_window", mask=lambda qp, kp, p: (qp - kp) < p["window"], flash_window=lambda p: (p["window"] - 1, 0))
+register_sparse_attention("chunked", mask=lambda qp, kp, p: (qp // p["chunk"]) == (kp // p["chunk"]), split_chunks=lambda p: p["chunk"])
 
 
 # ----- torch reference -------------------------------------------------------------------------

@@ -1,8 +1,9 @@
-"""Layouts, step plans, solvers and the cost model: plain data, no torch.distributed."""
+"""Layouts, step plans, solvers, the cost model and the simulator: plain data (numpy, scipy),
+no torch (tests/test_structure.py keeps it so)."""
 
 from .cluster import Cluster, PlanError, Sample, check_samples, samples_from_lengths
 from .config import HARDWARE_PRESETS, MODEL_PRESETS, HardwareConfig, ModelConfig
-from .cost import CostModel, register_sparse_cost, registered_sparse_kinds, sparse_cost
+from .cost import CostModel, register_sparse_cost, sparse_cost
 from .layout import (
     Group,
     RankExchange,
@@ -30,7 +31,6 @@ __all__ = [
     "ModelConfig",
     "CostModel",
     "register_sparse_cost",
-    "registered_sparse_kinds",
     "sparse_cost",
     "Group",
     "RankExchange",

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import bisect
 import functools
-import heapq
 from dataclasses import dataclass
 
 import numpy as np
 
 from .cluster import Cluster, ceil_div, ceil_pow2
-from .cost import CostModel
+from .cost import CostModel, rank_time
+from .fill import LeastLoaded
 from .layout import Group
 from .plan import NODE_LOCAL
 
@@ -29,18 +29,20 @@ class ChildProblem:
     parent_size: int
     node_size: int
     budget: int
-    comm_per_token: dict[int, float]  # child size -> seconds per token per rank of its exchanges
-    comm_fixed: dict[int, float]  # child size -> fixed seconds (latency) of its exchanges
+    lines: dict[int, tuple[float, float]]  # child size -> its cost line inside this parent (CostModel.child_line)
 
     def __post_init__(self):
-        # plain Python lists for the solvers' inner loops (numpy scalars are slow one at a time)
+        # plain Python lists and dicts for the solvers' inner loops (numpy scalars are slow one at a time)
+        self.per_token = {c: a for c, (a, _) in self.lines.items()}  # seconds per token per rank, x tokens / c
+        self.fixed = {c: b for c, (_, b) in self.lines.items()}  # fixed seconds (latency) of its exchanges
         self.lin_list = [float(x) for x in self.linear]
         self.len_list = [int(x) for x in self.lengths]
         self.order = sorted(range(len(self.lin_list)), key=lambda i: -self.lin_list[i])  # largest work first
         self._bound = None
 
     def child_time(self, size: int, linear_sum: float, tokens: float) -> float:
-        return (linear_sum + self.comm_per_token[size] * tokens) / size + self.comm_fixed[size]
+        """cost.rank_time of a child of `size` ranks inside this parent."""
+        return rank_time(linear_sum, tokens, size, self.lines[size])
 
     def lower_bound(self) -> float:
         """A bound no assignment beats: the children's ranks (parent_size in all) must do every
@@ -49,11 +51,11 @@ class ChildProblem:
             n = self.lengths
             work = np.full(len(n), np.inf)
             alone = np.full(len(n), np.inf)
-            for c in self.comm_per_token:
+            for c in self.lines:
                 ok = -(-n // c) <= self.budget
-                w = self.linear + self.comm_per_token[c] * n
+                w = self.linear + self.per_token[c] * n
                 work = np.where(ok, np.minimum(work, w), work)
-                alone = np.where(ok, np.minimum(alone, w / c + self.comm_fixed[c]), alone)
+                alone = np.where(ok, np.minimum(alone, w / c + self.fixed[c]), alone)
             self._bound = float(max(work.sum() / self.parent_size, alone.max(initial=0.0)))
         return self._bound
 
@@ -64,14 +66,11 @@ class ChildProblem:
 def child_problem(lengths, parent_size: int, cluster: Cluster, cost: CostModel) -> ChildProblem:
     """The child problem of a parent of `parent_size` ranks. A child's per-token cost holds its
     own sparse-layer exchanges and its ranks' share of the parent's full-layer exchanges."""
+    cost = cost.for_cluster(cluster)
     lengths = np.asarray(lengths, dtype=np.int64)
     g = cluster.gpus_per_node
-    per_token, fixed = {}, {}
-    for c in (1 << k for k in range(g.bit_length())):
-        per_token[c], fixed[c] = cost.child_line(c, parent_size)  # x the child's tokens / c = per-rank seconds
-    return ChildProblem(
-        lengths, np.asarray(cost.linear_cost(lengths), dtype=np.float64), parent_size, g, cluster.tokens_per_rank, per_token, fixed
-    )
+    lines = {c: cost.child_line(c, parent_size) for c in (1 << k for k in range(g.bit_length()))}
+    return ChildProblem(lengths, np.asarray(cost.linear_cost(lengths), dtype=np.float64), parent_size, g, cluster.tokens_per_rank, lines)
 
 
 @dataclass
@@ -103,58 +102,48 @@ def _layout_children(sizes: list[int], parent_size: int, node_size: int) -> list
 
 
 def _greedy(p: ChildProblem, target: float, swaps: bool = True) -> ChildSolution | None:
-    plin, plen, budget, pt = p.lin_list, p.len_list, p.budget, p.comm_per_token
-    floors = [ceil_pow2(ln / budget) for ln in plen]
-    want = [min(p.node_size, max(f, ceil_pow2(li / target) if target > 0 else 1)) for f, li in zip(floors, plin)]
+    """Children sized for a per-rank `target`: every sample whose work exceeds the target anchors
+    a child of its own (halved, least-growing first, until the anchors fit the parent), the other
+    ranks become SP1 children, and the rest go, largest first, to the child they finish earliest
+    in (the shared least-loaded fill). Polished by moves (and swaps) out of the slowest child."""
+    lin_of, len_of, budget, per_token = p.lin_list, p.len_list, p.budget, p.per_token
+    floors = [ceil_pow2(n / budget) for n in len_of]
+    want = [min(p.node_size, max(f, ceil_pow2(w / target) if target > 0 else 1)) for f, w in zip(floors, lin_of)]
     anchored = [i for i, w in enumerate(want) if w > 1]
     while sum(want[i] for i in anchored) > p.parent_size:
         can = [i for i in anchored if want[i] > floors[i]]
         if not can:
             return None
-        pick = min(can, key=lambda i: plin[i] / (want[i] // 2))  # first of the least-growing
+        pick = min(can, key=lambda i: lin_of[i] / (want[i] // 2))  # first of the least-growing
         want[pick] //= 2
         anchored = [i for i in anchored if want[i] > 1]
-    sizes = [want[i] for i in anchored]
-    sizes += [1] * (p.parent_size - sum(sizes))
-    members = [[i] for i in anchored] + [[] for _ in range(len(sizes) - len(anchored))]
-    lin = [plin[i] for i in anchored] + [0.0] * (len(sizes) - len(anchored))
-    tok = [plen[i] for i in anchored] + [0] * (len(sizes) - len(anchored))
-    rtok = [-(-plen[i] // want[i]) for i in anchored] + [0] * (len(sizes) - len(anchored))
-    # per child size, a heap of (load key, child): the best child of a size is its least loaded
-    # one that still has room, so each sample looks at one child per distinct size
-    heaps: dict[int, list[tuple[float, int]]] = {}
+    n_free = p.parent_size - sum(want[i] for i in anchored)
+    sizes = [want[i] for i in anchored] + [1] * n_free
+    members = [[i] for i in anchored] + [[] for _ in range(n_free)]
+    lin = [lin_of[i] for i in anchored] + [0.0] * n_free
+    tok = [len_of[i] for i in anchored] + [0] * n_free
+    rank_tokens = [-(-len_of[i] // want[i]) for i in anchored] + [0] * n_free
+    fill = LeastLoaded(lambda k: lin[k] + per_token[sizes[k]] * tok[k])  # a child's time is monotone in this key
     for k, c in enumerate(sizes):
-        heaps.setdefault(c, []).append((lin[k] + pt[c] * tok[k], k))
-    for h in heaps.values():
-        heapq.heapify(h)
+        fill.add(c, k)
     is_anchor = set(anchored)
     for i in p.order:
         if i in is_anchor:
             continue
-        li, ni = plin[i], plen[i]
+        li, ni = lin_of[i], len_of[i]
         best, best_t = -1, float("inf")
-        for c, heap in heaps.items():
-            skipped = []
-            while heap and rtok[heap[0][1]] - (-ni // c) > budget:
-                skipped.append(heapq.heappop(heap))
-            if heap:
-                k = heap[0][1]
+        for c in fill.kinds():
+            k = fill.least_loaded(c, lambda k, need=-(-ni // c): rank_tokens[k] + need <= budget)
+            if k >= 0:
                 t = p.child_time(c, lin[k] + li, tok[k] + ni)
                 if t < best_t:
                     best, best_t = k, t
-            for e in skipped:
-                heapq.heappush(heap, e)
         if best < 0:
             return None
-        c = sizes[best]
-        heap = heaps[c]
-        heap.remove((lin[best] + pt[c] * tok[best], best))
         members[best].append(i)
         lin[best] += li
         tok[best] += ni
-        rtok[best] -= -ni // c
-        heap.append((lin[best] + pt[c] * tok[best], best))
-        heapq.heapify(heap)
+        rank_tokens[best] -= -ni // sizes[best]
     starts = _layout_children(sizes, p.parent_size, p.node_size)
     if starts is None:
         return None
@@ -163,64 +152,81 @@ def _greedy(p: ChildProblem, target: float, swaps: bool = True) -> ChildSolution
     return sol
 
 
-def _improve(p: ChildProblem, sol: ChildSolution, max_rounds: int = 200, swaps: bool = True) -> None:
+# Tuning of the child solver, chosen with experiments.solver_bench (the gap to the exact MILP and
+# the planning time at 1024 ranks):
+GREEDY_TARGET_SCALES = (1.0, 0.5, 2.0, 0.25)  # greedy starts: the per-rank target x these
+BISECTION_STEPS, QUICK_BISECTION_STEPS = 24, 8  # halvings of the makespan interval (full, quick)
+BISECTION_STOP = 5e-4  # stop bisecting once the interval is this close to the lower bound
+AT_THE_BOUND = 1e-4  # a solution this close to the lower bound is optimal enough: return it
+MAX_IMPROVE_ROUNDS = 200  # moves and swaps out of the slowest child per polish
+MAX_MERGES = 8  # merges of the slowest child with its lightest neighbours per polish
+
+# moves and swaps look at this many least-loaded children of each size, and at this many swap
+# partners per child: trying every child and every pair is quadratic, and a lighter child of the
+# same size is never a worse target (time is monotone in load), so little is lost
+IMPROVE_TARGETS_PER_SIZE = 3
+IMPROVE_SWAP_PARTNERS = 4
+
+
+def _improve(p: ChildProblem, sol: ChildSolution, max_rounds: int = MAX_IMPROVE_ROUNDS, swaps: bool = True) -> None:
     """Moves and swaps out of the slowest child while they lower the makespan."""
     sizes, members = sol.sizes, sol.members
-    lin, lens, budget = p.lin_list, p.len_list, p.budget
-    pt, fx = p.comm_per_token, p.comm_fixed
+    lin_of, len_of, budget = p.lin_list, p.len_list, p.budget
+    child_time = p.child_time
 
-    def stats(k):
+    def sums(k):
+        """(linear seconds, tokens, tokens per rank) of child k."""
         m, c = members[k], sizes[k]
-        return sum(lin[i] for i in m), sum(lens[i] for i in m), sum(-(-lens[i] // c) for i in m)
+        return sum(lin_of[i] for i in m), sum(len_of[i] for i in m), sum(-(-len_of[i] // c) for i in m)
 
-    def ctime(c, ls, ts):
-        return (ls + pt[c] * ts) / c + fx[c]
-
-    st = [stats(k) for k in range(len(sizes))]
-    times = [ctime(sizes[k], st[k][0], st[k][1]) for k in range(len(sizes))]
+    st = [sums(k) for k in range(len(sizes))]
+    times = [child_time(sizes[k], st[k][0], st[k][1]) for k in range(len(sizes))]
     for _ in range(max_rounds):
         worst = max(range(len(times)), key=times.__getitem__)
         cur = times[worst]
-        best = None  # (new_pair_max, kind, ...)
-        cw = sizes[worst]
-        lw, tw, rw = st[worst]
-        # targets: the few least-loaded children of each size. For a move, a lighter child of the
-        # same size is never worse (time is monotone in load), so this loses little and keeps a
-        # round O(members x sizes) instead of O(members x children)
+        best = None  # (new time of the pair, kind, moved sample, target child, sample swapped back)
+        size_w = sizes[worst]
+        lin_w, tok_w, rtok_w = st[worst]
         by_size: dict[int, list[int]] = {}
         for k in sorted(range(len(sizes)), key=times.__getitem__):
-            if k != worst and len(by_size.setdefault(sizes[k], [])) < 3:
+            if k != worst and len(by_size.setdefault(sizes[k], [])) < IMPROVE_TARGETS_PER_SIZE:
                 by_size[sizes[k]].append(k)
         targets = [k for ks in by_size.values() for k in ks]
         # swap partners come from each target's members, largest first
-        ranked = {k: sorted(members[k], key=lambda b: -lin[b]) for k in targets} if swaps else {}
+        ranked = {k: sorted(members[k], key=lambda b: -lin_of[b]) for k in targets} if swaps else {}
         for a in members[worst]:
-            la, na = lin[a], lens[a]
-            tw_new = ctime(cw, lw - la, tw - na)
+            lin_a, len_a = lin_of[a], len_of[a]
+            t_worst_without_a = child_time(size_w, lin_w - lin_a, tok_w - len_a)
             for k in targets:
-                ck = sizes[k]
-                lk, tk, rk = st[k]
-                if rk - (-na // ck) <= budget:
-                    t = max(tw_new, ctime(ck, lk + la, tk + na))
+                size_k = sizes[k]
+                lin_k, tok_k, rtok_k = st[k]
+                if rtok_k - (-len_a // size_k) <= budget:
+                    t = max(t_worst_without_a, child_time(size_k, lin_k + lin_a, tok_k + len_a))
                     if t < cur - 1e-15 and (best is None or t < best[0]):
                         best = (t, "move", a, k, None)
                 if not swaps:
                     continue
                 # swap partners: the few largest members of k below a (the ones that move the
-                # most load back without overshooting); trying every pair is quadratic
+                # most load back without overshooting)
                 n_partners = 0
                 for b in ranked[k]:
-                    lb = lin[b]
-                    if lb >= la:
+                    lin_b = lin_of[b]
+                    if lin_b >= lin_a:
                         continue
                     n_partners += 1
-                    if n_partners > 4:
+                    if n_partners > IMPROVE_SWAP_PARTNERS:
                         break
-                    nb = lens[b]
+                    len_b = len_of[b]
                     # rank tokens after the swap: ceil(n / size) leaves, the other's comes in
-                    if rw + (-na // cw) - (-nb // cw) > budget or rk + (-nb // ck) - (-na // ck) > budget:
+                    if (
+                        rtok_w + (-len_a // size_w) - (-len_b // size_w) > budget
+                        or rtok_k + (-len_b // size_k) - (-len_a // size_k) > budget
+                    ):
                         continue
-                    t = max(ctime(cw, lw - la + lb, tw - na + nb), ctime(ck, lk - lb + la, tk - nb + na))
+                    t = max(
+                        child_time(size_w, lin_w - lin_a + lin_b, tok_w - len_a + len_b),
+                        child_time(size_k, lin_k - lin_b + lin_a, tok_k - len_b + len_a),
+                    )
                     if t < cur - 1e-15 and (best is None or t < best[0]):
                         best = (t, "swap", a, k, b)
         if best is None:
@@ -232,8 +238,8 @@ def _improve(p: ChildProblem, sol: ChildSolution, max_rounds: int = 200, swaps: 
             members[k].remove(b)
             members[worst].append(b)
         for j in (worst, k):
-            st[j] = stats(j)
-            times[j] = ctime(sizes[j], st[j][0], st[j][1])
+            st[j] = sums(j)
+            times[j] = child_time(sizes[j], st[j][0], st[j][1])
     sol.makespan = max(times)
 
 
@@ -244,21 +250,21 @@ def _pack_under(p: ChildProblem, limit: float) -> ChildSolution | None:
     A child's time is monotone in its load key (linear + per-token x tokens), so per size the
     best fit is the open child with the largest key that still meets the limit: a bisection in
     that size's sorted keys, then a walk down past children whose token budget is full."""
-    sizes, members, lin, tok, rtok = [], [], [], [], []
-    plin, plen, budget, pt, fx = p.lin_list, p.len_list, p.budget, p.comm_per_token, p.comm_fixed
+    sizes, members, lin, tok, rank_tokens = [], [], [], [], []
+    lin_of, len_of, budget, per_token, fixed = p.lin_list, p.len_list, p.budget, p.per_token, p.fixed
     keys: dict[int, list[tuple[float, int]]] = {}  # size -> sorted (load key, child)
     used = 0
     for i in p.order:
-        li, ni = plin[i], plen[i]
+        li, ni = lin_of[i], len_of[i]
         best, best_slack = -1, float("inf")
         for c, ks in keys.items():
-            room = (limit - fx[c]) * c - li - pt[c] * ni  # the largest key that still fits the limit
+            room = (limit - fixed[c]) * c - li - per_token[c] * ni  # the largest key that still fits the limit
             j = bisect.bisect_right(ks, (room, len(sizes)))
             while j > 0:
                 j -= 1
                 k = ks[j][1]
-                if rtok[k] - (-ni // c) <= budget:
-                    slack = limit - ((lin[k] + li + pt[c] * (tok[k] + ni)) / c + fx[c])
+                if rank_tokens[k] - (-ni // c) <= budget:
+                    slack = limit - p.child_time(c, lin[k] + li, tok[k] + ni)
                     if slack >= 0:  # (a rounding miss at the boundary walks on down)
                         if slack < best_slack:
                             best, best_slack = k, slack
@@ -273,17 +279,17 @@ def _pack_under(p: ChildProblem, limit: float) -> ChildSolution | None:
             members.append([])
             lin.append(0.0)
             tok.append(0)
-            rtok.append(0)
+            rank_tokens.append(0)
             used += c
             best = len(sizes) - 1
         else:
             c = sizes[best]
-            keys[c].remove((lin[best] + pt[c] * tok[best], best))
+            keys[c].remove((lin[best] + per_token[c] * tok[best], best))
         members[best].append(i)
         lin[best] += li
         tok[best] += ni
-        rtok[best] -= -ni // c
-        bisect.insort(keys.setdefault(c, []), (lin[best] + pt[c] * tok[best], best))
+        rank_tokens[best] -= -ni // c
+        bisect.insort(keys.setdefault(c, []), (lin[best] + per_token[c] * tok[best], best))
     sizes += [1] * (p.parent_size - used)
     members += [[] for _ in range(p.parent_size - used)]
     starts = _layout_children(sizes, p.parent_size, p.node_size)
@@ -296,7 +302,7 @@ def _bisect_pack(p: ChildProblem, upper: float, iters: int) -> ChildSolution | N
     lo = p.lower_bound()
     hi, best = upper, None
     for _ in range(iters):
-        if hi <= lo * 1.0005:
+        if hi <= lo * (1 + BISECTION_STOP):
             break
         mid = 0.5 * (lo + hi)
         sol = _pack_under(p, mid)
@@ -342,7 +348,7 @@ def _merge_worst(p: ChildProblem, sol: ChildSolution) -> bool:
     return True
 
 
-def _polish(p: ChildProblem, sol: ChildSolution, swaps: bool, max_merges: int = 8) -> None:
+def _polish(p: ChildProblem, sol: ChildSolution, swaps: bool, max_merges: int = MAX_MERGES) -> None:
     _improve(p, sol, swaps=swaps)
     for _ in range(max_merges):
         before = sol.makespan
@@ -365,16 +371,16 @@ def solve_child_problem(p: ChildProblem, quick: bool = False) -> ChildSolution |
     bound = p.lower_bound()
     best = None
     few = len(p.lin_list) <= 2 * p.parent_size
-    for scale in (1.0, 0.5, 2.0, 0.25) if few and not quick else (1.0,):
+    for scale in GREEDY_TARGET_SCALES if few and not quick else GREEDY_TARGET_SCALES[:1]:
         sol = _greedy(p, scale * total / p.parent_size, swaps=not quick)
         if sol is not None:
             _polish(p, sol, swaps=not quick)
         if sol is not None and (best is None or sol.makespan < best.makespan):
             best = sol
-            if best.makespan <= bound * (1 + 1e-4):
+            if best.makespan <= bound * (1 + AT_THE_BOUND):
                 return best
     upper = best.makespan if best is not None else max(p.child_time(p.node_size, total, float(p.lengths.sum())), total)
-    packed = _bisect_pack(p, upper, 8 if quick else 24)
+    packed = _bisect_pack(p, upper, QUICK_BISECTION_STEPS if quick else BISECTION_STEPS)
     if packed is not None:
         _polish(p, packed, swaps=not quick)
         if best is None or packed.makespan < best.makespan:
@@ -397,9 +403,7 @@ def _choose(
     with the reason when there is no solution or it is not faster."""
     if sol is None:
         return (parent,), "no node-local child assignment fits the token budget"
-    from .estimate import own_layout_part  # estimate imports this module
-
-    own = own_layout_part(parent, lengths, cost)
+    own = cost.own_layout_time(lengths, parent.size)
     if sol.makespan >= own:
         return (parent,), (
             f"repacking does not pay: slowest child {sol.makespan * 1e3:.1f} ms vs "
@@ -432,6 +436,7 @@ def _sorted_members(parent: Group, length_of: dict[int, int], cluster: Cluster) 
 
 def solve_children(parent: Group, length_of: dict[int, int], cluster: Cluster, cost: CostModel) -> tuple[tuple[Group, ...], str]:
     """Children for `parent`, or ((parent,), reason) when it keeps its own layout."""
+    cost = cost.for_cluster(cluster)
     ids, lengths, reason = _sorted_members(parent, length_of, cluster)
     if reason:
         return (parent,), reason
@@ -445,6 +450,7 @@ def polish_children(
     """Children for `parent` starting from a given assignment ((size, sample ids) per child, as
     the parent solver leaves them): laid out in the parent, polished by moves, swaps and merges
     (never slower than given), or the parent's own layout when that is faster."""
+    cost = cost.for_cluster(cluster)
     ids, lengths, reason = _sorted_members(parent, length_of, cluster)
     if reason:
         return (parent,), reason

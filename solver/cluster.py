@@ -62,22 +62,20 @@ class Cluster:
             )
 
     @property
-    def num_nodes(self) -> int:
-        return self.world_size // self.gpus_per_node
-
-    def node_of(self, rank: int) -> int:
-        return rank // self.gpus_per_node
+    def widest_group(self) -> int:
+        """The widest aligned group: the largest power of two <= world_size."""
+        widest = 1
+        while widest * 2 <= self.world_size:
+            widest *= 2
+        return widest
 
     def min_group_size(self, length: int) -> int:
         """Memory floor: a sample of `length` tokens needs 2**ceil(log2(L / tokens_per_rank)) ranks."""
         return ceil_pow2(length / self.tokens_per_rank)
 
     def max_sample_length(self) -> int:
-        """Longest sample a group can hold: the widest aligned group is the largest pow2 <= world."""
-        widest = 1
-        while widest * 2 <= self.world_size:
-            widest *= 2
-        return widest * self.tokens_per_rank
+        """Longest sample a group can hold: the widest aligned group's tokens."""
+        return self.widest_group * self.tokens_per_rank
 
 
 @dataclass(frozen=True)

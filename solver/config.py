@@ -130,7 +130,6 @@ class HardwareConfig(_Config):
     intra_node_bw: float = 150e9  # effective all-to-all bytes/s per GPU over NVLink
     inter_intra_ratio: float = 7.0  # intra / inter effective all-to-all rate: the paper's figure
     a2a_latency: float = 25e-6  # fixed cost of one all-to-all call (launch + sync), seconds
-    gpus_per_node: int = 8
     bytes_per_element: int = 2  # bf16 activations
 
     def __post_init__(self):

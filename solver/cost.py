@@ -15,8 +15,13 @@ import numpy as np
 from .cluster import PlanError
 from .config import HardwareConfig, ModelConfig
 
-FWD_BWD_COMPUTE = 3.0
-FWD_BWD_EXCHANGES = 2
+# Compute of a training step in units of the forward pass: backward computes the gradients of
+# both the inputs and the weights of every matmul, about twice the forward's FLOPs.
+FWD_COMPUTE = 1.0
+BWD_COMPUTE = 2.0
+FWD_BWD_COMPUTE = FWD_COMPUTE + BWD_COMPUTE
+FWD_BWD_EXCHANGES = 2  # every exchange runs once forward and once (its inverse) backward
+FLOPS_PER_MAC = 2.0  # a multiply-accumulate is two FLOPs: a [n, k] x [k, m] matmul costs 2 n k m
 
 
 # ----- attention FLOPs ------------------------------------------------------------------------
@@ -39,8 +44,8 @@ def chunked_keys(length, chunk: int):
 
 
 def attention_flops(pairs, cfg: ModelConfig):
-    """Forward FLOPs of QK^T and PV over `pairs` (query, key) pairs, all heads."""
-    return 4.0 * cfg.n_heads * cfg.head_dim * np.asarray(pairs, dtype=np.float64)
+    """Forward FLOPs of QK^T and PV (two matmuls) over `pairs` (query, key) pairs, all heads."""
+    return 2 * FLOPS_PER_MAC * cfg.n_heads * cfg.head_dim * np.asarray(pairs, dtype=np.float64)
 
 
 SparseFlops = Callable[[np.ndarray, ModelConfig], np.ndarray]
@@ -69,20 +74,33 @@ def sparse_cost(name: str) -> SparseCost:
     return _SPARSE_COSTS[name]
 
 
-def registered_sparse_kinds() -> list[str]:
-    return sorted(_SPARSE_COSTS)
-
-
+# The built-in kinds are priced here, once: the simulator and the solvers never import the model.
+# model.attention registers their masks and kernels without a second copy of these FLOPs.
 register_sparse_cost("sliding_window", lambda n, cfg: attention_flops(sliding_window_keys(n, cfg.sparse_params["window"]), cfg))
 register_sparse_cost("chunked", lambda n, cfg: attention_flops(chunked_keys(n, cfg.sparse_params["chunk"]), cfg))
 
 
+# ----- per-rank time of a layout ---------------------------------------------------------------
+def rank_time(linear: float, tokens: float, size: int, line: tuple[float, float]) -> float:
+    """Per-rank seconds of a layout of `size` ranks holding `linear` seconds of token-layout work
+    (CostModel.linear_cost) over `tokens` tokens, on its cost line (a, b) (CostModel.child_line):
+    (linear + a * tokens) / size + b. The one definition of a child's (or an unrepacked group's)
+    time: the solvers, the estimates and the fills all price a layout with it."""
+    return (linear + line[0] * tokens) / size + line[1]
+
+
 # ----- the cost model -------------------------------------------------------------------------
 class CostModel:
-    """Per-sample and per-group time estimates for one model on one kind of hardware."""
+    """Per-sample and per-group time estimates for one model on one kind of hardware.
 
-    def __init__(self, model: ModelConfig, hw: HardwareConfig):
-        self.model, self.hw = model, hw
+    The node size is the cluster's (Cluster.gpus_per_node), never a second copy: exchange prices
+    need it, so every planner and the simulator take `cost.for_cluster(cluster)`, the same model
+    bound to that cluster's nodes (made once per node size and shared). A model built without
+    one prices compute only and says so if asked for an exchange."""
+
+    def __init__(self, model: ModelConfig, hw: HardwareConfig, gpus_per_node: int | None = None):
+        self.model, self.hw, self.gpus_per_node = model, hw, gpus_per_node
+        self._bound: dict[int, CostModel] = {} if gpus_per_node is None else {gpus_per_node: self}
         self.sparse = sparse_cost(model.sparse_kind)
         m = model
         q, kv = m.n_heads * m.head_dim, m.n_kv_heads * m.head_dim
@@ -93,10 +111,19 @@ class CostModel:
         gemm_rate = hw.peak_flops * hw.gemm_efficiency
         self.attn_rate = hw.peak_flops * hw.attention_efficiency
         # forward seconds per token of one layer's token-wise work, and of the LM head
-        self.layer_token_time = 2.0 * self.layer_params_active / gemm_rate
-        self.head_token_time = 2.0 * self.lm_head_params / gemm_rate
+        self.layer_token_time = FLOPS_PER_MAC * self.layer_params_active / gemm_rate
+        self.head_token_time = FLOPS_PER_MAC * self.lm_head_params / gemm_rate
         self._lines: dict[int, tuple[float, float]] = {}  # exchange_line per group size
         self._child_lines: dict[tuple[int, int], tuple[float, float]] = {}  # child_line per (size, parent)
+
+    def for_cluster(self, cluster) -> CostModel:
+        """This cost model with the exchanges priced for `cluster`'s nodes (Cluster.gpus_per_node)."""
+        g = cluster.gpus_per_node
+        if g not in self._bound:
+            bound = CostModel(self.model, self.hw, g)
+            bound._bound = self._bound  # siblings share one table: binding again returns the same object
+            self._bound[g] = bound
+        return self._bound[g]
 
     # --- FLOPs (model FLOPs, for MFU) ---
     def active_params(self) -> float:
@@ -106,7 +133,7 @@ class CostModel:
         """Training FLOPs of a step: 6 x active params x tokens + 3 x attention forward FLOPs."""
         n = np.asarray(lengths, dtype=np.float64)
         attn = self.model.n_full * attention_flops(causal_keys(n), self.model) + self.model.n_sparse * self.sparse.flops(n, self.model)
-        return float(6.0 * self.active_params() * n.sum() + FWD_BWD_COMPUTE * attn.sum())
+        return float(FLOPS_PER_MAC * FWD_BWD_COMPUTE * self.active_params() * n.sum() + FWD_BWD_COMPUTE * attn.sum())
 
     # --- forward compute seconds, whole sample, all heads ---
     def full_attn_time(self, lengths):
@@ -150,7 +177,9 @@ class CostModel:
 
     def peers(self, start: int, size: int, rank: int) -> tuple[int, int]:
         """(other peers on rank's node, peers on other nodes) inside group [start, start + size)."""
-        g = self.hw.gpus_per_node
+        g = self.gpus_per_node
+        if g is None:
+            raise PlanError("this CostModel has no node size to price exchanges with: use cost.for_cluster(cluster)")
         node = rank // g
         lo, hi = max(start, node * g), min(start + size, (node + 1) * g)
         same = hi - lo
@@ -193,6 +222,18 @@ class CostModel:
     def parent_fixed(self, parent_size: int) -> float:
         """Fixed seconds of a parent's full-layer exchanges (every rank of the parent waits them)."""
         return self.model.n_full * self.exchange_line(parent_size)[1]
+
+    # --- a parent's time: shared_time + the slowest of its children's rank_time ---
+    def shared_time(self, full_seconds: float, parent_size: int) -> float:
+        """Per-rank seconds every rank of a parent spends on its full attention (`full_seconds`:
+        full_cost summed over its samples, split over its ranks) and its full-layer exchanges'
+        fixed cost. A parent's time is this plus its slowest child's rank_time."""
+        return full_seconds / parent_size + self.parent_fixed(parent_size)
+
+    def own_layout_time(self, lengths, size: int) -> float:
+        """rank_time of a group of `size` ranks that keeps its own (evenly split) layout at every layer."""
+        n = np.asarray(lengths, dtype=np.float64)
+        return rank_time(float(self.linear_cost(n).sum()), float(n.sum()), size, self.child_line(size, size))
 
     def layer_exchange_time(self, tokens: float, start: int, size: int, rank: int) -> float:
         """Forward + backward seconds of one attention layer's entry and exit exchanges."""

@@ -22,7 +22,7 @@ def solve_exact(p: ChildProblem, time_limit: float = 20.0) -> float:
     """Optimal slowest-child time over all node-local children and assignments.
 
     Variables: y[b] (block b is a child), x[i, b] (sample i in block b), z (makespan).
-    The latency term comm_fixed of a used child is folded in through y[b].
+    The latency term fixed of a used child is folded in through y[b].
     """
     blocks = candidate_blocks(p.parent_size, p.node_size)
     n, nb = len(p.lengths), len(blocks)
@@ -47,15 +47,15 @@ def solve_exact(p: ChildProblem, time_limit: float = 20.0) -> float:
         add([(b, 1.0) for b, (o, c) in enumerate(blocks) if o <= r < o + c], 1, 1)
     for i in range(n):  # every sample in exactly one child
         add([(xi(i, b), 1.0) for b in range(nb)], 1, 1)
-    big = float(p.linear.sum() + max(p.comm_per_token.values()) * p.lengths.sum()) + 1.0
+    big = float(p.linear.sum() + max(p.per_token.values()) * p.lengths.sum()) + 1.0
     for b, (_, c) in enumerate(blocks):
         for i in range(n):  # x <= y
             add([(xi(i, b), 1.0), (b, -1.0)], -np.inf, 0)
         # token budget per rank (chunks rounded up, as the heuristic counts them)
         add([(xi(i, b), float(ceil_div(int(p.lengths[i]), c))) for i in range(n)], -np.inf, p.budget)
         # makespan: load / c + fixed <= z   (only binding when the block is used)
-        coeffs = [(xi(i, b), (float(p.linear[i]) + p.comm_per_token[c] * float(p.lengths[i])) / c) for i in range(n)]
-        add(coeffs + [(b, p.comm_fixed[c] + big), (zi, -1.0)], -np.inf, big)
+        coeffs = [(xi(i, b), (float(p.linear[i]) + p.per_token[c] * float(p.lengths[i])) / c) for i in range(n)]
+        add(coeffs + [(b, p.fixed[c] + big), (zi, -1.0)], -np.inf, big)
     cost = np.zeros(nvar)
     cost[zi] = 1.0
     integrality = np.ones(nvar)

@@ -68,9 +68,6 @@ class TokenLayout:
     def group_of_rank(self) -> dict[int, Group]:
         return {r: g for g in self.groups for r in g.ranks}
 
-    def ranks(self) -> list[int]:
-        return sorted(r for g in self.groups for r in g.ranks)
-
     def local_segments(self, rank: int) -> list[tuple[int, int, int]]:
         """(sample_id, first_token, stop_token) of every chunk `rank` holds, in local order."""
         g = self.group_of_rank()[rank]
@@ -131,21 +128,19 @@ def head_cu_seqlens(layout: TokenLayout, g: Group) -> np.ndarray:
 
 
 # ----- exchange plans -------------------------------------------------------------------------
-TOKEN_TO_HEAD = "token_to_head"
-HEAD_TO_TOKEN = "head_to_token"
-
-
 @dataclass(frozen=True, eq=False)
 class RankExchange:
     """One rank's part of one all-to-all over its group (peers are group-local indices 0..P-1).
 
+    to_heads: token layout -> head layout (an entry exchange); False: the way back (an exit).
     pack: send[m] = input[pack_rows[m]] (with the heads of the destination peer's slice when the
     input is in a token layout); the send buffer holds send_counts[j] rows for peer j, peer after
     peer. unpack: output[unpack_rows[m]] = recv[m] (merging head slices when the output is in a
-    token layout); recv holds recv_counts[j] rows from peer j.
+    token layout); recv holds recv_counts[j] rows from peer j. These plain arrays are all the
+    kernels read (kernels.exchange_args makes device tensors of them, and inverts through here).
     """
 
-    kind: str
+    to_heads: bool
     group_start: int
     group_size: int
     rank: int
@@ -161,8 +156,9 @@ class RankExchange:
         return self.rank - self.group_start
 
     def inverse(self) -> RankExchange:
+        """The exchange back: sends become receives and pack rows unpack rows (the backward)."""
         return RankExchange(
-            kind=HEAD_TO_TOKEN if self.kind == TOKEN_TO_HEAD else TOKEN_TO_HEAD,
+            to_heads=not self.to_heads,
             group_start=self.group_start,
             group_size=self.group_size,
             rank=self.rank,
@@ -220,7 +216,7 @@ def token_to_head_plan(src: TokenLayout, heads: TokenLayout) -> dict[int, RankEx
         for r in hg.ranks:
             n = len(idx[r])
             plans[r] = RankExchange(
-                kind=TOKEN_TO_HEAD,
+                to_heads=True,
                 group_start=hg.start,
                 group_size=hg.size,
                 rank=r,
@@ -256,14 +252,16 @@ def token_ids(layout: TokenLayout, rank: int) -> np.ndarray:
 
 
 def head_token_ids(layout: TokenLayout, g: Group) -> np.ndarray:
-    """Global ids of a group's head layout rows (sample after sample)."""
+    """Global ids of a group's head layout rows (sample after sample): the tests' yardstick of
+    where an entry exchange must put every token."""
     parts = [(np.int64(s) << 32) + np.arange(layout.lengths[s], dtype=np.int64) for s in g.samples]
     return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
 
 def simulate_exchange(plans: Mapping[int, RankExchange], inputs: Mapping[int, np.ndarray]) -> dict[int, np.ndarray]:
     """Row-level reference of one exchange on every rank at once (no heads): pack, deliver the
-    per-peer blocks as all_to_all_single would, unpack. Unwritten output rows stay -1."""
+    per-peer blocks as all_to_all_single would, unpack. Unwritten output rows stay -1. The tests'
+    yardstick of the exchange plans (the kernels are checked against it through the tests)."""
     sent = {}
     for r, p in plans.items():
         buf = inputs[r][p.pack_rows]

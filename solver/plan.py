@@ -12,6 +12,10 @@ from .layout import Group, TokenLayout
 
 MODES = ("baseline", "repack", "repack+solver")
 
+# A parent's children before they are laid out: (child size, sample ids) per child, in rank
+# order, as the parent solver's stages hand them on; None: the parent keeps its own layout.
+Kids = tuple[tuple[int, tuple[int, ...]], ...]
+
 # reasons a parent keeps its own layout for the sparse layers
 NODE_LOCAL = "node-local: already inside one node"
 DISABLED = "repacking disabled (baseline)"

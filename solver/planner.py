@@ -1,17 +1,21 @@
-"""One entry point: samples + cluster + cost model + mode -> a validated StepPlan."""
+"""One entry point: samples + cluster + cost model + mode -> a validated StepPlan.
+
+The planner only dispatches the modes: the baseline assignment (solver.baseline) gives every
+mode its parents; repack adds the child solver's children (solver.children); repack+solver
+hands both to the parent solver (solver.parent_solver).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .children import polish_children, solve_children
+from .baseline import assign_parents
+from .children import solve_children
 from .cluster import Cluster, PlanError, Sample, check_samples
 from .cost import CostModel
-from .estimate import PlanEstimate
 from .layout import Group
-from .parents import assign_parents, assign_with_children
+from .parent_solver import solve_parents
 from .plan import DISABLED, MODES, NODE_LOCAL, ParentPlan, StepPlan
-from .rebalance import rebalance
 
 
 def _parent_plans(
@@ -22,50 +26,15 @@ def _parent_plans(
         if mode == "baseline":
             parents.append(ParentPlan(g, (g,), NODE_LOCAL if g.size <= cluster.gpus_per_node else DISABLED))
         else:
-            kids, reason = solve_children(g, length_of, cluster, cost)
-            parents.append(ParentPlan(g, kids, reason))
+            parents.append(ParentPlan(g, *solve_children(g, length_of, cluster, cost)))
     return tuple(parents)
 
 
 def plan_from_parents(groups: Sequence[Group], samples: Sequence[Sample], cluster: Cluster, cost: CostModel, mode: str) -> StepPlan:
     """Children for given parents (repack modes) or the parents' own layout (baseline)."""
+    cost = cost.for_cluster(cluster)
     parents = _parent_plans(groups, {s.id: s.length for s in samples}, cluster, cost, mode)
     return StepPlan(cluster, tuple((s.id, s.length) for s in samples), parents, mode).validate()
-
-
-# the parents within this fraction of the slowest also get a child solve from scratch
-RESOLVE_NEAR_SLOWEST = 0.01
-
-
-def solve_parents(baseline: Sequence[Group], samples: Sequence[Sample], cluster: Cluster, cost: CostModel) -> tuple[ParentPlan, ...]:
-    """The parent solver: parents and children filled together (assign_with_children), polished
-    by moves and swaps between parents (rebalance) and inside them (polish_children); the
-    slowest parents also get a child solve from scratch, the faster of the two kept. The result
-    is kept only if its estimate is no slower than the baseline parents with solved children
-    (the repack plan), so it is never estimated slower than its input."""
-    length_of = {s.id: s.length for s in samples}
-    est = PlanEstimate(length_of, cluster, cost)
-    base = _parent_plans(baseline, length_of, cluster, cost, "repack")
-    try:
-        start = assign_with_children(samples, cluster, cost)
-    except PlanError:
-        return base  # the joint fill may not fit where the baseline did: keep the baseline
-    parents, times = [], []
-    for g, kids in rebalance(start, length_of, cluster, cost):
-        if kids is None:
-            pp = ParentPlan(g, *solve_children(g, length_of, cluster, cost))
-        else:
-            pp = ParentPlan(g, *polish_children(g, kids, length_of, cluster, cost))
-        parents.append(pp)
-        times.append(est.parent_time(pp))
-    slowest = max(times)
-    for j, pp in enumerate(parents):
-        if pp.group.size > cluster.gpus_per_node and times[j] >= (1 - RESOLVE_NEAR_SLOWEST) * slowest:
-            alt = ParentPlan(pp.group, *solve_children(pp.group, length_of, cluster, cost))
-            t = est.parent_time(alt)
-            if t < times[j]:
-                parents[j], times[j] = alt, t
-    return tuple(parents) if max(times) <= est.plan_time(base) else base
 
 
 def make_plan(
@@ -81,9 +50,11 @@ def make_plan(
     """
     if mode not in MODES:
         raise PlanError(f"mode={mode!r}; valid modes: {MODES}")
+    cost = cost.for_cluster(cluster)
     samples = check_samples(samples, cluster)
     groups = assign_parents(samples, cluster, cost, pricing=baseline_pricing)
     if mode == "repack+solver":
-        parents = solve_parents(groups, samples, cluster, cost)
+        repack = _parent_plans(groups, {s.id: s.length for s in samples}, cluster, cost, "repack")
+        parents = solve_parents(repack, samples, cluster, cost)
         return StepPlan(cluster, tuple((s.id, s.length) for s in samples), parents, mode).validate()
     return plan_from_parents(groups, samples, cluster, cost, mode)

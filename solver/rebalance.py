@@ -1,6 +1,6 @@
 """Parent solver, second stage: move or swap samples between parents so children can balance.
 
-The planner starts it from the joint fill (parents.assign_with_children), whose children come
+The parent solver starts it from the joint fill (parent_solver.assign_with_children), whose children come
 along; `rebalance_parents` starts it from bare parents and solves their children first.
 Group shapes stay fixed; only membership changes. Trial moves are priced incrementally: a wide
 parent keeps its current children, a sample leaving it leaves its child and a sample joining it
@@ -17,27 +17,27 @@ import numpy as np
 
 from .children import ChildProblem, child_problem, solve_sorted
 from .cluster import Cluster, ceil_div
-from .cost import CostModel
+from .cost import CostModel, rank_time
 from .layout import Group
-from .parents import Kids
+from .plan import Kids
 
 
 class _Kid:
-    """A child: size, members and the sums its time needs (tokens, linear seconds, rank tokens)."""
+    """A child: size, members and the sums its time needs."""
 
-    __slots__ = ("size", "members", "lin", "tok", "rtok")
+    __slots__ = ("size", "members", "linear", "tokens", "rank_tokens")
 
-    def __init__(self, size, members, lin, tok, rtok):
-        self.size, self.members, self.lin, self.tok, self.rtok = size, members, lin, tok, rtok
+    def __init__(self, size, members, linear, tokens, rank_tokens):
+        self.size, self.members, self.linear, self.tokens, self.rank_tokens = size, members, linear, tokens, rank_tokens
 
 
 class _Config:
     """Members of a parent with their sums, and its children (None: the parent's own layout)."""
 
-    __slots__ = ("ids", "tok", "lin", "full", "rtok", "kids")
+    __slots__ = ("ids", "tokens", "linear", "full", "rank_tokens", "kids")
 
-    def __init__(self, ids, tok, lin, full, rtok, kids):
-        self.ids, self.tok, self.lin, self.full, self.rtok, self.kids = ids, tok, lin, full, rtok, kids
+    def __init__(self, ids, tokens, linear, full, rank_tokens, kids):
+        self.ids, self.tokens, self.linear, self.full, self.rank_tokens, self.kids = ids, tokens, linear, full, rank_tokens, kids
 
 
 class _GroupState:
@@ -45,11 +45,10 @@ class _GroupState:
 
     def __init__(self, group: Group, ids: list[int], ctx: _Context, kids: Kids | None = None):
         self.group, self.ctx = group, ctx
-        self.p = group.size
+        self.size = group.size
         self.wide = group.size > ctx.cluster.gpus_per_node
-        self.cp = ctx.cp(group.size)
+        self.children_problem = ctx.children_problem(group.size)  # prices a child inside this parent
         self.own_line = ctx.cost.child_line(group.size, group.size)
-        self.fixed = ctx.cost.parent_fixed(group.size)
         if kids is not None and self.wide:  # a start that comes with its children (the joint fill)
             self.config = self._config(ids, kids)
             self.time = self.price(self.config)
@@ -57,25 +56,25 @@ class _GroupState:
             self.set(ids)
 
     def _config(self, ids, kids_members) -> _Config:
-        c, p = self.ctx, self.p
+        c, size = self.ctx, self.size
         kids = None
         if kids_members is not None:
             kids = [
                 _Kid(
-                    size,
+                    kid_size,
                     list(m),
                     sum(c.linear[s] for s in m),
                     sum(c.length_of[s] for s in m),
-                    sum(ceil_div(c.length_of[s], size) for s in m),
+                    sum(ceil_div(c.length_of[s], kid_size) for s in m),
                 )
-                for size, m in kids_members
+                for kid_size, m in kids_members
             ]
         return _Config(
             list(ids),
             sum(c.length_of[s] for s in ids),
             sum(c.linear[s] for s in ids),
             sum(c.full[s] for s in ids),
-            sum(ceil_div(c.length_of[s], p) for s in ids),
+            sum(ceil_div(c.length_of[s], size) for s in ids),
             kids,
         )
 
@@ -90,25 +89,26 @@ class _GroupState:
         ids = sorted(ids, key=lambda s: (-self.ctx.length_of[s], s))
         lens = tuple(self.ctx.length_of[s] for s in ids)
         if self.wide and ids and lens[0] <= self.ctx.node_cap:
-            sol = solve_sorted(lens, self.p, self.ctx.cluster, self.ctx.cost, True)
+            sol = solve_sorted(lens, self.size, self.ctx.cluster, self.ctx.cost, True)
             if sol is not None:
                 kids = [(c, [ids[i] for i in m]) for c, m in zip(sol.sizes, sol.members)]
         self.config = self._config(ids, kids)
         self.time = self.price(self.config)
 
     def price(self, cf: _Config) -> float:
-        """estimate.group_time for this configuration (same formulas, from cached sums)."""
+        """The parent's time in this configuration, as PlanEstimate prices it (from cached sums):
+        the shared part plus the slowest child, or the own layout where that is faster (as
+        children.solve_children decides)."""
         if not cf.ids:
             return 0.0
-        p = self.p
-        a, b = self.own_line
-        t = cf.full / p + self.fixed
-        own = (cf.lin + a * cf.tok) / p + b
+        shared = self.ctx.cost.shared_time(cf.full, self.size)
+        own = rank_time(cf.linear, cf.tokens, self.size, self.own_line)
         if cf.kids is not None:
-            return t + min(own, max(self.cp.child_time(k.size, k.lin, k.tok) for k in cf.kids))
-        return t + own
+            return shared + min(own, max(self.children_problem.child_time(k.size, k.linear, k.tokens) for k in cf.kids))
+        return shared + own
 
-    def without(self, a: int, cf: _Config | None = None) -> _Config:
+    def removing(self, a: int, cf: _Config | None = None) -> _Config:
+        """The configuration without sample `a` (it leaves its child)."""
         cf = cf or self.config
         c = self.ctx
         n, lin = c.length_of[a], c.linear[a]
@@ -117,32 +117,40 @@ class _GroupState:
             kids = [
                 k
                 if a not in k.members
-                else _Kid(k.size, [s for s in k.members if s != a], k.lin - lin, k.tok - n, k.rtok - ceil_div(n, k.size))
+                else _Kid(k.size, [s for s in k.members if s != a], k.linear - lin, k.tokens - n, k.rank_tokens - ceil_div(n, k.size))
                 for k in cf.kids
             ]
-        return _Config([s for s in cf.ids if s != a], cf.tok - n, cf.lin - lin, cf.full - c.full[a], cf.rtok - ceil_div(n, self.p), kids)
+        return _Config(
+            [s for s in cf.ids if s != a],
+            cf.tokens - n,
+            cf.linear - lin,
+            cf.full - c.full[a],
+            cf.rank_tokens - ceil_div(n, self.size),
+            kids,
+        )
 
-    def with_(self, a: int, cf: _Config | None = None) -> _Config | None:
-        """Add `a`; None if it does not fit the token budget. It joins the child where it finishes earliest."""
+    def adding(self, a: int, cf: _Config | None = None) -> _Config | None:
+        """The configuration with sample `a`; None if it does not fit the token budget. It joins
+        the child where it finishes earliest."""
         cf = cf or self.config
         c = self.ctx
         budget, n, lin = c.cluster.tokens_per_rank, c.length_of[a], c.linear[a]
-        if cf.rtok + ceil_div(n, self.p) > budget:
+        if cf.rank_tokens + ceil_div(n, self.size) > budget:
             return None
         kids = None
         if cf.kids is not None and n <= c.node_cap:
             best, best_t = -1, float("inf")
             for i, k in enumerate(cf.kids):
-                if k.rtok + ceil_div(n, k.size) > budget:
+                if k.rank_tokens + ceil_div(n, k.size) > budget:
                     continue
-                t = self.cp.child_time(k.size, k.lin + lin, k.tok + n)
+                t = self.children_problem.child_time(k.size, k.linear + lin, k.tokens + n)
                 if t < best_t:
                     best, best_t = i, t
             if best >= 0:
                 k = cf.kids[best]
                 kids = list(cf.kids)
-                kids[best] = _Kid(k.size, k.members + [a], k.lin + lin, k.tok + n, k.rtok + ceil_div(n, k.size))
-        return _Config(cf.ids + [a], cf.tok + n, cf.lin + lin, cf.full + c.full[a], cf.rtok + ceil_div(n, self.p), kids)
+                kids[best] = _Kid(k.size, k.members + [a], k.linear + lin, k.tokens + n, k.rank_tokens + ceil_div(n, k.size))
+        return _Config(cf.ids + [a], cf.tokens + n, cf.linear + lin, cf.full + c.full[a], cf.rank_tokens + ceil_div(n, self.size), kids)
 
 
 class _Context:
@@ -153,17 +161,24 @@ class _Context:
         lens = np.array([length_of[s] for s in ids], dtype=np.float64)
         self.linear = dict(zip(ids, map(float, cost.linear_cost(lens))))
         self.full = dict(zip(ids, map(float, cost.full_cost(lens))))
-        self.scost = dict(zip(ids, map(float, cost.sample_cost(lens))))
-        self._cps: dict[int, ChildProblem] = {}
+        self.sample_cost = dict(zip(ids, map(float, cost.sample_cost(lens))))
+        self._children_problems: dict[int, ChildProblem] = {}
 
-    def cp(self, parent_size: int) -> ChildProblem:
-        if parent_size not in self._cps:
-            self._cps[parent_size] = child_problem([], parent_size, self.cluster, self.cost)
-        return self._cps[parent_size]
+    def children_problem(self, parent_size: int) -> ChildProblem:
+        """An empty child problem of a parent of `parent_size`: its child_time prices children."""
+        if parent_size not in self._children_problems:
+            self._children_problems[parent_size] = child_problem([], parent_size, self.cluster, self.cost)
+        return self._children_problems[parent_size]
+
+
+MOVES_PER_PARENT, MOVES_BASE, MAX_MOVES = 2, 32, 160
+SWAP_PARTNERS = 2
 
 
 def rebalance_parents(groups: tuple[Group, ...], length_of: dict[int, int], cluster: Cluster, cost: CostModel, **kw) -> tuple[Group, ...]:
-    """rebalance() of parents without children given: wide parents' children are solved first."""
+    """rebalance() of parents without children given: wide parents' children are solved first.
+    The paper's solver acting on given parents; the tests use it to check that rebalancing alone
+    never raises the estimate."""
     return tuple(g for g, _ in rebalance([(g, None) for g in groups], length_of, cluster, cost, **kw))
 
 
@@ -178,15 +193,19 @@ def rebalance(
     window: int = 16,
     min_gain: float = 3e-4,
 ) -> tuple[tuple[Group, Kids | None], ...]:
+    # Tuning, chosen with experiments.solver_bench (quality flat, time bounded): each move tries
+    # `n_samples` of the slowest parent's samples, spread over its sizes, against the
+    # `n_targets` fastest parents, and swaps with the SWAP_PARTNERS costliest smaller samples.
     """Moves and swaps out of the slowest parent while they lower it and keep every other
     parent below it. Returns the parents with their children (None: a node-local parent, or a
     wide one whose children could not be formed), in the input order.
 
-    Bounded, since planning must hide under a training step: at most max_moves moves, and it
-    stops once the last `window` moves together gained less than `min_gain` of the step time."""
-    ctx = _Context(length_of, cluster, cost)
+    Bounded, since planning must hide under a training step: at most max_moves moves (default:
+    MOVES_PER_PARENT per parent plus MOVES_BASE, capped at MAX_MOVES), and it stops once the last
+    `window` moves together gained less than `min_gain` of the step time."""
+    ctx = _Context(length_of, cluster, cost.for_cluster(cluster))
     states = [_GroupState(g, list(g.samples), ctx, kids) for g, kids in start]
-    max_moves = min(2 * len(states) + 32, 160) if max_moves is None else max_moves
+    max_moves = min(MOVES_PER_PARENT * len(states) + MOVES_BASE, MAX_MOVES) if max_moves is None else max_moves
     times = np.array([s.time for s in states])
     history = []  # the step time before each move
     for _ in range(max_moves):
@@ -196,31 +215,31 @@ def rebalance(
         if len(history) > window and history[-window - 1] - cur < min_gain * cur:
             break
         src = states[worst]
-        by_cost = sorted(src.config.ids, key=lambda s: -ctx.scost[s])
+        by_cost = sorted(src.config.ids, key=lambda s: -ctx.sample_cost[s])
         # a spread of sizes: large samples move much load, small ones fine-tune
         picks = sorted(set(np.linspace(0, len(by_cost) - 1, min(n_samples, len(by_cost))).round().astype(int)))
         cands = [by_cost[i] for i in picks]
         near = np.argpartition(times, min(n_targets, len(times) - 1))[: n_targets + 1]
         targets = [int(k) for k in sorted(near, key=lambda k: (times[k], k)) if k != worst][:n_targets]
         # swap partners come from each target's members, costliest first
-        ranked = {k: sorted(states[k].config.ids, key=lambda b: -ctx.scost[b]) for k in targets}
+        ranked = {k: sorted(states[k].config.ids, key=lambda b: -ctx.sample_cost[b]) for k in targets}
         best = None
         for a in cands:
-            out_w = src.without(a)
+            out_w = src.removing(a)
             t_worst = src.price(out_w)
             if t_worst >= cur:
                 continue
-            ca = ctx.scost[a]
+            cost_a = ctx.sample_cost[a]
             for k in targets:
                 dst = states[k]
-                moved = dst.with_(a)
+                moved = dst.adding(a)
                 if moved is not None:
                     t = max(t_worst, dst.price(moved))
                     if t < cur * (1 - 1e-9) and (best is None or t < best[0]):
                         best = (t, k, out_w, moved)
-                for b in [b for b in ranked[k] if ctx.scost[b] < ca][:2]:
-                    into_k = dst.with_(a, dst.without(b))
-                    into_w = src.with_(b, out_w)
+                for b in [b for b in ranked[k] if ctx.sample_cost[b] < cost_a][:SWAP_PARTNERS]:
+                    into_k = dst.adding(a, dst.removing(b))
+                    into_w = src.adding(b, out_w)
                     if into_k is None or into_w is None:
                         continue
                     t = max(src.price(into_w), dst.price(into_k))

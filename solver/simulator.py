@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from .cluster import ceil_pow2
-from .cost import CostModel
+from .cost import BWD_COMPUTE, FWD_BWD_COMPUTE, FWD_COMPUTE, CostModel
 from .plan import StepPlan
 
 
@@ -130,6 +130,7 @@ def _exchange(cost: CostModel, layout: _Layout, send_rows: np.ndarray, recv_rows
 def lower_bound(plan: StepPlan, cost: CostModel) -> float:
     """Perfect balance of all compute, no inter-node traffic in sparse layers, and each sample's
     full-attention exchanges priced at its memory-floor width (no plan can do less)."""
+    cost = cost.for_cluster(plan.cluster)
     lens = np.array([n for _, n in plan.lengths], dtype=np.float64)
     compute = float(cost.sample_cost(lens).sum())
     xfull = 0.0
@@ -149,6 +150,7 @@ def simulate(plan: StepPlan, cost: CostModel) -> StepResult:
     >>> 0 < r.mfu < 1
     True
     """
+    cost = cost.for_cluster(plan.cluster)
     world, g = plan.cluster.world_size, plan.cluster.gpus_per_node
     m = cost.model
     parent = _Layout(plan.parent_layout.groups, world, plan.length_of, cost)
@@ -176,10 +178,11 @@ def simulate(plan: StepPlan, cost: CostModel) -> StepResult:
     calls = {"full": 0, "sparse": 0}
 
     def attention_layer(kind: str, factor: float):
+        """One layer's forward (factor FWD_COMPUTE) or backward (BWD_COMPUTE, in reverse order)."""
         layout, attn, (entry, exit_) = (parent, parent.full_attn, full_x) if kind == "F" else (child, child.sparse_attn, sparse_x)
         # forward: pre -> entry -> attention -> exit -> post ; backward mirrors it
         order = [("work", t_pre), ("x", entry), ("work", attn), ("x", exit_), ("work", t_post)]
-        if factor != 1.0:
+        if factor != FWD_COMPUTE:
             order = order[::-1]
         key = "full" if kind == "F" else "sparse"
         for op, val in order:
@@ -194,10 +197,10 @@ def simulate(plan: StepPlan, cost: CostModel) -> StepResult:
 
     kinds = m.layer_kinds
     for kind in kinds:
-        attention_layer(kind, 1.0)
-    tl.work(t_head * 3.0)  # LM head forward + backward
+        attention_layer(kind, FWD_COMPUTE)
+    tl.work(t_head * FWD_BWD_COMPUTE)  # LM head forward + backward
     for kind in reversed(kinds):
-        attention_layer(kind, 2.0)
+        attention_layer(kind, BWD_COMPUTE)
     step = float(tl.t.max())
     tl.wait += step - tl.t
     flops = cost.model_flops([n for _, n in plan.lengths])

@@ -18,13 +18,24 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from .cluster import PlanError
+from solver import PlanError
+
+# Per-rank token budget of the default cluster: 32K-token activations per GPU with recompute.
+DEFAULT_TOKENS_PER_RANK = 32768
+# A default step's global batch, per rank of the cluster: half of the default budget.
+DEFAULT_STEP_TOKENS_PER_RANK = 16384
+
+
+def default_tokens_per_step(world_size: int) -> int:
+    """The global batch of a default step on `world_size` ranks (the ablation's, the driver's and
+    the planning benchmark's)."""
+    return DEFAULT_STEP_TOKENS_PER_RANK * world_size
 
 
 @dataclass(frozen=True)
 class WorkloadConfig:
     steps: int = 200
-    tokens_per_step: int = 1 << 20  # global batch: 1M tokens = 64 ranks x 16K on average
+    tokens_per_step: int = 1 << 20  # global batch: 1M tokens = default_tokens_per_step(64)
     body_median: int = 2048
     body_sigma: float = 1.2
     body_min: int = 16

@@ -1,7 +1,7 @@
 """Planning-time benchmark and heuristic-vs-exact gap of the child solver.
 
-    python -m solver.bench            # full table (64 .. 4096 ranks) and 100 exact instances
-    python -m solver.bench --quick    # smaller, for a smoke run
+    python -m experiments.solver_bench            # full table (64 .. 4096 ranks) and 100 exact instances
+    python -m experiments.solver_bench --quick    # smaller, for a smoke run
 
 A benchmark, not a test: it prints figures and writes results/solver_bench.csv.
 """
@@ -17,15 +17,12 @@ import time
 
 import numpy as np
 
-from .children import child_problem, solve_child_problem, solve_sorted
-from .cluster import Cluster, samples_from_lengths
-from .config import HardwareConfig, ModelConfig
+from solver import MODES, Cluster, CostModel, HardwareConfig, ModelConfig, make_plan, samples_from_lengths
+from solver.children import child_problem, solve_child_problem, solve_sorted
+from solver.exact import solve_exact
+
 from .context import run_context
-from .cost import CostModel
-from .exact import solve_exact
-from .plan import MODES
-from .planner import make_plan
-from .workload import WorkloadConfig, generate_steps
+from .workload import DEFAULT_TOKENS_PER_RANK, WorkloadConfig, default_tokens_per_step, generate_steps
 
 
 def time_plan(samples, cluster: Cluster, cost: CostModel, mode: str, repeats: int) -> float:
@@ -45,9 +42,9 @@ def time_plan(samples, cluster: Cluster, cost: CostModel, mode: str, repeats: in
 def planning_times(world_sizes, steps_per_size: int, cost: CostModel, tokens_per_rank: int, repeats: int = 3):
     rows = []
     for w in world_sizes:
-        # 16K tokens per rank; the long-document rate is per document, so bigger steps hold
+        # the default step per rank; the long-document rate is per document, so bigger steps hold
         # proportionally more long documents
-        wl = WorkloadConfig(steps=steps_per_size, tokens_per_step=w * 16384, seed=w)
+        wl = WorkloadConfig(steps=steps_per_size, tokens_per_step=default_tokens_per_step(w), seed=w)
         steps = generate_steps(wl)
         cluster = Cluster(w, 8, tokens_per_rank)
         for mode in MODES:
@@ -106,7 +103,7 @@ def main(argv=None):
         core = f"pinned to CPU {cpu}"
     print(f"planning time per step, one CPU core ({core}; {ctx['device']}, commit {ctx['commit']}); target: < 100 ms at 1024 ranks")
     print(f"each step: best of {args.repeats} cold plans (memo cleared, garbage collected before each)")
-    rows = planning_times(sizes, 3 if args.quick else args.steps, cost, 32768, args.repeats)
+    rows = planning_times(sizes, 3 if args.quick else args.steps, cost, DEFAULT_TOKENS_PER_RANK, args.repeats)
     gaps, times = exact_gaps(20 if args.quick else 100, cost)
     q = np.quantile(gaps, [0.5, 0.9, 0.95, 1.0])
     print(f"\nchild solver vs exact MILP (parent of 16 ranks, 3-12 samples, {len(gaps)} instances):")

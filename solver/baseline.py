@@ -1,0 +1,151 @@
+"""Baseline parent assignment: balanced SP groups of mixed widths (FlexSP / dynamic-CP style).
+
+Heuristic, not a MILP: (1) each sample gets a width from its memory floor and its share of the
+step's cost; samples wider than one rank anchor their own group; (2) anchor groups are laid out
+widest first (power-of-two widths laid out in decreasing order stay aligned) and the remaining
+ranks become SP1 groups; (3) the other samples go, longest first, to the group whose per-rank
+cost stays lowest, within the token budget (the shared least-loaded fill, solver.fill).
+
+The parent solver's start (parent_solver.assign_with_children) shares steps (1) and (2) and fills
+bins that know their real cost: node-local groups, and the children of parents wider than a node.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from .cluster import Cluster, PlanError, Sample, ceil_div, ceil_pow2_array, check_samples
+from .cost import CostModel
+from .fill import LeastLoaded
+from .layout import Group
+
+
+def anchor_widths(costs: np.ndarray, floors: np.ndarray, capacity: int, widest: int) -> np.ndarray:
+    """Widths for each item (1 = not an anchor) whose anchors fit `capacity` ranks.
+
+    An item's width is its memory floor or its cost share (cost / (total / capacity)), whichever
+    is larger, as a power of two. If the anchors need more than `capacity` ranks, the anchor whose
+    per-rank cost grows least is halved until they fit (never below its floor).
+    """
+    target = costs.sum() / capacity
+    share = ceil_pow2_array(costs / target) if target > 0 else np.ones(len(costs), dtype=np.int64)
+    widths = np.minimum(widest, np.maximum(floors, share))
+    anchored = widths > 1
+    while widths[anchored].sum() > capacity:
+        can = np.nonzero(anchored & (widths > floors))[0]
+        if len(can) == 0:
+            raise PlanError(
+                f"the batch does not fit: its long samples need {int(widths[anchored].sum())} ranks "
+                f"at their memory floors but only {capacity} are available"
+            )
+        pick = can[np.argmin(costs[can] / (widths[can] // 2))]
+        widths[pick] //= 2
+        anchored = widths > 1
+    return widths
+
+
+class _GroupFill:
+    """Groups in their own layout with per-rank load and token counts; places each new sample
+    where the group's per-rank load stays lowest.
+
+    It shares the least-loaded mechanism with the joint fill (parent_solver._BinFill) but not its
+    pricing: a group's load here is the sum of its samples' (cost + exchange seconds) / width,
+    accumulated sample by sample, where the joint fill prices a bin with cost.shared_time +
+    cost.rank_time. Pricing the baseline that way would change its plans (and every figure
+    measured against it): the baseline is the design brief's, kept as it is."""
+
+    def __init__(self, groups: list[tuple[int, int]], budget: int, comm_per_token: dict[int, float]):
+        self.comm_per_token = comm_per_token  # width -> exchange seconds per token of the group
+        self.start = [s for s, _ in groups]
+        self.size = [w for _, w in groups]
+        self.load = [0.0] * len(groups)
+        self.tokens = [0] * len(groups)  # per-rank tokens, counting ceil(L / size) per sample
+        self.members: list[list[int]] = [[] for _ in groups]
+        self.budget = budget
+        self.fill = LeastLoaded(self.load.__getitem__)
+        for i, w in enumerate(self.size):
+            self.fill.add(w, i)
+
+    def add(self, i: int, item: int, cost: float, length: int) -> None:
+        self.load[i] += (cost + self.comm_per_token[self.size[i]] * length) / self.size[i]
+        self.tokens[i] += ceil_div(length, self.size[i])
+        self.members[i].append(item)
+
+    def place(self, item: int, cost: float, length: int) -> int:
+        best, best_key = -1, float("inf")
+        tokens, budget = self.tokens, self.budget
+        for w in self.fill.kinds():
+            need = ceil_div(length, w)
+            i = self.fill.least_loaded(w, lambda i, need=need: tokens[i] + need <= budget)
+            if i >= 0:
+                key = self.load[i] + (cost + self.comm_per_token[w] * length) / w
+                if key < best_key:
+                    best, best_key = i, key
+        if best < 0:
+            return -1
+        self.add(best, item, cost, length)  # its heap entry is stale now and is re-keyed when it surfaces
+        return best
+
+
+def exchange_cost_per_token(cluster: Cluster, cost: CostModel) -> dict[int, float]:
+    """Width -> training seconds of exchanges per token the group holds, every layer running in
+    the group's own layout (FlexSP prices this too)."""
+    out, w = {}, 1
+    while w <= cluster.world_size:
+        out[w] = cost.child_line(w, w)[0]
+        w *= 2
+    return out
+
+
+PRICINGS = ("compute", "comm")
+
+
+def anchor_groups(samples, cluster: Cluster, cost: CostModel):
+    """Per-sample arrays, anchor widths, and the groups laid out widest first: (start, width)
+    per anchor, in `anchors` order, then SP1 groups over the remaining ranks."""
+    lengths = np.array([s.length for s in samples], dtype=np.int64)
+    costs = np.asarray(cost.sample_cost(lengths), dtype=np.float64)
+    floors = ceil_pow2_array(lengths / cluster.tokens_per_rank)  # memory floors (Cluster.min_group_size)
+    widths = anchor_widths(costs, floors, cluster.world_size, cluster.widest_group)
+    anchors = sorted(np.nonzero(widths > 1)[0], key=lambda i: (-widths[i], -costs[i]))
+    groups, at = [], 0
+    for i in anchors:
+        groups.append((at, int(widths[i])))
+        at += int(widths[i])
+    groups += [(r, 1) for r in range(at, cluster.world_size)]
+    rest = sorted(np.nonzero(widths == 1)[0], key=lambda i: -costs[i])
+    return lengths, costs, anchors, groups, rest
+
+
+def unplaceable(samples, i: int, lengths: np.ndarray, cluster: Cluster) -> PlanError:
+    return PlanError(
+        f"sample id={samples[i].id} of length={int(lengths[i])} cannot be placed: no group has "
+        f"{int(lengths[i])} free tokens left under tokens_per_rank={cluster.tokens_per_rank}; "
+        f"the batch ({int(lengths.sum())} tokens) is too large for {cluster.world_size} ranks"
+    )
+
+
+def assign_parents(samples: Sequence[Sample], cluster: Cluster, cost: CostModel, pricing: str = "compute") -> tuple[Group, ...]:
+    """Parent groups covering every rank; every sample placed exactly once (or PlanError).
+
+    pricing: what the fill balances. "compute" (the design's baseline): full attention ~L^2 plus
+    token-wise work ~L, divided over the group. "comm": also each group's own all-to-alls, as
+    FlexSP's cost model does; a stronger baseline that gives wide groups fewer short samples."""
+    if pricing not in PRICINGS:
+        raise PlanError(f"pricing={pricing!r}; valid: {PRICINGS}")
+    cost = cost.for_cluster(cluster)
+    samples = check_samples(samples, cluster)
+    lengths, costs, anchors, groups, rest = anchor_groups(samples, cluster, cost)
+    if pricing == "comm":
+        comm = exchange_cost_per_token(cluster, cost)
+    else:
+        comm = {w: 0.0 for w in exchange_cost_per_token(cluster, cost)}
+    fill = _GroupFill(groups, cluster.tokens_per_rank, comm)
+    for gi, i in enumerate(anchors):
+        fill.add(gi, int(i), float(costs[i]), int(lengths[i]))
+    for i in rest:
+        if fill.place(int(i), float(costs[i]), int(lengths[i])) < 0:
+            raise unplaceable(samples, i, lengths, cluster)
+    return tuple(Group(fill.start[k], fill.size[k], tuple(samples[i].id for i in fill.members[k])) for k in range(len(groups)))

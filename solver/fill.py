@@ -1,0 +1,49 @@
+"""The least-loaded-bin fill that the baseline assignment, the parent solver's joint fill and the
+child solver's greedy start share: bins grouped by kind, one heap per kind.
+
+Every bin of one kind prices a new item alike (same size, same cost line), and a bin's time only
+grows with its load, so the least-loaded bin of a kind that still has room is the only one of
+that kind an item needs to look at: a placement looks at one bin per kind, not at every bin.
+
+Loads only grow. A bin whose load rose keeps its old, smaller key until it reaches the top of its
+heap, where it is re-keyed (lazy re-keying): a placement costs O(log bins), with no heap rebuild.
+The bin found is the same as with exact keys: the smallest (load, bin) among bins with room.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Hashable
+
+
+class LeastLoaded:
+    """Heaps of (load, bin) per kind of bin; `load(bin)` gives a bin's current load."""
+
+    def __init__(self, load: Callable[[int], float]):
+        self.load = load
+        self.heaps: dict[Hashable, list[tuple[float, int]]] = {}
+
+    def add(self, kind: Hashable, b: int) -> None:
+        heapq.heappush(self.heaps.setdefault(kind, []), (self.load(b), b))
+
+    def kinds(self):
+        return self.heaps.keys()
+
+    def least_loaded(self, kind: Hashable, has_room: Callable[[int], bool]) -> int:
+        """The least-loaded bin of `kind` for which has_room(bin) holds, or -1."""
+        heap, load = self.heaps[kind], self.load
+        skipped = []
+        found = -1
+        while heap:
+            key, b = heap[0]
+            now = load(b)
+            if key != now:  # stale: the bin took an item since this entry was pushed
+                heapq.heapreplace(heap, (now, b))
+                continue
+            if has_room(b):
+                found = b
+                break
+            skipped.append(heapq.heappop(heap))
+        for e in skipped:
+            heapq.heappush(heap, e)
+        return found

@@ -1,0 +1,222 @@
+"""The parent solver (repack+solver): parents and their children chosen together.
+
+Three stages, each never slower than the last:
+1. assign_with_children: the baseline's anchor groups (baseline.anchor_groups), then one
+   longest-first fill into bins that know their real cost: node-local groups, and the children of
+   parents wider than a node (an anchor's child sized by the anchor rules below);
+2. rebalance: moves and swaps between parents (solver.rebalance), then polish_children inside
+   each wide parent; the slowest parents also get a child solve from scratch;
+3. the result is kept only if PlanEstimate prices it no slower than the repack plan of the
+   baseline parents, so the planner never returns a plan estimated slower than its input.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from .baseline import anchor_groups, unplaceable
+from .children import polish_children, solve_children
+from .cluster import Cluster, PlanError, Sample, ceil_div, check_samples
+from .cost import CostModel, rank_time
+from .estimate import PlanEstimate
+from .fill import LeastLoaded
+from .layout import Group
+from .plan import Kids, ParentPlan
+from .rebalance import rebalance
+
+
+class _BinFill:
+    """Longest-first fill into bins that know what they cost: a node-local group is one bin;
+    a parent wider than a node is one bin per child (its sparse layers' layout).
+
+    A bin's time is its parent's cost.shared_time plus its own cost.rank_time, as PlanEstimate
+    prices a parent. A sample joining a parent raises every bin of that parent by its full
+    attention share, so keys go stale; they only grow, which the shared least-loaded fill
+    (solver.fill) relies on: one heap per kind of bin (parent size, bin size, own layout)."""
+
+    def __init__(self, cluster: Cluster, cost: CostModel, linear: np.ndarray, full: np.ndarray, lengths: np.ndarray):
+        self.cost, self.budget = cost, cluster.tokens_per_rank
+        self.linear, self.full, self.lengths = linear, full, lengths
+        # per parent: size, full-attention seconds, tokens per rank, member samples
+        self.parent_size, self.parent_full, self.parent_rank_tokens, self.parent_members = [], [], [], []
+        # per bin: its parent, size, cost line, linear seconds, tokens, tokens per rank, members
+        self.bin_parent, self.bin_size, self.bin_line, self.bin_linear, self.bin_tokens = [], [], [], [], []
+        self.bin_rank_tokens, self.bin_members = [], []
+        self.fill = LeastLoaded(self.time)
+
+    def add_parent(self, size: int, child_sizes: list[int] | None) -> list[int]:
+        """A parent of `size` ranks with children of `child_sizes` (None: its own layout, one
+        bin of all its ranks); returns its bins."""
+        p = len(self.parent_size)
+        self.parent_size.append(size)
+        self.parent_full.append(0.0)
+        self.parent_rank_tokens.append(0)
+        self.parent_members.append([])
+        bins = []
+        for c in child_sizes or [size]:
+            b = len(self.bin_size)
+            self.bin_parent.append(p)
+            self.bin_size.append(c)
+            self.bin_line.append(self.cost.child_line(c, size))
+            self.bin_linear.append(0.0)
+            self.bin_tokens.append(0)
+            self.bin_rank_tokens.append(0)
+            self.bin_members.append([])
+            bins.append(b)
+            self.fill.add((size, c, child_sizes is None), b)
+        return bins
+
+    def time(self, b: int, linear: float = 0.0, tokens: int = 0, full: float = 0.0) -> float:
+        """Bin b's time, with a sample of `linear` and `full` seconds and `tokens` tokens added."""
+        p, c = self.bin_parent[b], self.bin_size[b]
+        shared = self.cost.shared_time(self.parent_full[p] + full, self.parent_size[p])
+        return shared + rank_time(self.bin_linear[b] + linear, self.bin_tokens[b] + tokens, c, self.bin_line[b])
+
+    def add(self, b: int, i: int) -> None:
+        p, n = self.bin_parent[b], int(self.lengths[i])
+        self.parent_full[p] += float(self.full[i])
+        self.parent_rank_tokens[p] += ceil_div(n, self.parent_size[p])
+        self.parent_members[p].append(i)
+        self.bin_linear[b] += float(self.linear[i])
+        self.bin_tokens[b] += n
+        self.bin_rank_tokens[b] += ceil_div(n, self.bin_size[b])
+        self.bin_members[b].append(i)
+
+    def place(self, i: int) -> int:
+        """Put sample i where the bin it joins finishes earliest; -1 if no bin has room."""
+        n, lin, full = int(self.lengths[i]), float(self.linear[i]), float(self.full[i])
+        budget, bin_rank_tokens, bin_parent, parent_rank_tokens = (
+            self.budget,
+            self.bin_rank_tokens,
+            self.bin_parent,
+            self.parent_rank_tokens,
+        )
+        best, best_t = -1, float("inf")
+        for kind in self.fill.kinds():
+            size, c, _ = kind
+            if -(-n // c) > budget:
+                continue
+
+            def has_room(b, need_bin=-(-n // c), need_parent=-(-n // size)):
+                return bin_rank_tokens[b] + need_bin <= budget and parent_rank_tokens[bin_parent[b]] + need_parent <= budget
+
+            b = self.fill.least_loaded(kind, has_room)
+            if b >= 0:
+                t = self.time(b, lin, n, full)
+                if t < best_t:
+                    best, best_t = b, t
+        if best >= 0:
+            self.add(best, i)  # its heap entry is stale now and is re-keyed when it surfaces
+        return best
+
+
+def _child_pays(n: int, linear: float, full: float, parent_size: int, node: int, cost: CostModel, target: float) -> bool:
+    """Should a wide parent's anchor run its sparse layers and token-wise work in a child of (at
+    most) one node? Yes if that is no slower than spreading it over the whole parent (with
+    inter-node exchanges at every layer), or if it stays within the per-rank target anyway (the
+    parent's other ranks then take short samples free of inter-node sparse traffic). A long
+    sample may fail both: a child gives its linear work to at most `node` ranks."""
+    in_child = rank_time(linear, n, node, cost.child_line(node, parent_size))
+    in_parent = rank_time(linear, n, parent_size, cost.child_line(parent_size, parent_size))
+    return in_child <= max(in_parent, target - cost.shared_time(full, parent_size))
+
+
+def _anchor_child(n: int, linear: float, full: float, parent_size: int, cluster: Cluster, cost: CostModel, target: float) -> int:
+    """The anchor's child: the fewest ranks (from its memory floor up to a node) on which its
+    parent's time, counting only the anchor, stays within the per-rank target; else a node."""
+    shared = cost.shared_time(full, parent_size)
+    c = cluster.min_group_size(n)
+    while c < cluster.gpus_per_node:
+        if shared + rank_time(linear, n, c, cost.child_line(c, parent_size)) <= target:
+            break
+        c *= 2
+    return c
+
+
+def assign_with_children(samples: Sequence[Sample], cluster: Cluster, cost: CostModel) -> tuple[tuple[Group, Kids | None], ...]:
+    """Parents and their children in one pass: the parent solver's start.
+
+    Anchor groups as in assign_parents. A parent wider than a node whose anchor fits one node gets
+    a child for the anchor (sized by its memory floor and its linear share, within a node) and SP1
+    children on its other ranks; the other samples then fill, longest first, whichever bin (a
+    node-local group or a child) finishes earliest, priced as PlanEstimate prices it. So a
+    wide parent takes the short samples its inter-node exchanges leave room for, no more.
+
+    Returns ((Group, Kids | None), ...) in rank order; Kids lists (size, sample ids) per child."""
+    cost = cost.for_cluster(cluster)
+    samples = check_samples(samples, cluster)
+    lengths, costs, anchors, groups, rest = anchor_groups(samples, cluster, cost)
+    linear = np.asarray(cost.linear_cost(lengths), dtype=np.float64)
+    full = np.asarray(cost.full_cost(lengths), dtype=np.float64)
+    g, node_cap = cluster.gpus_per_node, cluster.gpus_per_node * cluster.tokens_per_rank
+    target = costs.sum() / cluster.world_size
+    fill = _BinFill(cluster, cost, linear, full, lengths)
+    parent_bins = []
+    for k, (_, w) in enumerate(groups):
+        kids = None
+        if k < len(anchors) and w > g and lengths[anchors[k]] <= node_cap:
+            i = anchors[k]
+            if _child_pays(int(lengths[i]), float(linear[i]), float(full[i]), w, g, cost, target):
+                c = _anchor_child(int(lengths[i]), float(linear[i]), float(full[i]), w, cluster, cost, target)
+                kids = [c] + [1] * (w - c)
+        bins = fill.add_parent(w, kids)
+        parent_bins.append(bins)
+        if k < len(anchors):
+            fill.add(bins[0], int(anchors[k]))
+    for i in rest:
+        if fill.place(int(i)) < 0:
+            raise unplaceable(samples, i, lengths, cluster)
+    out = []
+    for k, (start, w) in enumerate(groups):
+        ids = tuple(samples[i].id for i in fill.parent_members[k])
+        bins = parent_bins[k]
+        kids = None if len(bins) == 1 else tuple((fill.bin_size[b], tuple(samples[i].id for i in fill.bin_members[b])) for b in bins)
+        out.append((Group(start, w, ids), kids))
+    return tuple(out)
+
+
+# the parents within this fraction of the slowest also get a child solve from scratch
+RESOLVE_NEAR_SLOWEST = 0.01
+
+
+def joint_parents(samples: Sequence[Sample], cluster: Cluster, cost: CostModel, est: PlanEstimate) -> tuple[ParentPlan, ...] | None:
+    """Stages 1 and 2: parents and children filled together (assign_with_children), polished by
+    moves and swaps between parents (rebalance) and inside them (polish_children); the slowest
+    parents also get a child solve from scratch, the faster of the two kept. None when the joint
+    fill cannot place the batch (the baseline's fill may still have placed it)."""
+    length_of = est.length_of
+    try:
+        start = assign_with_children(samples, cluster, cost)
+    except PlanError:
+        return None
+    parents, times = [], []
+    for g, kids in rebalance(start, length_of, cluster, cost):
+        if kids is None:
+            pp = ParentPlan(g, *solve_children(g, length_of, cluster, cost))
+        else:
+            pp = ParentPlan(g, *polish_children(g, kids, length_of, cluster, cost))
+        parents.append(pp)
+        times.append(est.parent_time(pp))
+    slowest = max(times)
+    for j, pp in enumerate(parents):
+        if pp.group.size > cluster.gpus_per_node and times[j] >= (1 - RESOLVE_NEAR_SLOWEST) * slowest:
+            alt = ParentPlan(pp.group, *solve_children(pp.group, length_of, cluster, cost))
+            t = est.parent_time(alt)
+            if t < times[j]:
+                parents[j], times[j] = alt, t
+    return tuple(parents)
+
+
+def solve_parents(repack: Sequence[ParentPlan], samples: Sequence[Sample], cluster: Cluster, cost: CostModel) -> tuple[ParentPlan, ...]:
+    """The parent solver: joint_parents, kept only if PlanEstimate prices it no slower than
+    `repack` (the baseline parents with solved children), which is returned otherwise, so the
+    result is never estimated slower than its input."""
+    cost = cost.for_cluster(cluster)
+    est = PlanEstimate({s.id: s.length for s in samples}, cluster, cost)
+    repack = tuple(repack)
+    candidate = joint_parents(samples, cluster, cost, est)
+    if candidate is None or est.plan_time(candidate) > est.plan_time(repack):
+        return repack
+    return candidate
