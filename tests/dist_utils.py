@@ -4,6 +4,7 @@ import datetime
 import os
 import socket
 
+import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
@@ -16,6 +17,7 @@ def free_port() -> int:
 
 def _worker(rank, world_size, port, fn, args):
     os.environ["TRITON_INTERPRET"] = "1"
+    torch.set_num_threads(1)  # several ranks share few cores: one thread each, as torchrun sets
     dist.init_process_group(
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=120)
     )

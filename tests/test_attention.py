@@ -7,9 +7,10 @@ import pytest
 import torch
 
 from model import HybridMoE, LocalContext, register_sparse_attention, varlen_attention
-from model.attention import flash_available, torch_varlen_attention
-from solver import CostModel, HardwareConfig, ModelConfig
-from solver.cost import attention_flops, sparse_cost
+from model.attention import flash_available, sparse_kind, torch_varlen_attention
+from solver import Cluster, CostModel, HardwareConfig, ModelConfig, PlanError, make_plan, samples_from_lengths
+from solver.cost import FWD_BWD_COMPUTE, attention_flops
+from solver.simulator import simulate
 
 TOL = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.float64: dict(rtol=1e-10, atol=1e-12)}
 
@@ -81,21 +82,49 @@ def test_flash_backend_error_at_most_twice_torch_error(kind, params):
 
 
 def test_registering_a_sparse_kind_reaches_model_solver_and_simulator():
+    def strided_flops(scale):
+        return lambda n, cfg: attention_flops(np.asarray(n, dtype=float) * cfg.sparse_params["local"] * scale, cfg)
+
+    local, stride = 3, 4
     register_sparse_attention(
-        "strided_test",
-        mask=lambda qp, kp, p: ((qp - kp) < p["local"]) | (kp % p["stride"] == 0),
-        flops=lambda n, cfg: attention_flops(np.asarray(n, dtype=float) * cfg.sparse_params["local"] * 1.5, cfg),
-        overwrite=True,
+        "strided_test", mask=lambda qp, kp, p: ((qp - kp) < p["local"]) | (kp % p["stride"] == 0), flops=strided_flops(1.5), overwrite=True
     )
-    cfg = ModelConfig.from_name("tiny", sparse_kind="strided_test", sparse_params={"local": 3, "stride": 4})
-    cost = CostModel(cfg, HardwareConfig())
-    assert sparse_cost("strided_test").flops(np.array([100.0]), cfg)[0] > 0
-    assert cost.sparse_attn_time([100])[0] > 0
-    model = HybridMoE(cfg)
-    h, _ = model(torch.randint(0, cfg.vocab, (10,)), LocalContext([6, 4], cfg, "torch"))
-    assert torch.isfinite(h).all()
+    cfg = ModelConfig.from_name("tiny", sparse_kind="strided_test", sparse_params={"local": local, "stride": stride})
+
+    # the model: its sparse layers attend with the registered mask (the dense yardstick agrees, and
+    # the same weights give another output under a plain causal pattern)
+    torch.manual_seed(0)
+    cu = torch.tensor([0, 11, 16], dtype=torch.int32)
+    q, k, v = (
+        torch.randn(16, 4, 8, dtype=torch.float64),
+        torch.randn(16, 2, 8, dtype=torch.float64),
+        torch.randn(16, 2, 8, dtype=torch.float64),
+    )
+    got = varlen_attention(q, k, v, cu, 11, "strided_test", cfg.sparse_params, "torch")
+    torch.testing.assert_close(got, dense_reference(q, k, v, cu, lambda i, j: i - j < local or j % stride == 0), **TOL[torch.float64])
+    register_sparse_attention("causal_test", mask=lambda qp, kp, p: qp >= kp, flops=strided_flops(1.5), overwrite=True)
+    model = HybridMoE(cfg).double()
+    tokens = torch.randint(0, cfg.vocab, (16,))
+    h, _ = model(tokens, LocalContext([11, 5], cfg, "torch"))
+    h_causal, _ = model(tokens, LocalContext([11, 5], cfg.replace(sparse_kind="causal_test"), "torch"))
+    assert torch.isfinite(h).all() and not torch.allclose(h, h_causal)
+
+    # the solver and the simulator: they price the registered FLOPs. Doubling them adds exactly
+    # the extra sparse-attention compute (3x forward, over every sparse layer) to the simulated step
+    cluster = Cluster(8, 2, 128)
+    lengths = [100, 60, 30, 17, 9, 5, 3]
+    compute = {}
+    for scale in (1.5, 3.0):
+        register_sparse_attention("strided_test", mask=sparse_kind("strided_test").mask, flops=strided_flops(scale), overwrite=True)
+        cost = CostModel(cfg, HardwareConfig())
+        plan = make_plan(samples_from_lengths(lengths), cluster, cost, "repack+solver")
+        compute[scale] = simulate(plan, cost).compute * cluster.world_size  # rank-seconds of compute
+    extra = FWD_BWD_COMPUTE * cfg.n_sparse * float(strided_flops(1.5)(lengths, cfg).sum()) / cost.attn_rate
+    assert compute[3.0] - compute[1.5] == pytest.approx(extra, rel=1e-9)
     with pytest.raises(ValueError, match="already registered"):
         register_sparse_attention("strided_test", mask=lambda a, b, p: a >= b, flops=lambda n, c: n)
+    with pytest.raises(PlanError, match="unknown sparse kind 'unpriced'"):
+        register_sparse_attention("unpriced", mask=lambda a, b, p: a >= b)  # no FLOPs: the solver could not price it
 
 
 def test_tied_embeddings_share_the_table_and_train():

@@ -47,6 +47,8 @@ def _body(rank, world):
         out = exchange(q_heads, exit_[rank], transport, path, stats, "full.exit")
         # entry then exit with the repacking layout returns every token to the rank the child layout names
         assert torch.equal(out, xs[rank][:, :16])
+        # the backward runs our _Exchange.backward (the inverse exchanges, over gloo); the yardstick
+        # is torch's autograd of the single-process permutation
         ((out * weights[rank]).sum() + heads.sum()).backward()
         ref_grad = ref_x[rank].grad if ref_x[rank].grad is not None else torch.zeros_like(x)  # a rank with no tokens
         torch.testing.assert_close(x.grad, ref_grad, rtol=0, atol=0)

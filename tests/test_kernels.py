@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from kernels.exchange import exchange_all_ranks, exchange_args, head_split_map
 from kernels.permute import gather_heads, scatter_heads
 from solver import MODES, Cluster, CostModel, HardwareConfig, ModelConfig, head_to_token_plan, make_plan, token_to_head_plan
-from tests.strategies import batches
+from tests.strategies import INTERPRETED_EXAMPLES, batches
 
 COST = CostModel(ModelConfig.from_name("tiny"), HardwareConfig())
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -28,13 +28,15 @@ def features(ids: np.ndarray, heads: int, dim: int, dtype) -> torch.Tensor:
 @st.composite
 def small_plans(draw):
     g = draw(st.sampled_from([1, 2, 4]))
-    nodes = draw(st.sampled_from([1, 2, 4]))
+    nodes = draw(st.sampled_from([n for n in (1, 2, 4) if g * n <= 8]))  # up to 8 ranks: the interpreter is slow
     cluster = Cluster(g * nodes, g, draw(st.sampled_from([63, 97, 128])))
     return make_plan(draw(batches(cluster)), cluster, COST, draw(st.sampled_from(MODES)))
 
 
 @pytest.mark.usefixtures("poison_empty")
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=INTERPRETED_EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+)
 @given(plan=small_plans(), dtype=st.sampled_from(list(DTYPES)), dim=st.sampled_from([1, 8, 63]))
 def test_triton_pack_unpack_bit_exact_with_reference(plan, dtype, dim):
     from solver import token_ids
@@ -65,7 +67,9 @@ def test_triton_pack_unpack_bit_exact_with_reference(plan, dtype, dim):
 
 
 @pytest.mark.usefixtures("poison_empty")
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=INTERPRETED_EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+)
 @given(plan=small_plans(), path=st.sampled_from(["torch", "triton"]))
 def test_entry_then_exit_repacks_every_token_to_its_owner(plan, path):
     from solver import head_token_ids, token_ids
@@ -94,24 +98,6 @@ def test_qkv_travel_in_one_exchange_with_gqa_head_split():
     assert m.tolist() == [[0, 1, 2, 3, 8, 10], [4, 5, 6, 7, 9, 11]]
     with pytest.raises(ValueError, match="a head segment of 2 heads cannot be split over a group of 4 ranks"):
         head_split_map([8, 2, 2], 4)
-
-
-def test_gradcheck_of_the_exchange_reference_in_fp64():
-    from solver import Group, TokenLayout
-
-    lengths = {0: 5, 1: 3, 2: 1}
-    parent = TokenLayout((Group(0, 4, (0, 1, 2)),), lengths)
-    child = TokenLayout((Group(0, 2, (0,)), Group(2, 1, (1,)), Group(3, 1, (2,))), lengths)
-    entry = token_to_head_plan(child, parent)
-    args = {r: exchange_args(entry[r], [4]) for r in range(4)}
-    shapes = [(args[r].n_in, 4, 3) for r in range(4)]
-
-    def f(*xs):
-        out = exchange_all_ranks(dict(enumerate(xs)), args, "torch")
-        return tuple(out[r] for r in range(4))
-
-    xs = tuple(torch.randn(s, dtype=torch.float64, requires_grad=True) for s in shapes)
-    assert torch.autograd.gradcheck(f, xs)
 
 
 def test_gpu_check_script_runs_its_cpu_smoke_and_refuses_without_cuda(tmp_path):

@@ -8,7 +8,8 @@ import pytest
 
 from experiments import ablation
 from experiments.results import read_run
-from solver import MODES, Cluster, CostModel, Group, HardwareConfig, ModelConfig, make_plan, samples_from_lengths
+from solver import MODES, Cluster, CostModel, Group, HardwareConfig, ModelConfig, PlanError, make_plan, samples_from_lengths
+from solver.estimate import PlanEstimate
 from solver.plan import NODE_LOCAL, ParentPlan, StepPlan
 from solver.simulator import simulate
 
@@ -92,3 +93,25 @@ def test_ablation_rejects_a_malformed_trace(tmp_path):
     bad.write_text("step,length\n0,100\n1,abc\n")
     with pytest.raises(SystemExit, match="'abc' is not an integer"):
         ablation.main(["--trace", str(bad), "--out", str(tmp_path / "o"), "--no-progress"])
+
+
+@pytest.mark.parametrize("gpus_per_node", [2, 4, 8])
+def test_the_node_size_is_the_clusters_and_the_estimate_agrees_with_the_simulator(gpus_per_node):
+    cost = CostModel(ModelConfig.from_name("paper"), HardwareConfig())
+    cluster = Cluster(8, gpus_per_node, 32768)
+    bound = cost.for_cluster(cluster)
+    assert bound is cost.for_cluster(Cluster(32, gpus_per_node, 1024))  # one bound model per node size
+    assert bound.peers(0, 8, 0) == (gpus_per_node - 1, 8 - gpus_per_node)
+    # one SP8 parent, its sample split evenly over every rank: no rank waits for another, so the
+    # closed-form estimate and the simulated timeline must agree, whichever node size prices it
+    samples = samples_from_lengths([8 * 20_000])
+    plan = make_plan(samples, cluster, cost, "baseline")
+    assert [p.group.size for p in plan.parents] == [8]
+    est = PlanEstimate(plan.length_of, cluster, cost).plan_time(plan.parents)
+    assert simulate(plan, cost).step_time == pytest.approx(est, rel=1e-9)
+
+
+def test_a_cost_model_without_a_cluster_prices_no_exchange():
+    cost = CostModel(ModelConfig.from_name("paper"), HardwareConfig())
+    with pytest.raises(PlanError, match=r"use cost.for_cluster\(cluster\)"):
+        cost.exchange_line(8)

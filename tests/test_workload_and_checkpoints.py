@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from experiments.train import load_checkpoint, save_checkpoint
+from experiments.workload import WorkloadConfig, generate_steps, load_trace
 from model.distributed import LayoutError, validate
 from solver import Cluster, CostModel, HardwareConfig, ModelConfig, PlanError, make_plan, samples_from_lengths
-from solver.workload import WorkloadConfig, generate_steps, load_trace
 from tests.dist_utils import run_distributed
 
 
@@ -67,7 +67,7 @@ def test_checkpoints_are_atomic_and_a_torn_write_leaves_the_last_good_one(tmp_pa
 
 
 def _hash_body(rank, world):
-    cost = CostModel(ModelConfig.from_name("tiny"), HardwareConfig(gpus_per_node=2))
+    cost = CostModel(ModelConfig.from_name("tiny"), HardwareConfig())
     lengths = [30, 12, 7, 5] if rank != 2 else [30, 12, 7, 6]  # rank 2 computed a different batch
     plan = make_plan(samples_from_lengths(lengths), Cluster(world, 2, 32), cost, "repack")
     with pytest.raises(LayoutError, match="plan hash differs across ranks: rank 2 has"):
