@@ -115,6 +115,7 @@ class CostModel:
         self.head_token_time = FLOPS_PER_MAC * self.lm_head_params / gemm_rate
         self._lines: dict[int, tuple[float, float]] = {}  # exchange_line per group size
         self._child_lines: dict[tuple[int, int], tuple[float, float]] = {}  # child_line per (size, parent)
+        self._parent_fixed: dict[int, float] = {}  # parent_fixed per parent size
 
     def for_cluster(self, cluster) -> CostModel:
         """This cost model with the exchanges priced for `cluster`'s nodes (Cluster.gpus_per_node)."""
@@ -220,8 +221,11 @@ class CostModel:
         return line
 
     def parent_fixed(self, parent_size: int) -> float:
-        """Fixed seconds of a parent's full-layer exchanges (every rank of the parent waits them)."""
-        return self.model.n_full * self.exchange_line(parent_size)[1]
+        """Fixed seconds of a parent's full-layer exchanges (every rank of the parent waits them). Cached."""
+        fixed = self._parent_fixed.get(parent_size)
+        if fixed is None:
+            fixed = self._parent_fixed[parent_size] = self.model.n_full * self.exchange_line(parent_size)[1]
+        return fixed
 
     # --- a parent's time: shared_time + the slowest of its children's rank_time ---
     def shared_time(self, full_seconds: float, parent_size: int) -> float:

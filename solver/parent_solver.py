@@ -39,10 +39,10 @@ class _BinFill:
     def __init__(self, cluster: Cluster, cost: CostModel, linear: np.ndarray, full: np.ndarray, lengths: np.ndarray):
         self.cost, self.budget = cost, cluster.tokens_per_rank
         self.linear, self.full, self.lengths = linear, full, lengths
-        # per parent: size, full-attention seconds, tokens per rank, member samples
-        self.parent_size, self.parent_full, self.parent_rank_tokens, self.parent_members = [], [], [], []
-        # per bin: its parent, size, cost line, linear seconds, tokens, tokens per rank, members
-        self.bin_parent, self.bin_size, self.bin_line, self.bin_linear, self.bin_tokens = [], [], [], [], []
+        # per parent: size, full-attention seconds, its cost.shared_time, tokens per rank, members
+        self.parent_size, self.parent_full, self.parent_shared, self.parent_rank_tokens, self.parent_members = [], [], [], [], []
+        # per bin: its parent, size, cost line, linear seconds, tokens, its cost.rank_time, tokens per rank, members
+        self.bin_parent, self.bin_size, self.bin_line, self.bin_linear, self.bin_tokens, self.bin_own = [], [], [], [], [], []
         self.bin_rank_tokens, self.bin_members = [], []
         self.fill = LeastLoaded(self.time)
 
@@ -52,6 +52,7 @@ class _BinFill:
         p = len(self.parent_size)
         self.parent_size.append(size)
         self.parent_full.append(0.0)
+        self.parent_shared.append(self.cost.shared_time(0.0, size))
         self.parent_rank_tokens.append(0)
         self.parent_members.append([])
         bins = []
@@ -62,25 +63,32 @@ class _BinFill:
             self.bin_line.append(self.cost.child_line(c, size))
             self.bin_linear.append(0.0)
             self.bin_tokens.append(0)
+            self.bin_own.append(rank_time(0.0, 0, c, self.bin_line[b]))
             self.bin_rank_tokens.append(0)
             self.bin_members.append([])
             bins.append(b)
             self.fill.add((size, c, child_sizes is None), b)
         return bins
 
-    def time(self, b: int, linear: float = 0.0, tokens: int = 0, full: float = 0.0) -> float:
-        """Bin b's time, with a sample of `linear` and `full` seconds and `tokens` tokens added."""
-        p, c = self.bin_parent[b], self.bin_size[b]
+    def time(self, b: int) -> float:
+        """Bin b's time: its parent's shared time plus its own rank time (both kept up to date by add)."""
+        return self.parent_shared[self.bin_parent[b]] + self.bin_own[b]
+
+    def time_with(self, b: int, linear: float, tokens: int, full: float) -> float:
+        """Bin b's time with a sample of `linear` and `full` seconds and `tokens` tokens added."""
+        p = self.bin_parent[b]
         shared = self.cost.shared_time(self.parent_full[p] + full, self.parent_size[p])
-        return shared + rank_time(self.bin_linear[b] + linear, self.bin_tokens[b] + tokens, c, self.bin_line[b])
+        return shared + rank_time(self.bin_linear[b] + linear, self.bin_tokens[b] + tokens, self.bin_size[b], self.bin_line[b])
 
     def add(self, b: int, i: int) -> None:
         p, n = self.bin_parent[b], int(self.lengths[i])
         self.parent_full[p] += float(self.full[i])
+        self.parent_shared[p] = self.cost.shared_time(self.parent_full[p], self.parent_size[p])
         self.parent_rank_tokens[p] += ceil_div(n, self.parent_size[p])
         self.parent_members[p].append(i)
         self.bin_linear[b] += float(self.linear[i])
         self.bin_tokens[b] += n
+        self.bin_own[b] = rank_time(self.bin_linear[b], self.bin_tokens[b], self.bin_size[b], self.bin_line[b])
         self.bin_rank_tokens[b] += ceil_div(n, self.bin_size[b])
         self.bin_members[b].append(i)
 
@@ -93,18 +101,19 @@ class _BinFill:
             self.bin_parent,
             self.parent_rank_tokens,
         )
+        bin_size, parent_size = self.bin_size, self.parent_size
         best, best_t = -1, float("inf")
+
+        def has_room(b):
+            p = bin_parent[b]
+            return bin_rank_tokens[b] - (-n // bin_size[b]) <= budget and parent_rank_tokens[p] - (-n // parent_size[p]) <= budget
+
         for kind in self.fill.kinds():
-            size, c, _ = kind
-            if -(-n // c) > budget:
+            if -(-n // kind[1]) > budget:
                 continue
-
-            def has_room(b, need_bin=-(-n // c), need_parent=-(-n // size)):
-                return bin_rank_tokens[b] + need_bin <= budget and parent_rank_tokens[bin_parent[b]] + need_parent <= budget
-
             b = self.fill.least_loaded(kind, has_room)
             if b >= 0:
-                t = self.time(b, lin, n, full)
+                t = self.time_with(b, lin, n, full)
                 if t < best_t:
                     best, best_t = b, t
         if best >= 0:
