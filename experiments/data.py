@@ -36,16 +36,19 @@ def random_tokens(lengths, vocab: int, seed: int, step: int) -> dict[int, np.nda
 class LengthSource:
     """Steps from precomputed per-step lengths (generator or trace) with random tokens."""
 
-    def __init__(self, steps: list[list[int]], vocab: int, seed: int):
+    def __init__(self, steps: list[list[int]], vocab: int, seed: int, numbers: list[int] | None = None):
         self.steps, self.vocab, self.seed = steps, vocab, seed
+        self.numbers = list(range(len(steps))) if numbers is None else list(numbers)  # a trace's own step numbers
 
     def __len__(self):
         return len(self.steps)
 
     def get(self, step: int) -> StepBatch:
+        """The step at position `step`, named by its number (a trace's, or the position)."""
         if step >= len(self.steps):
             raise PlanError(f"step {step} is past the data ({len(self.steps)} steps)")
-        return StepBatch(step, random_tokens(self.steps[step], self.vocab, self.seed, step))
+        number = self.numbers[step]
+        return StepBatch(number, random_tokens(self.steps[step], self.vocab, self.seed, number))
 
 
 class TokenFileSource:

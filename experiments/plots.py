@@ -19,7 +19,7 @@ import seaborn as sns  # noqa: E402
 
 from solver import MODES, CostModel, StepPlan, exchange_bytes, token_to_head_plan  # noqa: E402
 
-from .results import PAPER, read_run  # noqa: E402
+from .results import BREAKDOWN, PAPER, read_run  # noqa: E402
 
 RESULTS = os.environ.get("REPACK_RESULTS", "results")
 
@@ -45,77 +45,95 @@ def load_measured(folder: str | None = None) -> tuple[pd.DataFrame, dict] | None
 
 
 def plot_step_times(df: pd.DataFrame, ax=None):
-    ax = ax or plt.figure(figsize=(10, 4)).gca()
-    sns.barplot(data=df, x="step", y="step_time_s", hue="mode", hue_order=list(MODES), ax=ax)
-    ax.set(title="Step time of each selected step by mode (simulated)", xlabel="training step", ylabel="step time (s)")
+    ax = ax or plt.figure(figsize=(12, 4)).gca()
+    d = df.assign(step_label=df["seed"].astype(str) + ":" + df["step"].astype(str))
+    sns.barplot(data=d, x="step_label", y="step_time_s", hue="mode", hue_order=list(MODES), ax=ax)
+    ax.set(title="Step time of each selected step by mode (simulated)", xlabel="seed:training step", ylabel="step time (s)")
     ax.tick_params(axis="x", rotation=90)
     return ax
 
 
 def mean_changes(summary: dict) -> pd.DataFrame:
+    """Each mode's change vs baseline: ours as the mean over seeds with its [min, max], the paper's where it has one."""
     recs = []
     for m in MODES[1:]:
-        e = summary["modes"][m]
-        recs.append({"mode": m, "source": "ours", "step time change (%)": e["time_change_pct"], "MFU change (pp)": e["mfu_change_pp"]})
-        recs.append(
-            {
-                "mode": m,
-                "source": "paper",
-                "step time change (%)": PAPER[m]["time_change_pct"],
-                "MFU change (pp)": PAPER[m]["mfu_change_pp"],
-            }
-        )
+        e = summary["over_seeds"][m]
+        for key, label in (("time_change_pct", "step time change (%)"), ("mfu_change_pp", "MFU change (pp)")):
+            recs.append({"mode": m, "figure": label, "source": "ours", "mean": e[key]["mean"], "min": e[key]["min"], "max": e[key]["max"]})
+            if m in PAPER:
+                v = PAPER[m][key]
+                recs.append({"mode": m, "figure": label, "source": "paper", "mean": v, "min": v, "max": v})
     return pd.DataFrame(recs)
 
 
 def plot_mean_changes(summary: dict, axes=None):
+    """Bars: ours (mean over seeds, whiskers: min and max over seeds) next to the paper's."""
     if axes is None:
-        _, axes = plt.subplots(1, 2, figsize=(10, 4))
+        _, axes = plt.subplots(1, 2, figsize=(11, 4))
     d = mean_changes(summary)
-    sns.barplot(data=d, x="mode", y="step time change (%)", hue="source", ax=axes[0])
-    axes[0].set(title="Mean step time vs baseline", xlabel="mode", ylabel="change of mean step time (%)")
-    sns.barplot(data=d, x="mode", y="MFU change (pp)", hue="source", ax=axes[1])
-    axes[1].set(title="MFU vs baseline", xlabel="mode", ylabel="MFU change (percentage points)")
+    modes = list(MODES[1:])
+    for ax, figure in zip(axes, ("step time change (%)", "MFU change (pp)")):
+        sub = d[d["figure"] == figure]
+        for k, source in enumerate(("ours", "paper")):
+            rows = sub[sub["source"] == source].set_index("mode").reindex(modes)
+            x = np.arange(len(modes)) + (k - 0.5) * 0.38
+            err = np.vstack([rows["mean"] - rows["min"], rows["max"] - rows["mean"]])
+            ax.bar(x, rows["mean"], width=0.38, label=source, yerr=None if source == "paper" else err, capsize=4)
+        ax.axhline(0, color="gray", lw=0.8)
+        ax.set_xticks(np.arange(len(modes)), modes)
+        ax.set(title=f"{figure.split(' (')[0]} vs baseline (whiskers: range over seeds)", ylabel=figure)
+        ax.legend()
     return axes
 
 
+BREAKDOWN_LABELS = {
+    "compute_s": "compute",
+    "intra_comm_s": "intra-node exchanges",
+    "inter_comm_s": "inter-node exchanges",
+    "moe_comm_s": "experts' all-to-all",
+    "grad_sync_s": "gradient sync",
+    "optimizer_s": "optimizer",
+    "imbalance_wait_s": "imbalance wait",
+}
+
+
 def plot_breakdown(summary: dict, ax=None):
-    ax = ax or plt.figure(figsize=(7, 4)).gca()
-    parts = [
-        ("compute", "mean_compute_s"),
-        ("intra-node comm", "mean_intra_comm_s"),
-        ("inter-node comm", "mean_inter_comm_s"),
-        ("imbalance wait", "mean_imbalance_wait_s"),
-    ]
+    ax = ax or plt.figure(figsize=(8, 4)).gca()
     bottom = np.zeros(len(MODES))
-    for label, key in parts:
-        vals = np.array([summary["modes"][m][key] for m in MODES])
-        ax.bar(list(MODES), vals, bottom=bottom, label=label)
+    for key in BREAKDOWN:
+        vals = np.array([summary["modes"][m]["mean_" + key] or 0.0 for m in MODES])
+        ax.bar(list(MODES), vals, bottom=bottom, label=BREAKDOWN_LABELS[key])
         bottom += vals
     ax.set(title="Where a step's time goes (mean over ranks and steps)", xlabel="mode", ylabel="seconds per step")
-    ax.legend(loc="lower right")
+    ax.tick_params(axis="x", rotation=15)
+    ax.legend(loc="lower right", fontsize=8)
     return ax
 
 
 def plot_sweep(path: str | None = None, axes=None):
+    """The gain against the fill and against the ratio (both readings), mean over seeds with the
+    [min, max] band, for each baseline pricing."""
     path = path or os.path.join(RESULTS, "sweep", "sweep.csv")
     if not os.path.exists(path):
         print(f"no sweep results at {path}: run `python -m experiments.sweep` to add these plots", file=sys.stderr)
         return None
     df = pd.read_csv(path)
     df = df[df["mode"].isin(MODES[1:])]
+    panels = [(f, p) for f in ("fill", "ratio") for p in sorted(df["baseline_pricing"].unique())]
     if axes is None:
-        _, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for ax, factor, xlabel in (
-        (axes[0], "ratio", "inter/intra-node all-to-all bandwidth ratio"),
-        (axes[1], "long_share", "long-document probability per document"),
-    ):
-        sub = df[df["factor"] == factor]
-        sns.lineplot(data=sub, x="value", y="time_change_pct", hue="mode", marker="o", ax=ax)
+        _, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4), squeeze=False)
+        axes = axes[0]
+    for ax, (factor, pricing) in zip(axes, panels):
+        sub = df[(df["factor"] == factor) & (df["baseline_pricing"] == pricing)]
+        for (mode, reading), g in sub.groupby(["mode", "ratio_reading"]):
+            agg = g.groupby("value")["time_change_pct"].agg(["mean", "min", "max"]).reset_index()
+            style = "-" if reading == "group" else "--"
+            (line,) = ax.plot(agg["value"], agg["mean"], style, marker="o", label=f"{mode} ({reading})")
+            ax.fill_between(agg["value"], agg["min"], agg["max"], color=line.get_color(), alpha=0.15)
         ax.axhline(0, color="gray", lw=0.8)
-        ax.set(title=f"Gain vs {factor.replace('_', ' ')}", xlabel=xlabel, ylabel="change of mean step time (%)")
-        if factor == "long_share":
-            ax.set_xscale("log")
+        xlabel = "fill (global batch / cluster capacity)" if factor == "fill" else "inter/intra-node all-to-all ratio"
+        ax.set(title=f"Gain vs {factor}, {pricing} baseline", xlabel=xlabel, ylabel="change of mean step time (%)")
+        ax.legend(fontsize=7)
     return axes
 
 
@@ -152,9 +170,12 @@ def plot_layouts(plan: StepPlan, axes=None):
     return axes
 
 
-def plot_entry_bytes(plan: StepPlan, cost: CostModel, ax=None):
-    """Rank-to-rank bytes of the full-attention entry exchange, intra- and inter-node."""
-    ax = ax or plt.figure(figsize=(7, 6)).gca()
+def plot_entry_bytes(plan: StepPlan, cost: CostModel, axes=None):
+    """Rank-to-rank bytes of the full-attention entry exchange: inside a node (left) and across
+    nodes (right), each on its own scale."""
+    if axes is None:
+        _, axes = plt.subplots(1, 2, figsize=(13, 5.5))
+    cost = cost.for_cluster(plan.cluster)
     world, g = plan.cluster.world_size, plan.cluster.gpus_per_node
     plans = token_to_head_plan(plan.child_layout, plan.parent_layout)
     m = np.zeros((world, world))
@@ -163,15 +184,17 @@ def plot_entry_bytes(plan: StepPlan, cost: CostModel, ax=None):
         m += exchange_bytes(sub, world, int(cost.entry_row_bytes(grp.size) / grp.size))
     np.fill_diagonal(m, 0)
     node = np.arange(world) // g
-    signed = np.where(node[:, None] == node[None, :], m, -m) / 1e6
-    lim = np.abs(signed).max() or 1
-    im = ax.imshow(signed, cmap="coolwarm_r", vmin=-lim, vmax=lim)
-    plt.colorbar(im, ax=ax, label="MB sent (blue: inside a node, red: across nodes)")
-    for n in range(1, world // g):
-        ax.axhline(n * g - 0.5, color="black", lw=0.5)
-        ax.axvline(n * g - 0.5, color="black", lw=0.5)
-    ax.set(title="Entry exchange bytes, sender -> receiver", xlabel="receiving rank", ylabel="sending rank")
-    return ax
+    same = node[:, None] == node[None, :]
+    for ax, mask, title, cmap in ((axes[0], same, "inside a node", "Blues"), (axes[1], ~same, "across nodes", "Reds")):
+        shown = np.where(mask, m, np.nan) / 1e6
+        im = ax.imshow(shown, cmap=cmap, vmin=0)
+        plt.colorbar(im, ax=ax, label="MB sent")
+        for n in range(1, world // g):
+            ax.axhline(n * g - 0.5, color="black", lw=0.5)
+            ax.axvline(n * g - 0.5, color="black", lw=0.5)
+        total = np.nansum(shown)
+        ax.set(title=f"Entry exchange bytes {title}: {total:,.0f} MB", xlabel="receiving rank", ylabel="sending rank")
+    return axes
 
 
 def main(argv=None):
@@ -184,7 +207,9 @@ def main(argv=None):
     plot_mean_changes(summary, axes[:2])
     plot_breakdown(summary, axes[2])
     ctx = summary["context"]
-    fig.suptitle(f"Layerwise Repacking ablation, simulated ({len(summary['selected_steps'])} steps; commit {ctx['commit']})")
+    n = sum(len(v) for v in summary["selected_steps"].values())
+    seeds = summary["config"]["seeds"]
+    fig.suptitle(f"Layerwise Repacking ablation, simulated ({n} steps over seeds {seeds}; commit {ctx['commit']})")
     fig.tight_layout()
     path = os.path.join(args.out, "ablation.png")
     fig.savefig(path, dpi=110)

@@ -2,8 +2,10 @@
 (experiments.train), and read by the notebooks.
 
 A run folder holds:
-  steps.csv     one row per (step, mode): STEP_COLUMNS
-  summary.json  {"context": {...commit, device, time}, "config": {...}, "modes": {mode: means},
+  steps.csv     one row per (seed, step, mode): STEP_COLUMN_TYPES
+  summary.json  {"context": {...commit, device, time}, "config": {every setting that moves a
+                 figure}, "modes": {mode: means over every selected step of every seed},
+                 "seeds": {seed: {mode: means}}, "over_seeds": {mode: {figure: mean, min, max}},
                  "paper": PAPER, "engine": "sim" | "torch"}
 """
 
@@ -15,32 +17,44 @@ import os
 
 import numpy as np
 
-STEP_COLUMNS = [
-    "engine",
-    "mode",
-    "step",
-    "n_samples",
-    "tokens",
-    "longest",
-    "widest_parent",
-    "wide_parents",
-    "repacked_parents",
-    "step_time_s",
-    "mfu",
-    "lower_bound_s",
-    "compute_s",
-    "intra_comm_s",
-    "inter_comm_s",
-    "imbalance_wait_s",
-    "full_intra_bytes",
-    "full_inter_bytes",
-    "sparse_intra_bytes",
-    "sparse_inter_bytes",
-    "model_flops",
-    "plan_hash",
-    "plan_ms",
-    "loss",
-]
+from solver.plan import MODES
+
+# Every column and its type: the reader parses by this table, never by guessing (a diverging
+# run's nan or inf loss stays a float and shows as such).
+STEP_COLUMN_TYPES = {
+    "engine": str,
+    "mode": str,
+    "seed": int,
+    "step": int,
+    "n_samples": int,
+    "tokens": int,
+    "longest": int,
+    "widest_parent": int,
+    "wide_parents": int,
+    "repacked_parents": int,
+    "anchor_load_ratio": float,  # max over wide parents: its anchor child's tokens per rank / the step's mean
+    "step_time_s": float,
+    "mfu": float,  # causal full attention FLOPs (ours)
+    "mfu_noncausal": float,  # the older convention: full attention counts all L^2 pairs
+    "lower_bound_s": float,
+    "compute_s": float,
+    "intra_comm_s": float,
+    "inter_comm_s": float,
+    "moe_comm_s": float,
+    "grad_sync_s": float,
+    "optimizer_s": float,
+    "imbalance_wait_s": float,
+    "full_intra_bytes": float,
+    "full_inter_bytes": float,
+    "sparse_intra_bytes": float,
+    "sparse_inter_bytes": float,
+    "model_flops": float,
+    "plan_hash": str,
+    "plan_ms": float,
+    "loss": float,
+}
+STEP_COLUMNS = list(STEP_COLUMN_TYPES)
+BREAKDOWN = ("compute_s", "intra_comm_s", "inter_comm_s", "moe_comm_s", "grad_sync_s", "optimizer_s", "imbalance_wait_s")
 
 # The paper's ablation (DESIGN.md section 6): change of mean step time vs baseline and MFU change.
 PAPER = {
@@ -59,23 +73,23 @@ def _mean(rows, key):
     return float(np.mean(vals))
 
 
+def mode_order(modes) -> list[str]:
+    return sorted(modes, key=lambda m: MODES.index(m) if m in MODES else len(MODES))
+
+
 def summarize(rows: list[dict]) -> dict:
-    """Per-mode means and changes vs baseline (matched steps only)."""
-    modes = sorted(
-        {r["mode"] for r in rows},
-        key=lambda m: ["baseline", "repack", "repack+solver"].index(m) if m in ("baseline", "repack", "repack+solver") else 9,
-    )
+    """Per-mode means and changes vs baseline over the given rows (the same steps in every mode)."""
     out = {}
-    for m in modes:
+    for m in mode_order({r["mode"] for r in rows}):
         rs = [r for r in rows if r["mode"] == m]
-        t = float(np.mean([r["step_time_s"] for r in rs]))
         entry = {
             "steps": len(rs),
-            "mean_step_time_s": t,
+            "mean_step_time_s": float(np.mean([r["step_time_s"] for r in rs])),
             "mean_mfu": float(np.mean([r["mfu"] for r in rs])),
+            "mean_mfu_noncausal": _mean(rs, "mfu_noncausal"),
             "mean_lower_bound_s": _mean(rs, "lower_bound_s"),
         }
-        for k in ("compute_s", "intra_comm_s", "inter_comm_s", "imbalance_wait_s", "loss"):
+        for k in BREAKDOWN + ("loss",):
             entry["mean_" + k] = _mean(rs, k)
         out[m] = entry
     if "baseline" in out:
@@ -83,10 +97,31 @@ def summarize(rows: list[dict]) -> dict:
         for e in out.values():
             e["time_change_pct"] = 100.0 * (e["mean_step_time_s"] / b["mean_step_time_s"] - 1.0)
             e["mfu_change_pp"] = 100.0 * (e["mean_mfu"] - b["mean_mfu"])
+            if b["mean_mfu_noncausal"] is not None and e["mean_mfu_noncausal"] is not None:
+                e["mfu_noncausal_change_pp"] = 100.0 * (e["mean_mfu_noncausal"] - b["mean_mfu_noncausal"])
             lb = b.get("mean_lower_bound_s")
             gap = b["mean_step_time_s"] - lb if lb is not None else None
             e["captured_gain_frac"] = (b["mean_step_time_s"] - e["mean_step_time_s"]) / gap if gap and gap > 0 else None
     return out
+
+
+SEED_FIGURES = ("time_change_pct", "mfu_change_pp", "mfu_noncausal_change_pp", "mean_mfu", "mean_mfu_noncausal", "captured_gain_frac")
+
+
+def summarize_seeds(rows: list[dict]) -> tuple[dict, dict]:
+    """(per seed: summarize of its rows; per mode: each figure's mean, min and max over seeds).
+    One seed's mean is not a result: its range over seeds goes with it."""
+    seeds = sorted({int(r.get("seed", 0)) for r in rows})
+    per_seed = {s: summarize([r for r in rows if int(r.get("seed", 0)) == s]) for s in seeds}
+    per_seed = {s: v for s, v in per_seed.items() if v}
+    over = {}
+    for m in mode_order({m for v in per_seed.values() for m in v}):
+        entry = {"seeds": [s for s, v in per_seed.items() if m in v]}
+        for k in SEED_FIGURES:
+            vals = [v[m][k] for v in per_seed.values() if m in v and v[m].get(k) is not None]
+            entry[k] = {"mean": float(np.mean(vals)), "min": float(np.min(vals)), "max": float(np.max(vals))} if vals else None
+        over[m] = entry
+    return {str(s): v for s, v in per_seed.items()}, over
 
 
 def write_run(folder: str, rows: list[dict], summary: dict) -> tuple[str, str]:
@@ -105,15 +140,22 @@ def write_run(folder: str, rows: list[dict], summary: dict) -> tuple[str, str]:
 
 
 def read_run(folder: str) -> tuple[list[dict], dict]:
-    """Rows (numbers parsed) and the summary of a run folder."""
+    """Rows (typed by STEP_COLUMN_TYPES; an empty cell is None) and the summary of a run folder."""
     with open(os.path.join(folder, "summary.json")) as f:
         summary = json.load(f)
     rows = []
     with open(os.path.join(folder, "steps.csv"), newline="") as f:
-        for r in csv.DictReader(f):
+        for i, r in enumerate(csv.DictReader(f), 2):
             for k, v in r.items():
-                if k in ("engine", "mode", "plan_hash") or v == "":
+                kind = STEP_COLUMN_TYPES.get(k)
+                if kind is None:
+                    raise ValueError(f"{folder}/steps.csv line {i}: unknown column {k!r}; known: {STEP_COLUMNS}")
+                if v == "":
+                    r[k] = None
                     continue
-                r[k] = float(v) if any(c in v for c in ".eE") or k.endswith("_s") or k == "mfu" else int(v)
+                try:
+                    r[k] = kind(v)
+                except ValueError:
+                    raise ValueError(f"{folder}/steps.csv line {i}: column {k!r} = {v!r} is not a {kind.__name__}") from None
             rows.append(r)
     return rows, summary

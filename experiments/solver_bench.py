@@ -13,15 +13,17 @@ import contextlib
 import csv
 import gc
 import os
+import sys
 import time
 
 import numpy as np
 
-from solver import MODES, Cluster, CostModel, HardwareConfig, ModelConfig, make_plan, samples_from_lengths
+from solver import MODES, Cluster, CostModel, HardwareConfig, ModelConfig, PlanError, make_plan, samples_from_lengths
 from solver.children import child_problem, solve_child_problem, solve_sorted
 from solver.exact import solve_exact
 
 from .context import run_context
+from .settings import check_output_dir, positive_int
 from .workload import DEFAULT_TOKENS_PER_RANK, WorkloadConfig, default_tokens_per_step, generate_steps
 
 
@@ -93,6 +95,12 @@ def main(argv=None):
     ap.add_argument("--repeats", type=int, default=3, help="plans per step; the best counts (default 3)")
     ap.add_argument("--out", default="results", help="output folder")
     args = ap.parse_args(argv)
+    try:
+        positive_int("--steps", args.steps)
+        positive_int("--repeats", args.repeats)
+        check_output_dir(args.out)
+    except PlanError as e:
+        sys.exit(f"error: {e}")
     cost = CostModel(ModelConfig.from_name("paper"), HardwareConfig())
     sizes = [64, 256] if args.quick else [64, 256, 1024, 4096]
     ctx = run_context()

@@ -143,7 +143,8 @@ def build_source(args, cfg: ModelConfig, world: int):
             raise PlanError("--tokens needs --doc-offsets (document boundaries)")
         return TokenFileSource(args.tokens, args.doc_offsets, args.tokens_per_step or default_tokens_per_step(world), cfg.vocab), None
     if args.trace:
-        return LengthSource(load_trace(args.trace), cfg.vocab, args.seed), None
+        steps = load_trace(args.trace)
+        return LengthSource([lengths for _, lengths in steps], cfg.vocab, args.seed, [n for n, _ in steps]), None
     shape = args.workload or ("tiny" if cfg.name == "tiny" else "default")
     over = dict(TINY_WORKLOAD) if shape == "tiny" else {"tokens_per_step": default_tokens_per_step(world)}
     if args.tokens_per_step:
@@ -152,15 +153,24 @@ def build_source(args, cfg: ModelConfig, world: int):
     return LengthSource(generate_steps(wl), cfg.vocab, args.seed), wl
 
 
-def replay_steps(folder: str) -> tuple[list[list[int]], list[int], dict]:
+def replay_steps(folder: str, seed: int | None = None) -> tuple[list[list[int]], list[int], list[int], dict]:
+    """An ablation run's data (its first seed's, or `seed`'s): every step's lengths and number,
+    the positions of the selected steps, and the ablation's config."""
     import json
 
     with open(os.path.join(folder, "summary.json")) as f:
         summary = json.load(f)
     cfg = summary["config"]
-    wl = WorkloadConfig(**cfg["workload"])
-    steps = load_trace(cfg["trace"]) if cfg.get("trace") else generate_steps(wl)
-    return steps, summary["selected_steps"], cfg
+    selected = summary["selected_steps"]
+    seed = cfg["seeds"][0] if seed is None else seed
+    if str(seed) not in selected:
+        raise PlanError(f"--replay {folder!r} has no seed {seed}; its seeds: {sorted(selected)}")
+    if cfg.get("trace"):
+        steps = load_trace(cfg["trace"])
+    else:
+        steps = list(enumerate(generate_steps(WorkloadConfig.from_dict({**cfg["workload"], "seed": seed}))))
+    position = {n: i for i, (n, _) in enumerate(steps)}
+    return [lengths for _, lengths in steps], [n for n, _ in steps], [position[n] for n in selected[str(seed)]], cfg
 
 
 def main(argv=None):
@@ -221,9 +231,9 @@ def set_up(args, rank: int, world: int, device: torch.device) -> Run:
     hw = HardwareConfig.from_name(args.hardware)
     cost = CostModel(cfg, hw).for_cluster(cluster)
     if args.replay:
-        all_steps, step_ids, abl_cfg = replay_steps(args.replay)
-        args.baseline_pricing = abl_cfg.get("baseline_pricing", args.baseline_pricing)  # replay what the ablation planned
-        source, wl = LengthSource(all_steps, cfg.vocab, args.seed), None
+        all_steps, numbers, step_ids, abl_cfg = replay_steps(args.replay)
+        args.baseline_pricing = abl_cfg["baseline_pricing"]  # replay what the ablation planned
+        source, wl = LengthSource(all_steps, cfg.vocab, args.seed, numbers), None
     else:
         source, wl = build_source(args, cfg, world)
         step_ids = list(range(min(args.steps, len(source))))

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 
 import numpy as np
 
@@ -45,8 +46,39 @@ class WorkloadConfig:
     long_max: int = 262144
     seed: int = 0
 
+    def __post_init__(self):
+        for name in ("steps", "tokens_per_step", "body_median", "body_min", "body_max", "long_min", "long_max"):
+            positive_int(f"workload.{name}", getattr(self, name))
+        v = self.seed
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise PlanError(f"workload.seed={v!r} is invalid: use an integer >= 0")
+        for name in ("body_sigma", "long_prob"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                raise PlanError(f"workload.{name}={v!r} is invalid: use a finite number >= 0")
+        if self.long_prob > 1:
+            raise PlanError(f"workload.long_prob={self.long_prob!r} is a probability: use a number in [0, 1]")
+        if self.body_min > self.body_max or self.long_min > self.long_max:
+            raise PlanError(
+                f"workload bounds are crossed: body [{self.body_min}, {self.body_max}], long [{self.long_min}, {self.long_max}]"
+            )
+
     def to_dict(self):
         return asdict(self)
+
+    @staticmethod
+    def from_dict(d: dict) -> WorkloadConfig:
+        """A workload from a dict (a config file's section); an unknown key is an error naming it."""
+        known = {f.name for f in fields(WorkloadConfig)}
+        bad = sorted(set(d) - known)
+        if bad:
+            raise PlanError(f"unknown workload setting {bad[0]!r}; valid: {sorted(known)}")
+        return WorkloadConfig(**d)
+
+
+def positive_int(name: str, v) -> None:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise PlanError(f"{name}={v!r} is invalid: use an integer >= 1")
 
 
 def generate_steps(cfg: WorkloadConfig) -> list[list[int]]:
@@ -68,19 +100,26 @@ def generate_steps(cfg: WorkloadConfig) -> list[list[int]]:
     return steps
 
 
-def load_trace(path: str) -> list[list[int]]:
-    """Per-step lengths from a CSV (`step,length` rows, header optional), JSONL (one object per
-    sample with `step` and `length`, or one list of lengths per line), or .npy (a [n, 2] array of
-    step, length). Steps are returned in ascending step order."""
+def load_trace(path: str) -> list[tuple[int, list[int]]]:
+    """(step number, lengths) of every step of a trace, in ascending step order, the trace's own
+    step numbers kept. Formats: CSV (`step,length` rows, header optional), JSONL (one object per
+    sample with `step` and `length`, or one list of lengths per line: the line is the step), or
+    .npy (a [n, 2] integer array of step, length). Lengths are integers >= 1: a fraction, nan or
+    inf is an error naming the line, never a silent truncation."""
     if not os.path.exists(path):
         raise PlanError(f"trace file {path!r} does not exist")
     rows: list[tuple[int, int]] = []
     ext = os.path.splitext(path)[1].lower()
     if ext == ".npy":
-        arr = np.load(path, allow_pickle=False)
+        try:
+            arr = np.load(path, allow_pickle=False)
+        except (ValueError, OSError) as e:
+            raise PlanError(f"trace {path!r} is not a readable .npy array of numbers ({e})") from None
         if arr.ndim != 2 or arr.shape[1] != 2:
             raise PlanError(f"trace {path!r}: expected a [n, 2] array of (step, length), got shape {arr.shape}")
-        rows = [(int(a), int(b)) for a, b in arr]
+        if arr.dtype.kind not in "iuf":
+            raise PlanError(f"trace {path!r}: expected numbers, got dtype {arr.dtype}")
+        rows = [(_int(a, path, i), _int(b, path, i)) for i, (a, b) in enumerate(arr.tolist(), 1)]
     elif ext in (".jsonl", ".json"):
         with open(path) as f:
             for i, line in enumerate(f, 1):
@@ -115,14 +154,19 @@ def load_trace(path: str) -> list[list[int]]:
         if step < 0:
             raise PlanError(f"trace {path!r}: step {step} is negative")
         by_step.setdefault(step, []).append(n)
-    return [by_step[s] for s in sorted(by_step)]
+    return [(s, by_step[s]) for s in sorted(by_step)]
 
 
 def _int(v, path, line) -> int:
+    """v as an integer, or a PlanError naming the line: strings and numbers alike, no truncation."""
+    if isinstance(v, bool):
+        raise PlanError(f"trace {path!r} line {line}: {v!r} is not an integer")
+    if isinstance(v, int):
+        return v
     try:
         f = float(v)
     except (TypeError, ValueError):
         raise PlanError(f"trace {path!r} line {line}: {v!r} is not an integer") from None
-    if f != int(f):
+    if not math.isfinite(f) or f != int(f):
         raise PlanError(f"trace {path!r} line {line}: {v!r} is not an integer")
     return int(f)

@@ -36,7 +36,7 @@ _SPARSE: dict[str, SparseKind] = {}
 
 
 def register_sparse_attention(
-    name: str, mask: MaskFn, flops=None, flash_window=None, split_chunks=None, fn=None, overwrite: bool = False
+    name: str, mask: MaskFn, flops=None, flash_window=None, split_chunks=None, fn=None, params: dict | None = None, overwrite: bool = False
 ) -> None:
     """Register a sparse-attention kind by name.
 
@@ -44,13 +44,14 @@ def register_sparse_attention(
     flops(lengths, model_config) -> forward FLOPs per sample: picked up by the solvers and the
     simulator through solver.cost (None: the kind is already priced there, as the built-in kinds
     are); fn(q, k, v, cu_seqlens, max_seqlen, params): an optional kernel of its own, used
-    instead of the reference on every backend but "torch"."""
+    instead of the reference on every backend but "torch"; params: the kind's parameters and
+    their defaults (sparse_params is checked against them)."""
     if name in _SPARSE and not overwrite:
         raise ValueError(f"sparse kind {name!r} is already registered; pass overwrite=True to replace it")
     if flops is None:
         sparse_cost(name)  # raises, naming the priced kinds, unless solver.cost prices it
     else:
-        register_sparse_cost(name, flops, overwrite=True)
+        register_sparse_cost(name, flops, params, overwrite=True)
     _SPARSE[name] = SparseKind(name, mask, flash_window, split_chunks, fn)
 
 

@@ -2,7 +2,7 @@
 no torch (tests/test_structure.py keeps it so)."""
 
 from .cluster import Cluster, PlanError, Sample, check_samples, samples_from_lengths
-from .config import HARDWARE_PRESETS, MODEL_PRESETS, HardwareConfig, ModelConfig
+from .config import HARDWARE_PRESETS, MODEL_PRESETS, TRAINING_PRESETS, HardwareConfig, ModelConfig, TrainingConfig
 from .cost import CostModel, register_sparse_cost, sparse_cost
 from .layout import (
     Group,
@@ -29,6 +29,8 @@ __all__ = [
     "MODEL_PRESETS",
     "HardwareConfig",
     "ModelConfig",
+    "TRAINING_PRESETS",
+    "TrainingConfig",
     "CostModel",
     "register_sparse_cost",
     "sparse_cost",

@@ -102,13 +102,31 @@ def exchange_cost_per_token(cluster: Cluster, cost: CostModel) -> dict[int, floa
 PRICINGS = ("compute", "comm")
 
 
-def anchor_groups(samples, cluster: Cluster, cost: CostModel):
+def anchor_groups(samples, cluster: Cluster, cost: CostModel, narrowings: int = 0):
     """Per-sample arrays, anchor widths, and the groups laid out widest first: (start, width)
-    per anchor, in `anchors` order, then SP1 groups over the remaining ranks."""
+    per anchor, in `anchors` order, then SP1 groups over the remaining ranks.
+
+    narrowings: halve the widest anchor above its memory floor this many times (a retry when the
+    fill could not place every sample: a narrower anchor leaves ranks free for the rest). None
+    when no anchor can be narrowed that often."""
     lengths = np.array([s.length for s in samples], dtype=np.int64)
     costs = np.asarray(cost.sample_cost(lengths), dtype=np.float64)
     floors = ceil_pow2_array(lengths / cluster.tokens_per_rank)  # memory floors (Cluster.min_group_size)
-    widths = anchor_widths(costs, floors, cluster.world_size, cluster.widest_group)
+    widest = cost.widest_group(cluster)
+    if len(floors) and floors.max() > widest:
+        i = int(np.argmax(floors))
+        m = cost.model
+        raise PlanError(
+            f"sample id={samples[i].id} of length={int(lengths[i])} needs SP{int(floors[i])} under tokens_per_rank="
+            f"{cluster.tokens_per_rank}, but the model's heads ({m.n_heads} query, {m.n_kv_heads} key/value) split over "
+            f"at most SP{widest} ranks; use a larger tokens_per_rank or shorter samples"
+        )
+    widths = anchor_widths(costs, floors, cluster.world_size, widest)
+    for _ in range(narrowings):
+        can = np.nonzero(widths > floors)[0]
+        if len(can) == 0:
+            return None
+        widths[can[np.argmax(widths[can])]] //= 2
     anchors = sorted(np.nonzero(widths > 1)[0], key=lambda i: (-widths[i], -costs[i]))
     groups, at = [], 0
     for i in anchors:
@@ -121,10 +139,16 @@ def anchor_groups(samples, cluster: Cluster, cost: CostModel):
 
 def unplaceable(samples, i: int, lengths: np.ndarray, cluster: Cluster) -> PlanError:
     return PlanError(
-        f"sample id={samples[i].id} of length={int(lengths[i])} cannot be placed: no group has "
-        f"{int(lengths[i])} free tokens left under tokens_per_rank={cluster.tokens_per_rank}; "
-        f"the batch ({int(lengths.sum())} tokens) is too large for {cluster.world_size} ranks"
+        f"sample id={samples[i].id} of length={int(lengths[i])} cannot be placed: no group has room for it under "
+        f"tokens_per_rank={cluster.tokens_per_rank} (a group of P ranks holds a sample of L tokens as chunks of at "
+        f"most ceil(L / P) per rank), with any anchor narrowed down to its memory floor; the batch has "
+        f"{int(lengths.sum())} tokens for {cluster.world_size} x {cluster.tokens_per_rank} = "
+        f"{cluster.world_size * cluster.tokens_per_rank}: fill less, or raise tokens_per_rank"
     )
+
+
+# anchors narrowed one halving at a time when the fill cannot place a sample, at most this often
+MAX_NARROWINGS = 16
 
 
 def assign_parents(samples: Sequence[Sample], cluster: Cluster, cost: CostModel, pricing: str = "compute") -> tuple[Group, ...]:
@@ -137,15 +161,20 @@ def assign_parents(samples: Sequence[Sample], cluster: Cluster, cost: CostModel,
         raise PlanError(f"pricing={pricing!r}; valid: {PRICINGS}")
     cost = cost.for_cluster(cluster)
     samples = check_samples(samples, cluster)
-    lengths, costs, anchors, groups, rest = anchor_groups(samples, cluster, cost)
     if pricing == "comm":
         comm = exchange_cost_per_token(cluster, cost)
     else:
         comm = {w: 0.0 for w in exchange_cost_per_token(cluster, cost)}
-    fill = _GroupFill(groups, cluster.tokens_per_rank, comm)
-    for gi, i in enumerate(anchors):
-        fill.add(gi, int(i), float(costs[i]), int(lengths[i]))
-    for i in rest:
-        if fill.place(int(i), float(costs[i]), int(lengths[i])) < 0:
-            raise unplaceable(samples, i, lengths, cluster)
-    return tuple(Group(fill.start[k], fill.size[k], tuple(samples[i].id for i in fill.members[k])) for k in range(len(groups)))
+    failed = None
+    for narrowings in range(MAX_NARROWINGS + 1):  # a sample that does not fit: narrow the widest anchor, retry
+        start = anchor_groups(samples, cluster, cost, narrowings)
+        if start is None:
+            break
+        lengths, costs, anchors, groups, rest = start
+        fill = _GroupFill(groups, cluster.tokens_per_rank, comm)
+        for gi, i in enumerate(anchors):
+            fill.add(gi, int(i), float(costs[i]), int(lengths[i]))
+        failed = next((i for i in rest if fill.place(int(i), float(costs[i]), int(lengths[i])) < 0), None)
+        if failed is None:
+            return tuple(Group(fill.start[k], fill.size[k], tuple(samples[i].id for i in fill.members[k])) for k in range(len(groups)))
+    raise unplaceable(samples, failed, lengths, cluster)

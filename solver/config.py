@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -129,16 +129,23 @@ class HardwareConfig(_Config):
     attention_efficiency: float = 0.55  # achieved / peak of varlen flash attention, fwd+bwd mixed
     intra_node_bw: float = 150e9  # effective all-to-all bytes/s per GPU over NVLink
     inter_intra_ratio: float = 7.0  # intra / inter effective all-to-all rate: the paper's figure
+    # What the ratio compares (DESIGN.md section 7). "group": an all-to-all whose group spans nodes
+    # runs, as a whole, at 1/ratio of the rate of one inside a node: the paper's "observed
+    # effective all-to-all rate", the reading of FlexSP's measured whole-group figures. "link": an
+    # inter-node byte costs ratio x an intra-node byte, each peer's bytes at its link's rate.
+    ratio_reading: str = "group"
     a2a_latency: float = 25e-6  # fixed cost of one all-to-all call (launch + sync), seconds
     bytes_per_element: int = 2  # bf16 activations
+    hbm_bw: float = 3.35e12  # device memory bytes/s, H100 SXM datasheet (the optimizer step is memory-bound)
 
     def __post_init__(self):
-        for f in ("peak_flops", "gemm_efficiency", "attention_efficiency", "intra_node_bw", "inter_intra_ratio"):
-            v = getattr(self, f)
-            if not v > 0:
-                raise PlanError(f"{f}={v!r} must be > 0")
+        for f in ("peak_flops", "gemm_efficiency", "attention_efficiency", "intra_node_bw", "inter_intra_ratio", "hbm_bw"):
+            _positive_finite(f, getattr(self, f))
+        _non_negative_finite("a2a_latency", self.a2a_latency)
         if self.gemm_efficiency > 1 or self.attention_efficiency > 1:
             raise PlanError("efficiencies are fractions of peak: use values in (0, 1]")
+        if self.ratio_reading not in RATIO_READINGS:
+            raise PlanError(f"ratio_reading={self.ratio_reading!r}; valid: {RATIO_READINGS}")
 
     @property
     def inter_node_bw(self) -> float:
@@ -149,20 +156,82 @@ class HardwareConfig(_Config):
         return _preset(HARDWARE_PRESETS, "hardware", name, overrides)
 
 
+RATIO_READINGS = ("group", "link")
+RECOMPUTE = ("full", "selective", "none")
+EP_PLACEMENTS = ("intra", "inter")
+
+
+def _positive_finite(name: str, v) -> None:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+        raise PlanError(f"{name}={v!r} is invalid: it must be a finite number > 0")
+
+
+def _non_negative_finite(name: str, v) -> None:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+        raise PlanError(f"{name}={v!r} is invalid: it must be a finite number >= 0")
+
+
+def _fraction(name: str, v) -> None:
+    _non_negative_finite(name, v)
+    if v > 1:
+        raise PlanError(f"{name}={v!r} is invalid: it is a fraction in [0, 1]")
+
+
+@dataclass(frozen=True)
+class TrainingConfig(_Config):
+    """Costs every mode pays (DESIGN.md section 7): each a switch with a sourced default (README).
+
+    They do not depend on which layout a sample's tokens take, but they are in the denominator of
+    every relative gain and of MFU, so leaving them out inflates both."""
+
+    # Activation recompute, as the per-rank token budget assumes (32K tokens of a 4096-wide MoE
+    # per GPU need it): "full" re-runs each layer's forward, exchanges included, in backward;
+    # "selective" re-runs attention only (Korthikanti et al. 2022); "none".
+    recompute: str = "full"
+    # The MoE experts' dispatch and combine all-to-all: expert-parallel degree, whether an EP group
+    # sits inside a node or spans nodes, and the share of its time hidden behind compute.
+    moe_all_to_all: bool = True
+    ep_degree: int = 8
+    ep_placement: str = "intra"
+    moe_overlap: float = 0.8
+    # Gradient reduce-scatter and parameter all-gather over the data-parallel ranks (every rank:
+    # Ulysses ranks shard like data-parallel ranks), fp32 gradients and bf16 parameters, with
+    # the share hidden behind backward and forward.
+    grad_sync: bool = True
+    grad_bytes: int = 4
+    param_bytes: int = 2
+    grad_sync_overlap: float = 0.8
+    # The optimizer step (AdamW) on each rank's shard: memory-bound, bytes read and written per
+    # parameter (fp32 master weight, gradient and two moments read; weight, moments and the bf16
+    # copy written).
+    optimizer: bool = True
+    optimizer_bytes_per_param: float = 30.0
+
+    def __post_init__(self):
+        if self.recompute not in RECOMPUTE:
+            raise PlanError(f"recompute={self.recompute!r}; valid: {RECOMPUTE}")
+        if self.ep_placement not in EP_PLACEMENTS:
+            raise PlanError(f"ep_placement={self.ep_placement!r}; valid: {EP_PLACEMENTS}")
+        if isinstance(self.ep_degree, bool) or not isinstance(self.ep_degree, int) or self.ep_degree < 1:
+            raise PlanError(f"ep_degree={self.ep_degree!r} is invalid: it must be an integer >= 1")
+        for f in ("moe_overlap", "grad_sync_overlap"):
+            _fraction(f, getattr(self, f))
+        for f in ("grad_bytes", "param_bytes", "optimizer_bytes_per_param"):
+            _positive_finite(f, getattr(self, f))
+
+    @staticmethod
+    def from_name(name: str, **overrides) -> TrainingConfig:
+        return _preset(TRAINING_PRESETS, "training", name, overrides)
+
+
+TRAINING_PRESETS: dict[str, TrainingConfig] = {
+    "default": TrainingConfig(),
+    # the first simulator's accounting: no recompute, no expert all-to-all, no gradient sync or optimizer
+    "bare": TrainingConfig(recompute="none", moe_all_to_all=False, grad_sync=False, optimizer=False),
+}
+
+
 HARDWARE_PRESETS: dict[str, HardwareConfig] = {
     "h100": HardwareConfig(),
     "h200": HardwareConfig(name="h200"),  # same compute and links as H100 SXM; more HBM
 }
-
-
-def load_config_file(path: str) -> dict[str, dict]:
-    """A JSON file {"model": {...}, "hardware": {...}} of overrides."""
-    with open(path) as f:
-        try:
-            obj = json.load(f)
-        except json.JSONDecodeError as e:
-            raise PlanError(f"config file {path!r} is not valid JSON: {e}") from None
-    bad = set(obj) - {"model", "hardware", "cluster", "workload"}
-    if bad:
-        raise PlanError(f"config file {path!r} has unknown sections {sorted(bad)}; valid: model, hardware, cluster, workload")
-    return obj

@@ -7,13 +7,14 @@ so a researcher's new kernel is priced by the solver and the simulator alike.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from .cluster import PlanError
-from .config import HardwareConfig, ModelConfig
+from .config import HardwareConfig, ModelConfig, TrainingConfig
 
 # Compute of a training step in units of the forward pass: backward computes the gradients of
 # both the inputs and the weights of every matmul, about twice the forward's FLOPs.
@@ -55,17 +56,36 @@ SparseFlops = Callable[[np.ndarray, ModelConfig], np.ndarray]
 class SparseCost:
     name: str
     flops: SparseFlops  # (lengths [n], cfg) -> forward FLOPs per sample [n]
+    params: dict = field(default_factory=dict)  # the kind's parameters and their defaults
+
+    def resolve(self, given: dict) -> dict:
+        """The kind's parameters: the given ones over the defaults. Raises PlanError naming an
+        unknown or invalid parameter (a default's type is the type a value must have; numbers > 0)."""
+        unknown = sorted(set(given) - set(self.params))
+        if unknown:
+            raise PlanError(f"sparse kind {self.name!r} has no parameter {unknown[0]!r}; its parameters: {self.params}")
+        out = {**self.params, **given}
+        for k, v in out.items():
+            want = type(self.params[k])
+            ok = isinstance(v, want) and not isinstance(v, bool) if want in (int, float) else isinstance(v, want)
+            if want is float and isinstance(v, int) and not isinstance(v, bool):
+                ok = True
+            if not ok or (want in (int, float) and not (math.isfinite(v) and v > 0)):
+                raise PlanError(
+                    f"sparse kind {self.name!r}: {k}={v!r} is invalid; it takes a {want.__name__} > 0 (default {self.params[k]!r})"
+                )
+        return out
 
 
 _SPARSE_COSTS: dict[str, SparseCost] = {}
 
 
-def register_sparse_cost(name: str, flops: SparseFlops, overwrite: bool = False) -> None:
-    """Register the forward FLOPs of a sparse-attention kind. model.attention.register_sparse_attention
-    calls this together with registering the kernel."""
+def register_sparse_cost(name: str, flops: SparseFlops, params: dict | None = None, overwrite: bool = False) -> None:
+    """Register the forward FLOPs of a sparse-attention kind, with its parameters and their
+    defaults. model.attention.register_sparse_attention calls this together with the kernel."""
     if name in _SPARSE_COSTS and not overwrite:
         raise PlanError(f"sparse kind {name!r} is already registered; pass overwrite=True to replace it")
-    _SPARSE_COSTS[name] = SparseCost(name, flops)
+    _SPARSE_COSTS[name] = SparseCost(name, flops, dict(params or {}))
 
 
 def sparse_cost(name: str) -> SparseCost:
@@ -76,8 +96,17 @@ def sparse_cost(name: str) -> SparseCost:
 
 # The built-in kinds are priced here, once: the simulator and the solvers never import the model.
 # model.attention registers their masks and kernels without a second copy of these FLOPs.
-register_sparse_cost("sliding_window", lambda n, cfg: attention_flops(sliding_window_keys(n, cfg.sparse_params["window"]), cfg))
-register_sparse_cost("chunked", lambda n, cfg: attention_flops(chunked_keys(n, cfg.sparse_params["chunk"]), cfg))
+# sliding window: Mistral 7B's 4096; chunked: Llama 4's local attention over chunks of 8192 tokens
+register_sparse_cost(
+    "sliding_window", lambda n, cfg: attention_flops(sliding_window_keys(n, cfg.sparse_params["window"]), cfg), {"window": 4096}
+)
+register_sparse_cost("chunked", lambda n, cfg: attention_flops(chunked_keys(n, cfg.sparse_params["chunk"]), cfg), {"chunk": 8192})
+
+
+def with_sparse_defaults(model: ModelConfig) -> ModelConfig:
+    """The model config with its sparse kind's parameters resolved (defaults filled in, unknown or
+    invalid ones named in a PlanError)."""
+    return model.replace(sparse_params=sparse_cost(model.sparse_kind).resolve(model.sparse_params))
 
 
 # ----- per-rank time of a layout ---------------------------------------------------------------
@@ -98,10 +127,16 @@ class CostModel:
     bound to that cluster's nodes (made once per node size and shared). A model built without
     one prices compute only and says so if asked for an exchange."""
 
-    def __init__(self, model: ModelConfig, hw: HardwareConfig, gpus_per_node: int | None = None):
+    def __init__(self, model: ModelConfig, hw: HardwareConfig, gpus_per_node: int | None = None, training: TrainingConfig | None = None):
         self.model, self.hw, self.gpus_per_node = model, hw, gpus_per_node
+        self.training = tr = training if training is not None else TrainingConfig()
         self._bound: dict[int, CostModel] = {} if gpus_per_node is None else {gpus_per_node: self}
         self.sparse = sparse_cost(model.sparse_kind)
+        if self.sparse.resolve(model.sparse_params) != model.sparse_params:
+            raise PlanError(
+                f"sparse_params={model.sparse_params} of sparse kind {model.sparse_kind!r} miss parameters; its parameters "
+                f"and defaults: {self.sparse.params} (solver.cost.with_sparse_defaults fills them in)"
+            )
         m = model
         q, kv = m.n_heads * m.head_dim, m.n_kv_heads * m.head_dim
         self.attn_proj_params = m.hidden * (q + 2 * kv) + q * m.hidden
@@ -113,6 +148,14 @@ class CostModel:
         # forward seconds per token of one layer's token-wise work, and of the LM head
         self.layer_token_time = FLOPS_PER_MAC * self.layer_params_active / gemm_rate
         self.head_token_time = FLOPS_PER_MAC * self.lm_head_params / gemm_rate
+        # passes of a training step in units of the forward: recompute re-runs a layer's forward
+        # (exchanges included) in backward; selective recompute re-runs only attention
+        full_recompute = tr.recompute == "full"
+        self.layer_compute_passes = FWD_BWD_COMPUTE + (FWD_COMPUTE if full_recompute else 0.0)
+        self.attention_passes = FWD_BWD_COMPUTE + (FWD_COMPUTE if tr.recompute in ("full", "selective") else 0.0)
+        self.exchange_passes = FWD_BWD_EXCHANGES + (1 if full_recompute else 0)
+        # exposed seconds per token of one layer's expert dispatch + combine, every pass
+        self.moe_token_time = self._moe_token_time() if tr.moe_all_to_all else 0.0
         self._lines: dict[int, tuple[float, float]] = {}  # exchange_line per group size
         self._child_lines: dict[tuple[int, int], tuple[float, float]] = {}  # child_line per (size, parent)
         self._parent_fixed: dict[int, float] = {}  # parent_fixed per parent size
@@ -121,20 +164,79 @@ class CostModel:
         """This cost model with the exchanges priced for `cluster`'s nodes (Cluster.gpus_per_node)."""
         g = cluster.gpus_per_node
         if g not in self._bound:
-            bound = CostModel(self.model, self.hw, g)
+            bound = CostModel(self.model, self.hw, g, self.training)
             bound._bound = self._bound  # siblings share one table: binding again returns the same object
             self._bound[g] = bound
         return self._bound[g]
+
+    def widest_group(self, cluster) -> int:
+        """The widest group the planner may use: an aligned power of two within the cluster whose
+        size divides the query heads, and divides or is divided by the key/value heads (a group
+        wider than the KV heads replicates each of them over size / n_kv_heads ranks)."""
+        m, p = self.model, cluster.widest_group
+        while p > 1 and (m.n_heads % p or (m.n_kv_heads % p and p % m.n_kv_heads)):
+            p //= 2
+        return p
 
     # --- FLOPs (model FLOPs, for MFU) ---
     def active_params(self) -> float:
         return self.model.n_layers * self.layer_params_active + self.lm_head_params
 
-    def model_flops(self, lengths) -> float:
-        """Training FLOPs of a step: 6 x active params x tokens + 3 x attention forward FLOPs."""
+    def model_flops(self, lengths, causal: bool = True) -> float:
+        """Training FLOPs of a step: 6 x active params x tokens + 3 x attention forward FLOPs
+        (recompute is not model work). causal: full attention counts the (query, key) pairs a
+        causal mask keeps, L (L + 1) / 2 (our convention); False: all L^2 pairs, the older
+        convention some papers' MFU uses. Sparse kinds count their registered FLOPs either way."""
         n = np.asarray(lengths, dtype=np.float64)
-        attn = self.model.n_full * attention_flops(causal_keys(n), self.model) + self.model.n_sparse * self.sparse.flops(n, self.model)
+        full_pairs = causal_keys(n) if causal else n * n
+        attn = self.model.n_full * attention_flops(full_pairs, self.model) + self.model.n_sparse * self.sparse.flops(n, self.model)
         return float(FLOPS_PER_MAC * FWD_BWD_COMPUTE * self.active_params() * n.sum() + FWD_BWD_COMPUTE * attn.sum())
+
+    # --- parameters, and what every step pays for them ---
+    def expert_params(self) -> float:
+        m = self.model
+        return m.n_layers * m.n_experts * 3 * m.hidden * m.expert_ffn
+
+    def total_params(self) -> float:
+        m = self.model
+        embed = 0 if m.tie_embeddings else m.vocab * m.hidden
+        dense = m.n_layers * (self.attn_proj_params + m.hidden * m.n_experts) + self.lm_head_params + embed
+        return dense + self.expert_params()
+
+    def grad_sync_time(self, world_size: int) -> float:
+        """Exposed seconds of the gradient reduce-scatter and parameter all-gather of a step: dense
+        parameters over every rank, each expert over the ranks that hold a replica of it (world /
+        ep_degree), ring collectives at the inter-node rate once the world spans nodes."""
+        tr = self.training
+        if not tr.grad_sync or world_size == 1:
+            return 0.0
+        per_param = tr.grad_bytes + tr.param_bytes
+        experts = self.expert_params()
+        ep = min(tr.ep_degree, world_size)
+        replicas = world_size / ep
+        dense_bytes = (self.total_params() - experts) * per_param * (world_size - 1) / world_size
+        expert_bytes = experts / ep * per_param * (replicas - 1) / replicas
+        g = self.gpus_per_node
+        bw = self.hw.intra_node_bw if g is not None and world_size <= g else self.hw.intra_node_bw / self.hw.inter_intra_ratio
+        return (1 - tr.grad_sync_overlap) * (dense_bytes + expert_bytes) / bw
+
+    def optimizer_time(self, world_size: int) -> float:
+        """Seconds of the optimizer step on this rank's shard of the parameters (memory-bound)."""
+        tr = self.training
+        if not tr.optimizer:
+            return 0.0
+        return self.total_params() / world_size * tr.optimizer_bytes_per_param / self.hw.hbm_bw
+
+    def _moe_token_time(self) -> float:
+        """Exposed seconds per token of one layer's expert dispatch and combine (fwd, bwd and a
+        recompute pass if any): top_k copies of the hidden state out and back, the share
+        (ep - 1) / ep to other ranks, at NVLink rate inside a node or the inter-node rate."""
+        tr, m, hw = self.training, self.model, self.hw
+        if tr.ep_degree == 1:
+            return 0.0
+        bytes_per_token = 2 * m.top_k * m.hidden * hw.bytes_per_element * (tr.ep_degree - 1) / tr.ep_degree
+        bw = hw.intra_node_bw if tr.ep_placement == "intra" else hw.intra_node_bw / hw.inter_intra_ratio
+        return (1 - tr.moe_overlap) * self.exchange_passes * bytes_per_token / bw
 
     # --- forward compute seconds, whole sample, all heads ---
     def full_attn_time(self, lengths):
@@ -143,24 +245,28 @@ class CostModel:
     def sparse_attn_time(self, lengths):
         return self.sparse.flops(np.asarray(lengths, dtype=np.float64), self.model) / self.attn_rate
 
-    def token_time(self, tokens):
-        """Forward seconds of all token-wise work (every layer + LM head) for `tokens` tokens."""
-        return np.asarray(tokens, dtype=np.float64) * (self.model.n_layers * self.layer_token_time + self.head_token_time)
+    def token_cost(self, tokens):
+        """Training seconds of all token-wise work for `tokens` tokens on one rank: every layer's
+        projections and experts (with recompute) and their expert all-to-all, and the LM head."""
+        per_token = (
+            self.layer_compute_passes * self.model.n_layers * self.layer_token_time
+            + FWD_BWD_COMPUTE * self.head_token_time
+            + self.model.n_layers * self.moe_token_time
+        )
+        return np.asarray(tokens, dtype=np.float64) * per_token
 
     def sample_cost(self, lengths):
         """Training seconds of one sample on one rank (solver weight: quadratic + linear)."""
-        n = np.asarray(lengths, dtype=np.float64)
-        m = self.model
-        return FWD_BWD_COMPUTE * (self.token_time(n) + m.n_full * self.full_attn_time(n) + m.n_sparse * self.sparse_attn_time(n))
+        return self.linear_cost(lengths) + self.full_cost(lengths)
 
     def linear_cost(self, lengths):
         """Training seconds of the work that runs in the child token layout (all but full attention)."""
         n = np.asarray(lengths, dtype=np.float64)
-        return FWD_BWD_COMPUTE * (self.token_time(n) + self.model.n_sparse * self.sparse_attn_time(n))
+        return self.token_cost(n) + self.attention_passes * self.model.n_sparse * self.sparse_attn_time(n)
 
     def full_cost(self, lengths):
         n = np.asarray(lengths, dtype=np.float64)
-        return FWD_BWD_COMPUTE * self.model.n_full * self.full_attn_time(n)
+        return self.attention_passes * self.model.n_full * self.full_attn_time(n)
 
     # --- exchanges ---
     def kv_heads_exchanged(self, group_size: int) -> int:
@@ -192,6 +298,8 @@ class CostModel:
             return 0.0, 0.0
         intra_peers, inter_peers = self.peers(start, size, rank)
         per_peer = tokens * row_bytes / size
+        if self.hw.ratio_reading == "group" and inter_peers:  # the whole all-to-all at the cross-node rate
+            return self.hw.a2a_latency, per_peer * (intra_peers + inter_peers) / self.hw.inter_node_bw
         return (
             per_peer * intra_peers / self.hw.intra_node_bw + self.hw.a2a_latency,
             per_peer * inter_peers / self.hw.inter_node_bw,
@@ -239,10 +347,16 @@ class CostModel:
         n = np.asarray(lengths, dtype=np.float64)
         return rank_time(float(self.linear_cost(n).sum()), float(n.sum()), size, self.child_line(size, size))
 
+    def group_rate(self, size: int) -> float:
+        """Bytes per second a rank sends to its peers in one all-to-all of an aligned group of
+        `size` ranks (latency aside): the effective rate the ratio and its reading imply."""
+        intra, inter = self.exchange_time(1.0, 0, size, 0, 1.0)
+        return (size - 1) / size / (intra + inter - self.hw.a2a_latency)
+
     def layer_exchange_time(self, tokens: float, start: int, size: int, rank: int) -> float:
         """Forward + backward seconds of one attention layer's entry and exit exchanges."""
         if size == 1:
             return 0.0
         a = sum(self.exchange_time(tokens, start, size, rank, self.entry_row_bytes(size)))
         b = sum(self.exchange_time(tokens, start, size, rank, self.exit_row_bytes()))
-        return FWD_BWD_EXCHANGES * (a + b)
+        return self.exchange_passes * (a + b)

@@ -23,7 +23,7 @@ from .cost import CostModel, rank_time
 from .estimate import PlanEstimate
 from .fill import LeastLoaded
 from .layout import Group
-from .plan import Kids, ParentPlan
+from .plan import DISABLED, NODE_LOCAL, Kids, ParentPlan
 from .rebalance import rebalance
 
 
@@ -144,7 +144,9 @@ def _anchor_child(n: int, linear: float, full: float, parent_size: int, cluster:
     return c
 
 
-def assign_with_children(samples: Sequence[Sample], cluster: Cluster, cost: CostModel) -> tuple[tuple[Group, Kids | None], ...]:
+def assign_with_children(
+    samples: Sequence[Sample], cluster: Cluster, cost: CostModel, repack: bool = True
+) -> tuple[tuple[Group, Kids | None], ...]:
     """Parents and their children in one pass: the parent solver's start.
 
     Anchor groups as in assign_parents. A parent wider than a node whose anchor fits one node gets
@@ -153,7 +155,8 @@ def assign_with_children(samples: Sequence[Sample], cluster: Cluster, cost: Cost
     node-local group or a child) finishes earliest, priced as PlanEstimate prices it. So a
     wide parent takes the short samples its inter-node exchanges leave room for, no more.
 
-    Returns ((Group, Kids | None), ...) in rank order; Kids lists (size, sample ids) per child."""
+    Returns ((Group, Kids | None), ...) in rank order; Kids lists (size, sample ids) per child.
+    repack=False: no parent gets children (every bin is a parent in its own layout)."""
     cost = cost.for_cluster(cluster)
     samples = check_samples(samples, cluster)
     lengths, costs, anchors, groups, rest = anchor_groups(samples, cluster, cost)
@@ -165,7 +168,7 @@ def assign_with_children(samples: Sequence[Sample], cluster: Cluster, cost: Cost
     parent_bins = []
     for k, (_, w) in enumerate(groups):
         kids = None
-        if k < len(anchors) and w > g and lengths[anchors[k]] <= node_cap:
+        if repack and k < len(anchors) and w > g and lengths[anchors[k]] <= node_cap:
             i = anchors[k]
             if _child_pays(int(lengths[i]), float(linear[i]), float(full[i]), w, g, cost, target):
                 c = _anchor_child(int(lengths[i]), float(linear[i]), float(full[i]), w, cluster, cost, target)
@@ -190,16 +193,23 @@ def assign_with_children(samples: Sequence[Sample], cluster: Cluster, cost: Cost
 RESOLVE_NEAR_SLOWEST = 0.01
 
 
-def joint_parents(samples: Sequence[Sample], cluster: Cluster, cost: CostModel, est: PlanEstimate) -> tuple[ParentPlan, ...] | None:
+def joint_parents(
+    samples: Sequence[Sample], cluster: Cluster, cost: CostModel, est: PlanEstimate, repack: bool = True
+) -> tuple[ParentPlan, ...] | None:
     """Stages 1 and 2: parents and children filled together (assign_with_children), polished by
     moves and swaps between parents (rebalance) and inside them (polish_children); the slowest
     parents also get a child solve from scratch, the faster of the two kept. None when the joint
-    fill cannot place the batch (the baseline's fill may still have placed it)."""
+    fill cannot place the batch (the baseline's fill may still have placed it). repack=False:
+    the same stages with every parent in its own layout (the attribution control)."""
     length_of = est.length_of
     try:
-        start = assign_with_children(samples, cluster, cost)
+        start = assign_with_children(samples, cluster, cost, repack)
     except PlanError:
         return None
+    if not repack:
+        node = cluster.gpus_per_node
+        polished = rebalance(start, length_of, cluster, cost, repack=False)
+        return tuple(ParentPlan(g, (g,), NODE_LOCAL if g.size <= node else DISABLED) for g, _ in polished)
     parents, times = [], []
     for g, kids in rebalance(start, length_of, cluster, cost):
         if kids is None:
@@ -218,14 +228,17 @@ def joint_parents(samples: Sequence[Sample], cluster: Cluster, cost: CostModel, 
     return tuple(parents)
 
 
-def solve_parents(repack: Sequence[ParentPlan], samples: Sequence[Sample], cluster: Cluster, cost: CostModel) -> tuple[ParentPlan, ...]:
+def solve_parents(
+    start: Sequence[ParentPlan], samples: Sequence[Sample], cluster: Cluster, cost: CostModel, repack: bool = True
+) -> tuple[ParentPlan, ...]:
     """The parent solver: joint_parents, kept only if PlanEstimate prices it no slower than
-    `repack` (the baseline parents with solved children), which is returned otherwise, so the
-    result is never estimated slower than its input."""
+    `start` (the repack plan: the baseline parents with solved children; without repacking, the
+    baseline plan), which is returned otherwise, so the result is never estimated slower than
+    its input."""
     cost = cost.for_cluster(cluster)
     est = PlanEstimate({s.id: s.length for s in samples}, cluster, cost)
-    repack = tuple(repack)
-    candidate = joint_parents(samples, cluster, cost, est)
-    if candidate is None or est.plan_time(candidate) > est.plan_time(repack):
-        return repack
+    start = tuple(start)
+    candidate = joint_parents(samples, cluster, cost, est, repack)
+    if candidate is None or est.plan_time(candidate) > est.plan_time(start):
+        return start
     return candidate

@@ -10,7 +10,9 @@ from functools import cached_property
 from .cluster import Cluster, PlanError
 from .layout import Group, TokenLayout
 
-MODES = ("baseline", "repack", "repack+solver")
+# the paper's three modes, then the attribution control: the parent solver without repacking
+MODES = ("baseline", "repack", "repack+solver", "baseline+solver")
+PAPER_MODES = MODES[:3]
 
 # A parent's children before they are laid out: (child size, sample ids) per child, in rank
 # order, as the parent solver's stages hand them on; None: the parent keeps its own layout.

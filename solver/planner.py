@@ -2,7 +2,9 @@
 
 The planner only dispatches the modes: the baseline assignment (solver.baseline) gives every
 mode its parents; repack adds the child solver's children (solver.children); repack+solver
-hands both to the parent solver (solver.parent_solver).
+hands both to the parent solver (solver.parent_solver); baseline+solver runs the parent solver
+with every parent in its own layout, the control that shows how much of repack+solver is the
+parent solver's doing and how much the repacking's.
 """
 
 from __future__ import annotations
@@ -53,8 +55,9 @@ def make_plan(
     cost = cost.for_cluster(cluster)
     samples = check_samples(samples, cluster)
     groups = assign_parents(samples, cluster, cost, pricing=baseline_pricing)
-    if mode == "repack+solver":
-        repack = _parent_plans(groups, {s.id: s.length for s in samples}, cluster, cost, "repack")
-        parents = solve_parents(repack, samples, cluster, cost)
+    if mode in ("repack+solver", "baseline+solver"):
+        repack = mode == "repack+solver"
+        start = _parent_plans(groups, {s.id: s.length for s in samples}, cluster, cost, "repack" if repack else "baseline")
+        parents = solve_parents(start, samples, cluster, cost, repack)
         return StepPlan(cluster, tuple((s.id, s.length) for s in samples), parents, mode).validate()
     return plan_from_parents(groups, samples, cluster, cost, mode)

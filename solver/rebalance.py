@@ -46,7 +46,7 @@ class _GroupState:
     def __init__(self, group: Group, ids: list[int], ctx: _Context, kids: Kids | None = None):
         self.group, self.ctx = group, ctx
         self.size = group.size
-        self.wide = group.size > ctx.cluster.gpus_per_node
+        self.wide = ctx.repack and group.size > ctx.cluster.gpus_per_node  # may have children
         self.children_problem = ctx.children_problem(group.size)  # prices a child inside this parent
         self.own_line = ctx.cost.child_line(group.size, group.size)
         if kids is not None and self.wide:  # a start that comes with its children (the joint fill)
@@ -154,8 +154,8 @@ class _GroupState:
 
 
 class _Context:
-    def __init__(self, length_of, cluster: Cluster, cost: CostModel):
-        self.length_of, self.cluster, self.cost = length_of, cluster, cost
+    def __init__(self, length_of, cluster: Cluster, cost: CostModel, repack: bool = True):
+        self.length_of, self.cluster, self.cost, self.repack = length_of, cluster, cost, repack
         self.node_cap = cluster.gpus_per_node * cluster.tokens_per_rank
         ids = list(length_of)
         lens = np.array([length_of[s] for s in ids], dtype=np.float64)
@@ -192,6 +192,7 @@ def rebalance(
     n_targets: int = 6,
     window: int = 16,
     min_gain: float = 3e-4,
+    repack: bool = True,
 ) -> tuple[tuple[Group, Kids | None], ...]:
     # Tuning, chosen with experiments.solver_bench (quality flat, time bounded): each move tries
     # `n_samples` of the slowest parent's samples, spread over its sizes, against the
@@ -202,8 +203,9 @@ def rebalance(
 
     Bounded, since planning must hide under a training step: at most max_moves moves (default:
     MOVES_PER_PARENT per parent plus MOVES_BASE, capped at MAX_MOVES), and it stops once the last
-    `window` moves together gained less than `min_gain` of the step time."""
-    ctx = _Context(length_of, cluster, cost.for_cluster(cluster))
+    `window` moves together gained less than `min_gain` of the step time. repack=False: every
+    parent keeps its own layout (the parent solver without repacking, a control)."""
+    ctx = _Context(length_of, cluster, cost.for_cluster(cluster), repack)
     states = [_GroupState(g, list(g.samples), ctx, kids) for g, kids in start]
     max_moves = min(MOVES_PER_PARENT * len(states) + MOVES_BASE, MAX_MOVES) if max_moves is None else max_moves
     times = np.array([s.time for s in states])

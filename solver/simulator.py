@@ -3,10 +3,14 @@
 The embedded default engine of the ablation. For every layer, forward then backward:
 token-wise work on each rank's tokens of the current token layout; full attention between the
 parent's entry and exit exchanges; sparse attention between the child's own exchanges (none for
-a child of one rank). Every all-to-all is a synchronization point of its group: it starts when
-the group's last rank arrives and lasts as long as its slowest member's transfers (intra-node
-and inter-node phases added, a conservative no-overlap model). The step ends at the slowest
-rank (gradient sync). The same CostModel prices the solvers' estimates.
+a child of one rank); each layer's experts' all-to-all (the part not hidden behind compute).
+With activation recompute the backward of a layer first re-runs its forward (exchanges
+included; selective recompute: attention only). Every all-to-all is a synchronization point of
+its group: it starts when the group's last rank arrives and lasts as long as its slowest
+member's transfers (intra-node and inter-node phases added, a conservative no-overlap model; a
+group across nodes under the "group" ratio reading moves all its bytes at the cross-node rate).
+The step ends at the slowest rank, then every rank pays the exposed gradient sync and the
+optimizer step. The same CostModel prices the solvers' estimates.
 """
 
 from __future__ import annotations
@@ -23,12 +27,16 @@ from .plan import StepPlan
 @dataclass
 class StepResult:
     step_time: float  # seconds
-    mfu: float
+    mfu: float  # model FLOPs with causal full attention (ours)
+    mfu_noncausal: float  # the older convention: full attention counts all L^2 pairs
     model_flops: float
     lower_bound: float  # seconds: perfect balance, no inter-node traffic in sparse layers
-    compute: float  # mean over ranks, seconds (the four parts add up to step_time)
-    intra_comm: float
-    inter_comm: float
+    compute: float  # mean over ranks, seconds (these seven parts add up to step_time)
+    intra_comm: float  # Ulysses exchanges inside a node (and every exchange's latency)
+    inter_comm: float  # Ulysses exchanges across nodes
+    moe_comm: float  # the experts' dispatch and combine all-to-all, the part not hidden
+    grad_sync: float  # gradient reduce-scatter and parameter all-gather, the part not hidden
+    optimizer: float
     imbalance_wait: float
     full_intra_bytes: float  # whole step, all ranks: bytes that stay inside a node at full layers
     full_inter_bytes: float
@@ -76,10 +84,15 @@ class _Timeline:
         self.intra = np.zeros(world)
         self.inter = np.zeros(world)
         self.wait = np.zeros(world)
+        self.moe = np.zeros(world)
 
     def work(self, dt: np.ndarray):
         self.t += dt
         self.compute += dt
+
+    def moe_exchange(self, dt: np.ndarray):
+        self.t += dt
+        self.moe += dt
 
     def sync_exchange(self, layout: _Layout, intra_s: np.ndarray, inter_s: np.ndarray):
         """All-to-all over each group of `layout`: wait for the group, then its slowest transfer."""
@@ -122,8 +135,14 @@ def _exchange(cost: CostModel, layout: _Layout, send_rows: np.ndarray, recv_rows
     recv_intra = (node_rows - send_rows) * per_peer
     recv_inter = (recv_rows - node_rows) * per_peer
     single = size == 1
-    intra_s = np.where(single, 0.0, np.maximum(send_intra, recv_intra) / cost.hw.intra_node_bw + cost.hw.a2a_latency)
+    latency = np.where(single, 0.0, cost.hw.a2a_latency)
+    intra_s = np.maximum(send_intra, recv_intra) / cost.hw.intra_node_bw + latency
     inter_s = np.maximum(send_inter, recv_inter) / cost.hw.inter_node_bw
+    if cost.hw.ratio_reading == "group":  # a group across nodes moves all its bytes at the cross-node rate
+        spans = size > same
+        whole = np.maximum(send_intra + send_inter, recv_intra + recv_inter) / cost.hw.inter_node_bw
+        intra_s = np.where(spans, latency, intra_s)
+        inter_s = np.where(spans, whole, inter_s)
     return intra_s, inter_s, float(send_intra.sum()), float(send_inter.sum())
 
 
@@ -138,7 +157,8 @@ def lower_bound(plan: StepPlan, cost: CostModel) -> float:
         m = min(ceil_pow2(n / plan.cluster.tokens_per_rank), plan.cluster.world_size)
         if m > 1:
             xfull += cost.model.n_full * cost.exchange_line(m)[0] * n  # rank-seconds: n/m tokens per rank on m ranks
-    return (compute + xfull) / plan.cluster.world_size
+    world = plan.cluster.world_size
+    return (compute + xfull) / world + cost.grad_sync_time(world) + cost.optimizer_time(world)
 
 
 def simulate(plan: StepPlan, cost: CostModel) -> StepResult:
@@ -195,23 +215,37 @@ def simulate(plan: StepPlan, cost: CostModel) -> StepResult:
                 bytes_acc[key][1] += b_out
                 calls[key] += 1
 
+    moe = tokens * cost.moe_token_time  # a layer's exposed expert all-to-all, every pass
+    recompute = cost.training.recompute
     kinds = m.layer_kinds
     for kind in kinds:
         attention_layer(kind, FWD_COMPUTE)
+        tl.moe_exchange(moe)
     tl.work(t_head * FWD_BWD_COMPUTE)  # LM head forward + backward
     for kind in reversed(kinds):
+        if recompute == "full":  # the layer's forward again, exchanges included
+            attention_layer(kind, FWD_COMPUTE)
+        elif recompute == "selective":  # attention again, from saved inputs in its layout
+            tl.work(parent.full_attn if kind == "F" else child.sparse_attn)
         attention_layer(kind, BWD_COMPUTE)
-    step = float(tl.t.max())
-    tl.wait += step - tl.t
-    flops = cost.model_flops([n for _, n in plan.lengths])
+    slowest = float(tl.t.max())
+    tl.wait += slowest - tl.t
+    grad_sync, optimizer = cost.grad_sync_time(world), cost.optimizer_time(world)  # every rank, after the slowest
+    step = slowest + grad_sync + optimizer
+    lengths = [n for _, n in plan.lengths]
+    flops = cost.model_flops(lengths)
     return StepResult(
         step_time=step,
         mfu=flops / (step * world * cost.hw.peak_flops),
+        mfu_noncausal=cost.model_flops(lengths, causal=False) / (step * world * cost.hw.peak_flops),
         model_flops=flops,
         lower_bound=lower_bound(plan, cost),
         compute=float(tl.compute.mean()),
         intra_comm=float(tl.intra.mean()),
         inter_comm=float(tl.inter.mean()),
+        moe_comm=float(tl.moe.mean()),
+        grad_sync=grad_sync,
+        optimizer=optimizer,
         imbalance_wait=float(tl.wait.mean()),
         full_intra_bytes=bytes_acc["full"][0],
         full_inter_bytes=bytes_acc["full"][1],

@@ -16,11 +16,17 @@ MILP_INSTANCES = 10 if CI else 40
 INTERPRETED_EXAMPLES = 12 if CI else 25
 
 
-def fits_memory_floors(lengths, cluster: Cluster) -> bool:
-    """Do the samples' memory floors (cluster.min_group_size) fit the cluster's ranks? Aligned
-    power-of-two groups laid out widest first always fit when their sizes add up to at most the
-    world, so this is exactly when the baseline's anchors can be placed."""
-    return sum(cluster.min_group_size(n) for n in lengths if n > cluster.tokens_per_rank) <= cluster.world_size
+# the widest group the tests' models split: tiny has 8 query and 8 key/value heads
+TINY_WIDEST = 8
+
+
+def fits_memory_floors(lengths, cluster: Cluster, widest: int = TINY_WIDEST) -> bool:
+    """Do the samples' memory floors (cluster.min_group_size) fit the cluster's ranks, each within
+    the widest group the model splits? Aligned power-of-two groups laid out widest first always
+    fit when their sizes add up to at most the world, so this is exactly when the baseline's
+    anchors can be placed."""
+    floors = [cluster.min_group_size(n) for n in lengths if n > cluster.tokens_per_rank]
+    return sum(floors) <= cluster.world_size and all(f <= widest for f in floors)
 
 
 @st.composite
@@ -32,15 +38,16 @@ def clusters(draw, max_nodes=8, node_sizes=(1, 2, 4, 8)):
 
 
 @st.composite
-def batches(draw, cluster: Cluster, fill=0.6):
-    """Lengths (with 1-token and odd sizes) whose total stays within `fill` of the capacity."""
+def batches(draw, cluster: Cluster, fill=0.6, widest: int = TINY_WIDEST):
+    """Lengths (with 1-token and odd sizes) whose total stays within `fill` of the capacity and
+    whose memory floors fit (fits_memory_floors)."""
     cap = int(cluster.world_size * cluster.tokens_per_rank * fill)
-    longest = min(cluster.max_sample_length() // 2, cap)
+    longest = min(min(cluster.widest_group, widest) * cluster.tokens_per_rank // 2, cap)
     lengths, total = [], 0
     n = draw(st.integers(1, 40))
     for _ in range(n):
         ln = draw(st.one_of(st.sampled_from(ODD), st.integers(1, max(1, longest))))
-        if total + ln > cap or not fits_memory_floors(lengths + [ln], cluster):
+        if total + ln > cap or not fits_memory_floors(lengths + [ln], cluster, widest):
             break
         lengths.append(ln)
         total += ln

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from model import HybridMoE, LocalContext, register_sparse_attention, varlen_attention
-from model.attention import flash_available, sparse_kind, torch_varlen_attention
+from model.attention import flash_available, torch_varlen_attention
 from solver import Cluster, CostModel, HardwareConfig, ModelConfig, PlanError, make_plan, samples_from_lengths
-from solver.cost import FWD_BWD_COMPUTE, attention_flops
+from solver.cost import attention_flops
 from solver.simulator import simulate
 
 TOL = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.float64: dict(rtol=1e-10, atol=1e-12)}
@@ -85,10 +85,12 @@ def test_registering_a_sparse_kind_reaches_model_solver_and_simulator():
     def strided_flops(scale):
         return lambda n, cfg: attention_flops(np.asarray(n, dtype=float) * cfg.sparse_params["local"] * scale, cfg)
 
+    def strided(qp, kp, p):
+        return ((qp - kp) < p["local"]) | (kp % p["stride"] == 0)
+
     local, stride = 3, 4
-    register_sparse_attention(
-        "strided_test", mask=lambda qp, kp, p: ((qp - kp) < p["local"]) | (kp % p["stride"] == 0), flops=strided_flops(1.5), overwrite=True
-    )
+    params = {"local": 2, "stride": 8}  # the kind's parameters and their defaults
+    register_sparse_attention("strided_test", mask=strided, flops=strided_flops(1.5), params=params, overwrite=True)
     cfg = ModelConfig.from_name("tiny", sparse_kind="strided_test", sparse_params={"local": local, "stride": stride})
 
     # the model: its sparse layers attend with the registered mask (the dense yardstick agrees, and
@@ -102,7 +104,7 @@ def test_registering_a_sparse_kind_reaches_model_solver_and_simulator():
     )
     got = varlen_attention(q, k, v, cu, 11, "strided_test", cfg.sparse_params, "torch")
     torch.testing.assert_close(got, dense_reference(q, k, v, cu, lambda i, j: i - j < local or j % stride == 0), **TOL[torch.float64])
-    register_sparse_attention("causal_test", mask=lambda qp, kp, p: qp >= kp, flops=strided_flops(1.5), overwrite=True)
+    register_sparse_attention("causal_test", mask=lambda qp, kp, p: qp >= kp, flops=strided_flops(1.5), params=params, overwrite=True)
     model = HybridMoE(cfg).double()
     tokens = torch.randint(0, cfg.vocab, (16,))
     h, _ = model(tokens, LocalContext([11, 5], cfg, "torch"))
@@ -110,17 +112,19 @@ def test_registering_a_sparse_kind_reaches_model_solver_and_simulator():
     assert torch.isfinite(h).all() and not torch.allclose(h, h_causal)
 
     # the solver and the simulator: they price the registered FLOPs. Doubling them adds exactly
-    # the extra sparse-attention compute (3x forward, over every sparse layer) to the simulated step
+    # the extra sparse-attention compute (every attention pass, every sparse layer) to the step
     cluster = Cluster(8, 2, 128)
     lengths = [100, 60, 30, 17, 9, 5, 3]
     compute = {}
     for scale in (1.5, 3.0):
-        register_sparse_attention("strided_test", mask=sparse_kind("strided_test").mask, flops=strided_flops(scale), overwrite=True)
+        register_sparse_attention("strided_test", mask=strided, flops=strided_flops(scale), params=params, overwrite=True)
         cost = CostModel(cfg, HardwareConfig())
         plan = make_plan(samples_from_lengths(lengths), cluster, cost, "repack+solver")
         compute[scale] = simulate(plan, cost).compute * cluster.world_size  # rank-seconds of compute
-    extra = FWD_BWD_COMPUTE * cfg.n_sparse * float(strided_flops(1.5)(lengths, cfg).sum()) / cost.attn_rate
+    extra = cost.attention_passes * cfg.n_sparse * float(strided_flops(1.5)(lengths, cfg).sum()) / cost.attn_rate
     assert compute[3.0] - compute[1.5] == pytest.approx(extra, rel=1e-9)
+    with pytest.raises(PlanError, match="sparse kind 'strided_test' has no parameter 'width'"):
+        CostModel(cfg.replace(sparse_params={"width": 3}), HardwareConfig())
     with pytest.raises(ValueError, match="already registered"):
         register_sparse_attention("strided_test", mask=lambda a, b, p: a >= b, flops=lambda n, c: n)
     with pytest.raises(PlanError, match="unknown sparse kind 'unpriced'"):

@@ -8,7 +8,7 @@ import pytest
 
 from experiments import ablation
 from experiments.results import read_run
-from solver import MODES, Cluster, CostModel, Group, HardwareConfig, ModelConfig, PlanError, make_plan, samples_from_lengths
+from solver import MODES, Cluster, CostModel, Group, HardwareConfig, ModelConfig, PlanError, TrainingConfig, make_plan, samples_from_lengths
 from solver.estimate import PlanEstimate
 from solver.plan import NODE_LOCAL, ParentPlan, StepPlan
 from solver.simulator import simulate
@@ -16,20 +16,31 @@ from solver.simulator import simulate
 PAPER = CostModel(ModelConfig.from_name("paper"), HardwareConfig())
 
 
+BARE = CostModel(ModelConfig.from_name("paper"), HardwareConfig(), training=TrainingConfig.from_name("bare"))
+
+
 def test_single_rank_step_is_the_sum_of_its_layer_costs():
-    cost = PAPER
-    plan = make_plan(samples_from_lengths([5000, 1200, 7]), Cluster(1, 1, 32768), cost, "baseline")
-    r = simulate(plan, cost)
     lens = np.array([5000, 1200, 7], dtype=float)
-    m = cost.model
-    expect = 3.0 * (
-        lens.sum() * (m.n_layers * cost.layer_token_time + cost.head_token_time)
-        + m.n_full * cost.full_attn_time(lens).sum()
-        + m.n_sparse * cost.sparse_attn_time(lens).sum()
-    )
-    assert r.step_time == pytest.approx(expect, rel=1e-9)
-    assert r.intra_comm == r.inter_comm == r.imbalance_wait == 0
-    assert r.compute == pytest.approx(expect, rel=1e-9)
+    plan = make_plan(samples_from_lengths([5000, 1200, 7]), Cluster(1, 1, 32768), PAPER, "baseline")
+    m = PAPER.model
+    attention = m.n_full * PAPER.full_attn_time(lens).sum() + m.n_sparse * PAPER.sparse_attn_time(lens).sum()
+    layers, head = lens.sum() * m.n_layers * PAPER.layer_token_time, lens.sum() * PAPER.head_token_time
+    # the bare accounting: forward + backward = 3 forwards
+    r = simulate(plan, BARE)
+    assert r.step_time == pytest.approx(3.0 * (layers + head + attention), rel=1e-9)
+    assert r.intra_comm == r.inter_comm == r.imbalance_wait == r.moe_comm == r.grad_sync == r.optimizer == 0
+    # the complete one: full recompute (layers and attention 4 forwards, the LM head 3), the
+    # experts' all-to-all (top-8 copies of the hidden state out and back, 7/8 of them off the
+    # rank, over NVLink, 3 passes, 20% exposed), the optimizer over all parameters (one rank)
+    r = simulate(plan, PAPER)
+    moe = lens.sum() * m.n_layers * 0.2 * 3 * 2 * m.top_k * m.hidden * 2 * 7 / 8 / 150e9
+    q, kv = m.n_heads * m.head_dim, m.n_kv_heads * m.head_dim
+    params = m.n_layers * (m.hidden * (q + 2 * kv) + q * m.hidden + m.hidden * m.n_experts + m.n_experts * 3 * m.hidden * m.expert_ffn)
+    params += 2 * m.vocab * m.hidden  # embedding and LM head
+    optimizer = params * 30 / 3.35e12
+    assert r.compute == pytest.approx(4.0 * (layers + attention) + 3.0 * head, rel=1e-9)
+    assert r.moe_comm == pytest.approx(moe, rel=1e-9) and r.optimizer == pytest.approx(optimizer, rel=1e-9)
+    assert r.step_time == pytest.approx(r.compute + moe + optimizer, rel=1e-9) and r.grad_sync == 0
 
 
 def test_breakdown_adds_up_and_lower_bound_holds():
@@ -38,7 +49,9 @@ def test_breakdown_adds_up_and_lower_bound_holds():
     lengths = [110_000] + list(rng.integers(200, 9000, 90))
     for mode in MODES:
         r = simulate(make_plan(samples_from_lengths(lengths), cluster, PAPER, mode), PAPER)
-        assert r.compute + r.intra_comm + r.inter_comm + r.imbalance_wait == pytest.approx(r.step_time, rel=1e-9)
+        parts = r.compute + r.intra_comm + r.inter_comm + r.moe_comm + r.grad_sync + r.optimizer + r.imbalance_wait
+        assert parts == pytest.approx(r.step_time, rel=1e-9)
+        assert r.moe_comm > 0 and r.grad_sync > 0 and r.optimizer > 0
         assert r.lower_bound <= r.step_time
         assert 0 < r.mfu < 1
 
@@ -63,7 +76,8 @@ def test_node_local_children_send_no_inter_node_bytes_in_sparse_layers():
 def test_baseline_and_repack_move_the_same_bytes_at_full_attention():
     b, r = simulate(hand_plan(False), PAPER), simulate(hand_plan(True), PAPER)
     assert b.full_intra_bytes + b.full_inter_bytes == pytest.approx(r.full_intra_bytes + r.full_inter_bytes, rel=1e-12)
-    assert b.a2a_calls_full == r.a2a_calls_full == 2 * 2 * PAPER.model.n_full
+    # entry and exit, forward, recompute and backward
+    assert b.a2a_calls_full == r.a2a_calls_full == 2 * PAPER.exchange_passes * PAPER.model.n_full == 2 * 3 * 12
 
 
 def test_node_local_plan_matches_across_modes():
@@ -75,16 +89,26 @@ def test_node_local_plan_matches_across_modes():
 
 def test_ablation_end_to_end_short_run(tmp_path, capsys):
     out = tmp_path / "abl"
-    rows, summary = ablation.main(["--steps", "40", "--seed", "0", "--out", str(out), "--no-progress"])
+    rows, summary = ablation.main(["--steps", "30", "--seeds", "2", "--out", str(out), "--no-progress"])
     text = capsys.readouterr().out
-    assert "the paper" in text and "-5.95%" in text and "-7.61%" in text
+    assert "the paper" in text and "-5.95" in text and "-7.61" in text and "baseline+solver" in text
+    assert "MFU pp (non-causal)" in text and "experts' a2a" in text and "SP8/SP16" in text
     assert os.path.exists(out / "steps.csv") and os.path.exists(out / "summary.json")
     got_rows, got = read_run(str(out))
-    assert len(got_rows) == len(rows) == 3 * len(summary["selected_steps"]) > 0
-    assert got["context"]["commit"] and got["config"]["workload"]["seed"] == 0
+    n_selected = sum(len(v) for v in summary["selected_steps"].values())
+    assert len(got_rows) == len(rows) == len(MODES) * n_selected > 0
+    assert sorted(summary["selected_steps"]) == ["0", "1"] and {r["seed"] for r in got_rows} == {0, 1}
+    cfg = got["config"]
+    assert got["context"]["commit"] and cfg["seeds"] == [0, 1] and cfg["baseline_pricing"] == "compute" and cfg["fill"] == 0.95
+    assert cfg["training"]["recompute"] == "full" and cfg["hardware"]["ratio_reading"] == "group"
+    over = got["over_seeds"]
+    for m in MODES:
+        rng = over[m]["time_change_pct"]
+        assert rng["min"] <= rng["mean"] <= rng["max"]
     modes = got["modes"]
     assert modes["repack+solver"]["mean_step_time_s"] <= modes["baseline"]["mean_step_time_s"]
     assert all(r["widest_parent"] > 8 for r in got_rows)
+    assert all(r["repacked_parents"] == 0 for r in got_rows if r["mode"] in ("baseline", "baseline+solver"))
     json.dumps(got)
 
 
@@ -107,7 +131,8 @@ def test_the_node_size_is_the_clusters_and_the_estimate_agrees_with_the_simulato
     samples = samples_from_lengths([8 * 20_000])
     plan = make_plan(samples, cluster, cost, "baseline")
     assert [p.group.size for p in plan.parents] == [8]
-    est = PlanEstimate(plan.length_of, cluster, cost).plan_time(plan.parents)
+    bound = cost.for_cluster(cluster)
+    est = PlanEstimate(plan.length_of, cluster, cost).plan_time(plan.parents) + bound.grad_sync_time(8) + bound.optimizer_time(8)
     assert simulate(plan, cost).step_time == pytest.approx(est, rel=1e-9)
 
 
@@ -115,3 +140,37 @@ def test_a_cost_model_without_a_cluster_prices_no_exchange():
     cost = CostModel(ModelConfig.from_name("paper"), HardwareConfig())
     with pytest.raises(PlanError, match=r"use cost.for_cluster\(cluster\)"):
         cost.exchange_line(8)
+
+
+def test_the_costs_every_mode_pays_cancel_in_the_difference_and_shrink_the_relative_gain():
+    plans = {
+        m: make_plan(samples_from_lengths([60_000, 20_000, 20_000, 20_000]), Cluster(16, 8, 32768), PAPER, m)
+        for m in ("baseline", "repack")
+    }
+    plans["repack"] = hand_plan(True)
+    plans["baseline"] = hand_plan(False)
+    without = PAPER.training.replace(grad_sync=False, optimizer=False)
+    lean = CostModel(PAPER.model, PAPER.hw, training=without)
+    full = {m: simulate(p, PAPER) for m, p in plans.items()}
+    bare = {m: simulate(p, lean) for m, p in plans.items()}
+    # the gradient sync and the optimizer step are the same for every layout: the absolute gain
+    # of repacking does not move, its relative gain shrinks
+    gain_full = full["baseline"].step_time - full["repack"].step_time
+    gain_bare = bare["baseline"].step_time - bare["repack"].step_time
+    assert gain_full == pytest.approx(gain_bare, rel=1e-9) and gain_full > 0
+    assert gain_full / full["baseline"].step_time < gain_bare / bare["baseline"].step_time
+    extra = full["baseline"].grad_sync + full["baseline"].optimizer
+    assert extra > 0 and full["baseline"].step_time == pytest.approx(bare["baseline"].step_time + extra, rel=1e-9)
+
+
+@pytest.mark.parametrize("reading", ["group", "link"])
+def test_the_ratio_reading_sets_a_cross_node_group_rate(reading):
+    """'group': an all-to-all across nodes runs at 1/ratio of an intra-node one's rate as a whole;
+    'link': only the bytes to other nodes pay the ratio."""
+    cost = CostModel(PAPER.model, HardwareConfig(ratio_reading=reading, a2a_latency=0.0)).for_cluster(Cluster(32, 8, 1024))
+    per_byte = {p: cost.exchange_time(1.0, 0, p, 0, 1.0)[0] + cost.exchange_time(1.0, 0, p, 0, 1.0)[1] for p in (8, 16, 32)}
+    rate = {p: (p - 1) / p / per_byte[p] for p in per_byte}  # bytes a rank sends to its peers per second
+    if reading == "group":
+        assert rate[8] / rate[16] == pytest.approx(7.0) and rate[8] / rate[32] == pytest.approx(7.0)
+    else:  # SP16: 7 peers at 1x, 8 at 7x; SP32: 7 at 1x, 24 at 7x
+        assert rate[8] / rate[16] == pytest.approx((7 + 8 * 7) / 15) and rate[8] / rate[32] == pytest.approx((7 + 24 * 7) / 31)

@@ -291,3 +291,22 @@ def test_vectorized_pow2_matches_the_scalar_one_at_and_around_powers_of_two():
         ]
     )
     np.testing.assert_array_equal(ceil_pow2_array(x), [ceil_pow2(v) for v in x])
+
+
+def test_groups_are_never_wider_than_the_model_splits():
+    # 32 query / 8 key-value heads: at most SP32 even on 256 ranks, where the longest sample's
+    # cost share alone would ask for SP64
+    cluster = Cluster(256, 8, 32768)
+    rng = np.random.default_rng(2)
+    lengths = [500_000] + [int(n) for n in rng.integers(100, 4000, 600)]  # memory floor SP16
+    for mode in ("baseline", "repack+solver"):
+        plan = make_plan(samples_from_lengths(lengths), cluster, PAPER, mode)
+        assert plan.widest_parent == PAPER.widest_group(cluster) == 32
+    wider = CostModel(PAPER.model.replace(n_heads=64), HardwareConfig())  # heads that split over SP64
+    assert make_plan(samples_from_lengths(lengths), cluster, wider, "baseline").widest_parent == 64
+    # a sample whose memory floor is wider than the heads split is a named error
+    with pytest.raises(PlanError, match=r"needs SP16 .* heads \(8 query, 8 key/value\) split over at most SP8"):
+        make_plan(samples_from_lengths([16 * 64]), Cluster(32, 8, 64), TINY)
+    # key/value heads that do not divide the group and are not divided by it cap it too
+    odd_kv = CostModel(ModelConfig.from_name("paper", n_heads=24, n_kv_heads=6), HardwareConfig())
+    assert odd_kv.widest_group(Cluster(64, 8, 32768)) == 2

@@ -9,7 +9,7 @@ import pytest
 
 from experiments.data import TokenFileSource, load_offsets
 from experiments.results import read_run
-from solver import PlanError
+from solver import MODES, PlanError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -40,17 +40,17 @@ def losses(folder):
 
 
 def test_three_modes_same_losses_results_parse_and_resume_matches(tmp_path):
-    # every step in the three modes (no optimizer updates between them): the same losses
+    # every step in every mode (no optimizer updates between them): the same losses
     p = torchrun(8, "--mode", "all", "--steps", "3", "--out", str(tmp_path / "all"))
     assert p.returncode == 0, p.stderr[-3000:]
     assert "loss" in p.stdout and "MFU" in p.stdout
     rows, summary = read_run(str(tmp_path / "all"))
     assert summary["engine"] == "torch" and summary["context"]["commit"]
-    assert sorted({r["mode"] for r in rows}) == sorted(["baseline", "repack", "repack+solver"]) and len(rows) == 9
+    assert sorted({r["mode"] for r in rows}) == sorted(MODES) and len(rows) == 3 * len(MODES)
     assert all(r["engine"] == "torch" for r in rows)
     by = {(r["step"], r["mode"]): r["loss"] for r in rows}
     for step in range(3):
-        for mode in ("repack", "repack+solver"):
+        for mode in MODES[1:]:
             np.testing.assert_allclose(by[(step, mode)], by[(step, "baseline")], rtol=1e-5)
     assert any(r["wide_parents"] > 0 for r in rows), "some step must have a parent across emulated nodes"
 

@@ -28,7 +28,7 @@ def test_traces_in_every_format(tmp_path):
     (tmp_path / "l.jsonl").write_text("[7, 3]\n[5]\n")
     np.save(tmp_path / "t.npy", np.array([[1, 5], [0, 7], [0, 3]]))
     for name in ("t.csv", "t.jsonl", "l.jsonl", "t.npy"):
-        assert load_trace(str(tmp_path / name)) == [[7, 3], [5]], name
+        assert load_trace(str(tmp_path / name)) == [(0, [7, 3]), (1, [5])], name
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,163 @@
+"""Bad input to the entry points: a one-line error naming the value, before any work, and
+nothing written. Each case was once silent, wrong or a traceback."""
+
+import json
+import math
+import os
+
+import numpy as np
+import pytest
+
+from experiments import ablation, solver_bench, sweep
+from experiments.results import read_run, write_run
+from experiments.workload import load_trace
+from solver import PlanError
+
+
+def run_ablation_cli(tmp_path, *args):
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as e:
+        ablation.main(["--seeds", "1", "--steps", "5", *args, "--out", str(out), "--no-progress"])
+    assert not out.exists(), "a rejected run must write nothing"
+    return str(e.value)
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--steps", "0"], "--steps=0 is invalid"),
+        (["--steps", "-5"], "--steps=-5 is invalid"),
+        (["--seeds", "0"], "--seeds=0 is invalid"),
+        (["--tokens-per-step", "0"], "--tokens-per-step=0 is invalid"),
+        (["--tokens-per-step", "-100"], "--tokens-per-step=-100 is invalid"),
+        (["--fill", "0"], "--fill=0.0 is invalid"),
+        (["--fill", "1.5"], "--fill=1.5 is invalid"),
+        (["--window", "0"], "--window=0 is invalid"),
+        (["--window", "-5"], "--window=-5 is invalid"),
+        (["--long-prob", "-1"], "--long-prob=-1.0 is invalid"),
+        (["--long-prob", "nan"], "--long-prob=nan is invalid"),
+        (["--ratio", "inf"], "--ratio=inf is invalid"),
+        (["--ratio", "0"], "--ratio=0.0 is invalid"),
+        (["--sparse-kind", "chunked", "--window", "512"], "--window is a parameter of another sparse kind; 'chunked' takes"),
+        (["--sparse-kind", "nope"], "unknown sparse kind 'nope'"),
+        (["--moe-overlap", "1.5"], "moe_overlap=1.5 is invalid"),
+        (["--ep-degree", "0"], "ep_degree=0 is invalid"),
+        (["--world-size", "12"], "world_size=12 is not a multiple of gpus_per_node=8"),
+    ],
+    ids=lambda v: " ".join(v) if isinstance(v, list) else None,
+)
+def test_bad_flags_are_one_line_errors(tmp_path, args, message):
+    err = run_ablation_cli(tmp_path, *args)
+    assert message in err and "\n" not in err.strip()
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (None, "does not exist"),
+        ("{nope", "is not valid JSON"),
+        ("48", "holds a int; it must be an object of sections"),
+        ('{"model": [1, 2]}', "section 'model' is a list"),
+        ('{"modle": {}}', "unknown section 'modle'"),
+        ('{"model": {"n_layer": 4}}', "model.n_layer is not a setting"),
+        ('{"model": {"n_layers": "48"}}', "model.n_layers='48' is a str; it must be a int"),
+        ('{"hardware": {"inter_intra_ratio": "7"}}', "hardware.inter_intra_ratio='7' is a str; it must be a float"),
+        ('{"workload": {"seed": -1}}', "workload.seed=-1 is invalid"),
+    ],
+)
+def test_bad_config_files_are_one_line_errors(tmp_path, content, message):
+    path = tmp_path / "cfg.json"
+    if content is not None:
+        path.write_text(content)
+    err = run_ablation_cli(tmp_path, "--config", str(path))
+    assert message in err
+
+
+def test_a_config_file_sets_the_workload_seed_and_steps(tmp_path):
+    path = tmp_path / "cfg.json"
+    path.write_text(json.dumps({"workload": {"seed": 3, "steps": 7}}))
+    _, summary = ablation.main(["--config", str(path), "--seeds", "1", "--out", str(tmp_path / "o"), "--no-progress"])
+    assert summary["config"]["seeds"] == [3] and summary["config"]["steps_scanned"] == 7
+
+
+@pytest.mark.parametrize(
+    "name, text, message",
+    [
+        ("nan.csv", "0,nan\n", "'nan' is not an integer"),
+        ("inf.csv", "0,inf\n", "'inf' is not an integer"),
+        ("nan.jsonl", '{"step": 0, "length": NaN}\n', "nan is not an integer"),
+        ("frac.jsonl", "[2.5]\n", "2.5 is not an integer"),
+    ],
+)
+def test_non_integer_trace_lengths_are_errors(tmp_path, name, text, message):
+    (tmp_path / name).write_text(text)
+    with pytest.raises(PlanError, match=message):
+        load_trace(str(tmp_path / name))
+
+
+@pytest.mark.parametrize(
+    "array, message",
+    [
+        (np.array([[0, 5], [0, np.nan]]), "nan is not an integer"),
+        (np.array([[0, 2.5], [0, 3000.7]]), "2.5 is not an integer"),
+        (np.array([[0, 5], [1, "x"]], dtype=object), "not a readable .npy array"),
+    ],
+    ids=["nan", "fractions", "objects"],
+)
+def test_npy_traces_with_nan_fractions_or_objects_are_errors(tmp_path, array, message):
+    np.save(tmp_path / "t.npy", array, allow_pickle=True)
+    with pytest.raises(PlanError, match=message):
+        load_trace(str(tmp_path / "t.npy"))
+
+
+def test_a_trace_keeps_its_step_numbers(tmp_path):
+    trace = tmp_path / "t.csv"
+    trace.write_text("step,length\n100,300000\n100,5000\n" + "200,7000\n" * 20)
+    assert load_trace(str(trace)) == [(100, [300000, 5000]), (200, [7000] * 20)]
+    _, summary = ablation.main(["--trace", str(trace), "--seeds", "1", "--out", str(tmp_path / "o"), "--no-progress"])
+    assert summary["selected_steps"] == {"0": [100]}
+
+
+def test_an_output_path_that_is_a_file_is_refused_before_any_work(tmp_path):
+    out = tmp_path / "file"
+    out.write_text("keep me")
+    for main, extra in ((ablation.main, ["--no-progress"]), (sweep.main, []), (solver_bench.main, ["--quick"])):
+        with pytest.raises(SystemExit, match="is a file, not a folder"):
+            main([*extra, "--out", str(out)])
+    assert out.read_text() == "keep me"
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders; the check is the same one")
+def test_a_read_only_output_folder_is_refused(tmp_path):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o555)
+    with pytest.raises(SystemExit, match="cannot be written"):
+        ablation.main(["--out", str(ro / "x"), "--no-progress"])
+
+
+def test_a_batch_that_fits_is_placed():
+    # 213 tokens on 8 ranks of 32: the 112-token sample's cost share asked for all 8 ranks,
+    # leaving no room for the rest; the baseline narrows it to its memory floor and places all
+    from solver import Cluster, CostModel, HardwareConfig, ModelConfig, make_plan, samples_from_lengths
+
+    lengths = [112, 6, 6, 12, 10, 17, 3, 4, 3, 3, 3, 6, 7, 4, 14, 3]
+    cost = CostModel(ModelConfig.from_name("tiny"), HardwareConfig())
+    for mode in ("baseline", "repack", "repack+solver", "baseline+solver"):
+        plan = make_plan(samples_from_lengths(lengths), Cluster(8, 2, 32), cost, mode)
+        assert sorted(s for p in plan.parents for s in p.group.samples) == list(range(len(lengths)))
+
+
+def test_the_results_reader_keeps_non_finite_values(tmp_path):
+    rows = [
+        {"engine": "torch", "mode": "baseline", "step": 0, "step_time_s": 1.5, "mfu": 0.1, "loss": float("nan"), "plan_hash": "ab"},
+        {"engine": "torch", "mode": "baseline", "step": 1, "step_time_s": 1.5, "mfu": 0.1, "loss": float("inf"), "plan_hash": "cd"},
+    ]
+    write_run(str(tmp_path), rows, {"engine": "torch"})
+    got, _ = read_run(str(tmp_path))
+    assert math.isnan(got[0]["loss"]) and got[1]["loss"] == math.inf and got[0]["step"] == 0 and got[0]["lower_bound_s"] is None
+
+
+def test_every_registered_sparse_kind_runs_with_its_declared_defaults(tmp_path):
+    _, summary = ablation.main(["--sparse-kind", "chunked", "--seeds", "1", "--steps", "5", "--out", str(tmp_path / "o"), "--no-progress"])
+    assert summary["config"]["model"]["sparse_params"] == {"chunk": 8192}
