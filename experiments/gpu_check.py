@@ -5,7 +5,7 @@
 
 1. Triton pack/unpack against the torch reference on CUDA tensors, bit for bit, with every fresh
    buffer NaN-poisoned: fp32/bf16/fp16, head dims 1/63/128, Q+K+V (GQA) segments, the entry and
-   exit exchanges of solver plans in the three modes.
+   exit exchanges of solver plans in every mode.
 2. The kernel benchmark (experiments.kernel_bench) with the targets checked: at 64 MB and more,
    Triton at least 80% of the device-copy bandwidth and faster than the torch path.
 3. flash-attn against the torch path (tests/test_attention.py -k flash), when it is installed.

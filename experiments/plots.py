@@ -106,7 +106,7 @@ def plot_breakdown(summary: dict, ax=None):
         bottom += vals
     ax.set(title="Where a step's time goes (mean over ranks and steps)", xlabel="mode", ylabel="seconds per step")
     ax.tick_params(axis="x", rotation=15)
-    ax.legend(loc="lower right", fontsize=8)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
     return ax
 
 

@@ -52,7 +52,7 @@ def parse_args(argv=None):
         "--mode",
         default="repack+solver",
         choices=list(MODES) + ["all"],
-        help="layout mode; 'all' runs every step in the three modes without optimizer updates (replay)",
+        help="layout mode; 'all' runs every step in every mode without optimizer updates (replay)",
     )
     ap.add_argument("--model", default="tiny", help="model preset: tiny (CPU), small (GPU cluster), paper (cost model only)")
     ap.add_argument("--hardware", default="h100", help="hardware preset, for MFU's peak FLOP/s")

@@ -32,17 +32,7 @@ class LeastLoaded:
     def least_loaded(self, kind: Hashable, has_room: Callable[[int], bool]) -> int:
         """The least-loaded bin of `kind` for which has_room(bin) holds, or -1."""
         heap, load = self.heaps[kind], self.load
-        while heap:  # the common case: a fresh top with room, nothing to put back
-            key, b = heap[0]
-            now = load(b)
-            if key != now:  # stale: the bin took an item since this entry was pushed
-                heapq.heapreplace(heap, (now, b))
-                continue
-            if has_room(b):
-                return b
-            break
-        skipped = []
-        found = -1
+        found, skipped = -1, None  # no list made in the common case: a fresh top with room
         while heap:
             key, b = heap[0]
             now = load(b)
@@ -52,7 +42,9 @@ class LeastLoaded:
             if has_room(b):
                 found = b
                 break
+            if skipped is None:
+                skipped = []
             skipped.append(heapq.heappop(heap))
-        for e in skipped:
+        for e in skipped or ():
             heapq.heappush(heap, e)
         return found
