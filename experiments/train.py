@@ -145,7 +145,7 @@ def build_source(args, cfg: ModelConfig, world: int):
     if args.trace:
         steps = load_trace(args.trace)
         return LengthSource([lengths for _, lengths in steps], cfg.vocab, args.seed, [n for n, _ in steps]), None
-    shape = args.workload or ("tiny" if cfg.name == "tiny" else "default")
+    shape = args.workload or ("tiny" if cfg.name.startswith("tiny") else "default")
     over = dict(TINY_WORKLOAD) if shape == "tiny" else {"tokens_per_step": default_tokens_per_step(world)}
     if args.tokens_per_step:
         over["tokens_per_step"] = args.tokens_per_step
@@ -226,7 +226,7 @@ def set_up(args, rank: int, world: int, device: torch.device) -> Run:
     """Model, cluster, data, optimizer and process groups; restored from a checkpoint on --resume."""
     cfg = ModelConfig.from_name(args.model)
     gpn = args.gpus_per_node or int(os.environ.get("LOCAL_WORLD_SIZE", world))
-    budget = args.tokens_per_rank or (TINY_TOKENS_PER_RANK if cfg.name == "tiny" else DEFAULT_TOKENS_PER_RANK)
+    budget = args.tokens_per_rank or (TINY_TOKENS_PER_RANK if cfg.name.startswith("tiny") else DEFAULT_TOKENS_PER_RANK)
     cluster = Cluster(world, gpn, budget)
     hw = HardwareConfig.from_name(args.hardware)
     cost = CostModel(cfg, hw).for_cluster(cluster)

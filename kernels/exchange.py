@@ -22,22 +22,58 @@ import torch.distributed as dist
 from .permute import gather_heads, scatter_heads
 
 
-def head_split_map(segments: Sequence[int], group_size: int) -> np.ndarray:
-    """[P, sum(segments) / P] token-side head index of each head a peer gets, segment by segment."""
-    for s in segments:
-        if s % group_size:
-            raise ValueError(
-                f"a head segment of {s} heads cannot be split over a group of {group_size} ranks; every head count "
-                f"(query and key/value heads) must be a multiple of every group size used (KV-head replication is not "
-                f"supported: use n_kv_heads >= the widest group, or a narrower parent)"
-            )
+def head_split_map(segments: Sequence[int], group_size: int, replicated: bool = False) -> np.ndarray:
+    """[P, heads per peer] token-side head index of each head a peer gets, segment by segment.
+
+    A segment of s heads that P divides gives each peer s / P heads. The first segment (query
+    heads, or an attention output) must split so. A later one (key/value heads) narrower than the
+    group, s dividing P, is replicated: peer j gets head j // (P / s), the key/value head its query
+    heads attend to in the model's GQA mapping. replicated=True numbers those heads instead by
+    replica slot (peer j: slot j of the segment's P), the layout the way back unpacks into before
+    the replicas' gradients are summed (fold_replicas)."""
     off, parts = 0, []
-    for s in segments:
-        k = s // group_size
-        parts.append(off + np.arange(group_size)[:, None] * k + np.arange(k)[None, :])
-        off += s
+    for i, s in enumerate(segments):
+        if s % group_size == 0:
+            k = s // group_size
+            parts.append(off + np.arange(group_size)[:, None] * k + np.arange(k)[None, :])
+            off += s
+        elif i > 0 and group_size % s == 0:
+            if replicated:
+                parts.append(off + np.arange(group_size)[:, None])
+                off += group_size
+            else:
+                parts.append(off + (np.arange(group_size) // (group_size // s))[:, None])
+                off += s
+        else:
+            raise ValueError(
+                f"a head segment of {s} heads cannot be split over a group of {group_size} ranks: query heads must be a "
+                f"multiple of every group size used, and key/value heads a multiple or a divisor of it (then replicated)"
+            )
     rows = np.concatenate(parts, axis=1) if parts else np.zeros((group_size, 0), dtype=np.int64)
     return rows.astype(np.int32)
+
+
+def replica_segments(segments: Sequence[int], group_size: int) -> tuple[tuple[int, int], ...] | None:
+    """(heads, replicas) per segment when an exchange over `group_size` replicates any (replicas 1
+    otherwise); None when nothing is replicated."""
+    out = tuple((s, group_size // s if s % group_size and group_size % s == 0 else 1) for s in segments)
+    return out if any(r > 1 for _, r in out) else None
+
+
+def fold_replicas(x: torch.Tensor, replicas: tuple[tuple[int, int], ...]) -> torch.Tensor:
+    """[n, sum(heads x replicas), D] -> [n, sum(heads), D]: each replicated head's slots summed, in
+    slot order (a fixed order: deterministic, no atomics). The backward of a replicating entry:
+    every replica of a key/value head sends back its gradient, and the gradients add up.
+
+    >>> fold_replicas(torch.ones(2, 1 + 4, 3), ((1, 1), (2, 2))).shape
+    torch.Size([2, 3, 3])
+    """
+    parts, at = [], 0
+    for heads, r in replicas:
+        seg = x[:, at : at + heads * r]
+        parts.append(seg if r == 1 else seg.reshape(x.shape[0], heads, r, x.shape[2]).sum(dim=2))
+        at += heads * r
+    return torch.cat(parts, dim=1)
 
 
 @dataclass(frozen=True, eq=False)
@@ -61,6 +97,9 @@ class ExchangeArgs:
     unpack_rows: torch.Tensor
     unpack_peers: torch.Tensor
     unpack_map: torch.Tensor
+    # on the way back (to_heads False) of a replicating exchange: unpack into one slot per replica
+    # (out_heads counts them), then fold_replicas sums them into the token side's heads
+    replicas: tuple[tuple[int, int], ...] | None = None
     _inverse: list = field(default_factory=list, repr=False)
 
     @property
@@ -115,10 +154,14 @@ def exchange_args(plan, segments: Sequence[int], device: torch.device | str = "c
     def idx(a):
         return torch.as_tensor(np.asarray(a, dtype=np.int64), device=device)
 
-    if plan.to_heads:  # token side in, head side out: pack splits heads, unpack keeps them
+    replicas = replica_segments(segments, p)
+    if plan.to_heads:  # token side in, head side out: pack splits heads (replicating), unpack keeps them
         pack_map, unpack_map, in_heads, out_heads = split, ident, tokens_heads, hs
-    else:
+    elif replicas is None:
         pack_map, unpack_map, in_heads, out_heads = ident, split, hs, tokens_heads
+    else:  # into replica slots, summed by unpack (fold_replicas)
+        slots = torch.as_tensor(head_split_map(segments, p, replicated=True), device=device)
+        pack_map, unpack_map, in_heads, out_heads = ident, slots, hs, sum(h * r for h, r in replicas)
     if len(plan.pack_rows) != sum(send) or len(plan.unpack_rows) != sum(recv):
         raise ValueError(
             f"rank {plan.rank}: plan rows ({len(plan.pack_rows)}, {len(plan.unpack_rows)}) do not match "
@@ -138,6 +181,7 @@ def exchange_args(plan, segments: Sequence[int], device: torch.device | str = "c
         unpack_rows=idx(plan.unpack_rows),
         unpack_peers=peers(recv),
         unpack_map=unpack_map,
+        replicas=None if plan.to_heads else replicas,
     )
 
 
@@ -228,7 +272,8 @@ def pack(x: torch.Tensor, args: ExchangeArgs, path: str = "auto") -> torch.Tenso
 
 
 def unpack(recv: torch.Tensor, args: ExchangeArgs, path: str = "auto") -> torch.Tensor:
-    return scatter_heads(recv, args.unpack_rows, args.unpack_peers, args.unpack_map, args.n_out, args.out_heads, path)
+    out = scatter_heads(recv, args.unpack_rows, args.unpack_peers, args.unpack_map, args.n_out, args.out_heads, path)
+    return out if args.replicas is None else fold_replicas(out, args.replicas)
 
 
 class _Exchange(torch.autograd.Function):

@@ -33,12 +33,16 @@ def validate(plan: StepPlan, cfg: ModelConfig, world_size: int, rank: int, check
         raise LayoutError(f"the plan is for {plan.cluster.world_size} ranks but the process group has {world_size}")
     sizes = sorted({g.size for g in plan.parent_layout.groups} | {g.size for g in plan.child_layout.groups})
     for p in sizes:
-        for name, h in (("n_heads", cfg.n_heads), ("n_kv_heads", cfg.n_kv_heads)):
-            if h % p:
-                raise LayoutError(
-                    f"{name}={h} is not divisible by group size {p} used by this plan (group sizes {sizes}); KV-head "
-                    f"replication is not supported: every head count must be a multiple of every group size"
-                )
+        if cfg.n_heads % p:
+            raise LayoutError(
+                f"n_heads={cfg.n_heads} is not divisible by group size {p} used by this plan (group sizes {sizes}): "
+                f"query heads must split evenly over every group"
+            )
+        if cfg.n_kv_heads % p and p % cfg.n_kv_heads:
+            raise LayoutError(
+                f"n_kv_heads={cfg.n_kv_heads} neither divides nor is divided by group size {p} used by this plan (group "
+                f"sizes {sizes}): key/value heads split evenly or are replicated over p / n_kv_heads ranks each"
+            )
     if check_hash and dist.is_initialized():
         hashes = [None] * world_size
         dist.all_gather_object(hashes, plan.hash)
@@ -86,7 +90,7 @@ class DistributedContext:
         self.total_tokens = int(sum(n for _, n in plan.lengths))
 
     def _heads(self, y: torch.Tensor, p: int):
-        h, hkv = self.cfg.n_heads // p, self.cfg.n_kv_heads // p
+        h, hkv = self.cfg.n_heads // p, max(self.cfg.n_kv_heads // p, 1)  # one replicated KV head when p > n_kv_heads
         return y[:, :h], y[:, h : h + hkv], y[:, h + hkv :]
 
     def attend(self, qkv, kind, layer):

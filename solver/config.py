@@ -235,3 +235,7 @@ HARDWARE_PRESETS: dict[str, HardwareConfig] = {
     "h100": HardwareConfig(),
     "h200": HardwareConfig(name="h200"),  # same compute and links as H100 SXM; more HBM
 }
+
+# tiny with grouped-query attention, 8 query / 2 key-value heads: SP4 and SP8 groups replicate
+# each key/value head over 2 and 4 ranks
+MODEL_PRESETS["tiny-gqa"] = MODEL_PRESETS["tiny"].replace(name="tiny-gqa", n_kv_heads=2)

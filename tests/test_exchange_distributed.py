@@ -9,7 +9,9 @@ from tests.dist_utils import run_distributed
 from tests.test_kernels import features
 
 WORLD, NODE = 8, 2
-QKV = [16, 8, 8]  # 16 query heads, 8 key/value heads (GQA), one exchange
+# 16 query heads and 8 or 2 key/value heads (GQA): Q, K and V in one exchange; with 2 KV heads the
+# SP8 parent replicates each over 4 ranks (and the backward sums the replicas' gradients)
+QKV_CASES = ([16, 8, 8], [16, 2, 2])
 D = 3
 
 
@@ -22,6 +24,11 @@ def repack_plan() -> StepPlan:
 
 
 def _body(rank, world):
+    for qkv in QKV_CASES:
+        _check_exchanges(rank, world, qkv)
+
+
+def _check_exchanges(rank, world, QKV):
     plan = repack_plan()
     parent, child = plan.parent_layout, plan.child_layout
     entry_plans = token_to_head_plan(child, parent)
@@ -31,11 +38,11 @@ def _body(rank, world):
     entry = {r: exchange_args(entry_plans[r], QKV) for r in range(world)}
     exit_ = {r: exchange_args(exit_plans[r], QKV[:1]) for r in range(world)}
     xs = {r: features(token_ids(child, r), sum(QKV), D, torch.float64) for r in range(world)}
-    weights = {r: torch.cos(torch.arange(xs[r].shape[0] * 16 * D, dtype=torch.float64)).view(-1, 16, D) for r in range(world)}
+    weights = {r: torch.cos(torch.arange(xs[r].shape[0] * QKV[0] * D, dtype=torch.float64)).view(-1, QKV[0], D) for r in range(world)}
     # single-process reference: the same permutation on every rank at once, differentiated by torch
     ref_x = {r: xs[r].clone().requires_grad_() for r in range(world)}
     ref_heads = exchange_all_ranks(ref_x, entry, "torch")
-    ref_out = exchange_all_ranks({r: ref_heads[r][:, :2].contiguous() for r in range(world)}, exit_, "torch")
+    ref_out = exchange_all_ranks({r: ref_heads[r][:, : QKV[0] // 8].contiguous() for r in range(world)}, exit_, "torch")
     sum((ref_out[r] * weights[r]).sum() + ref_heads[r].sum() for r in range(world)).backward()
 
     for path in ("torch", "triton"):
@@ -43,10 +50,10 @@ def _body(rank, world):
         x = xs[rank].clone().requires_grad_()
         heads = exchange(x, entry[rank], transport, path, stats, "full.entry")
         assert torch.equal(heads, ref_heads[rank].detach())
-        q_heads = heads[:, : 16 // 8].contiguous()  # this rank's slice of the query heads
+        q_heads = heads[:, : QKV[0] // 8].contiguous()  # this rank's slice of the query heads
         out = exchange(q_heads, exit_[rank], transport, path, stats, "full.exit")
         # entry then exit with the repacking layout returns every token to the rank the child layout names
-        assert torch.equal(out, xs[rank][:, :16])
+        assert torch.equal(out, xs[rank][:, : QKV[0]])
         # the backward runs our _Exchange.backward (the inverse exchanges, over gloo); the yardstick
         # is torch's autograd of the single-process permutation
         ((out * weights[rank]).sum() + heads.sum()).backward()
@@ -54,7 +61,7 @@ def _body(rank, world):
         torch.testing.assert_close(x.grad, ref_grad, rtol=0, atol=0)
         assert stats.calls["full.entry"] == 1 and stats.calls["full.exit"] == 1
         assert stats.calls["full.entry.bwd"] == 1 and stats.calls["full.exit.bwd"] == 1
-        row_bytes = (sum(QKV) // 8) * D * 8
+        row_bytes = entry[rank].out_heads * D * 8  # this rank's heads of each peer's slice, replicas included
         expect = exchange_bytes(entry_plans, world, row_bytes)[rank]
         for dst in range(world):
             if dst != rank:

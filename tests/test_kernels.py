@@ -43,8 +43,8 @@ def test_triton_pack_unpack_bit_exact_with_reference(plan, dtype, dim):
 
     dt = DTYPES[dtype]
     world = plan.cluster.world_size
-    heads = 16  # divisible by every group size drawn here
-    segments = [heads, heads // 2, heads // 2] if plan.widest_parent <= 8 else [heads]
+    # 16 query heads split over every group drawn here; 2 key/value heads, replicated in SP4/SP8
+    segments = [16, 2, 2]
     entry = token_to_head_plan(plan.child_layout, plan.parent_layout)
     for r in range(world):
         a = exchange_args(entry[r], segments)
@@ -61,7 +61,7 @@ def test_triton_pack_unpack_bit_exact_with_reference(plan, dtype, dim):
         sent = gather_heads(y, inv.pack_rows, inv.pack_peers, inv.pack_map, "triton")
         assert torch.equal(sent, gather_heads(y, inv.pack_rows, inv.pack_peers, inv.pack_map, "torch"))
         recv2 = torch.randn(sum(inv.recv_counts), inv.pack_map.shape[1], dim).to(dt)
-        args2 = (inv.unpack_rows, inv.unpack_peers, inv.unpack_map, inv.n_out, inv.out_heads)
+        args2 = (inv.unpack_rows, inv.unpack_peers, inv.unpack_map, inv.n_out, inv.out_heads)  # replica slots, every one written
         back = scatter_heads(recv2, *args2, "triton")
         assert not torch.isnan(back).any() and torch.equal(back, scatter_heads(recv2, *args2, "torch"))
 
@@ -96,8 +96,34 @@ def test_entry_then_exit_repacks_every_token_to_its_owner(plan, path):
 def test_qkv_travel_in_one_exchange_with_gqa_head_split():
     m = head_split_map([8, 2, 2], 2)
     assert m.tolist() == [[0, 1, 2, 3, 8, 10], [4, 5, 6, 7, 9, 11]]
+    # wider than the key/value heads: each rank gets the one its query heads attend to
+    assert head_split_map([8, 2, 2], 4).tolist() == [[0, 1, 8, 10], [2, 3, 8, 10], [4, 5, 9, 11], [6, 7, 9, 11]]
+    with pytest.raises(ValueError, match="a head segment of 3 heads cannot be split over a group of 2 ranks"):
+        head_split_map([8, 3, 3], 2)
     with pytest.raises(ValueError, match="a head segment of 2 heads cannot be split over a group of 4 ranks"):
-        head_split_map([8, 2, 2], 4)
+        head_split_map([2], 4)  # query heads are never replicated
+
+
+@pytest.mark.usefixtures("poison_empty")
+@pytest.mark.parametrize("path", ["torch", "triton"])
+def test_gqa_entry_sends_each_rank_its_kv_head_and_the_way_back_sums_the_replicas(path):
+    from solver import Group, TokenLayout, head_token_ids, token_ids
+
+    lengths = {0: 9, 1: 5, 2: 1}
+    parent = TokenLayout((Group(0, 4, (0, 1, 2)),), lengths)
+    child = TokenLayout((Group(0, 2, (0,)), Group(2, 1, (1,)), Group(3, 1, (2,))), lengths)
+    segments, dim = [8, 2, 2], 3  # SP4 over 2 key/value heads: each replicated on 2 ranks
+    entry = token_to_head_plan(child, parent)
+    ent = {r: exchange_args(entry[r], segments) for r in range(4)}
+    xs = {r: features(token_ids(child, r), 12, dim, torch.float64) for r in range(4)}
+    heads = exchange_all_ranks(xs, ent, path)
+    whole = features(head_token_ids(parent, parent.groups[0]), 12, dim, torch.float64)
+    for j in range(4):  # rank j: query heads 2j, 2j+1 and the key/value head j // 2 they attend to (8 // 2 per KV head)
+        want = torch.cat([whole[:, 2 * j : 2 * j + 2], whole[:, 8 + j // 2 : 9 + j // 2], whole[:, 10 + j // 2 : 11 + j // 2]], dim=1)
+        assert torch.equal(heads[j], want)
+    back = exchange_all_ranks(heads, {r: a.inverse() for r, a in ent.items()}, path)
+    for r in range(4):  # the backward: each query head once, each key/value head from its 2 replicas
+        assert torch.equal(back[r][:, :8], xs[r][:, :8]) and torch.equal(back[r][:, 8:], 2 * xs[r][:, 8:])
 
 
 def test_gpu_check_script_runs_its_cpu_smoke_and_refuses_without_cuda(tmp_path):

@@ -4,15 +4,33 @@ repack+solver plans gives the single-process loss and gradients, with both pack 
 import numpy as np
 import pytest
 import torch
+import torch.distributed as dist
 
 from kernels.exchange import AlignedGroups, CommStats
 from model import HybridMoE, LocalContext, next_token_labels
 from model.distributed import LayoutError, label_count, run_step, validate
-from solver import MODES, Cluster, CostModel, Group, HardwareConfig, ModelConfig, ParentPlan, StepPlan, make_plan, samples_from_lengths
+from solver import (
+    MODES,
+    Cluster,
+    CostModel,
+    Group,
+    HardwareConfig,
+    ModelConfig,
+    ParentPlan,
+    StepPlan,
+    TrainingConfig,
+    make_plan,
+    samples_from_lengths,
+)
+from solver.simulator import simulate
 from tests.dist_utils import run_distributed
 
 WORLD, NODE = 8, 2
 CFG = ModelConfig.from_name("tiny", aux_loss_coef=0.01)
+# grouped-query attention with 2 key/value heads: the SP8 parent replicates each over 4 ranks, the
+# SP4 groups over 2, the SP2 children split them
+GQA = ModelConfig.from_name("tiny-gqa", aux_loss_coef=0.01)
+CONFIGS = {"mha": CFG, "gqa": GQA}
 LENGTHS = [61, 23, 17, 9, 7, 5, 3, 2, 1, 11]
 
 
@@ -21,9 +39,9 @@ def sample_tokens(lengths):
     return {i: rng.integers(0, CFG.vocab, n) for i, n in enumerate(lengths)}
 
 
-def make_model():
+def make_model(cfg=CFG):
     torch.manual_seed(0)
-    return HybridMoE(CFG).double()
+    return HybridMoE(cfg).double()
 
 
 def hand_plans():
@@ -37,65 +55,80 @@ def hand_plans():
     return base, rep
 
 
-def solver_plans():
-    cost = CostModel(CFG, HardwareConfig())
+def solver_plans(cfg=CFG):
+    cost = CostModel(cfg, HardwareConfig())
     return [make_plan(samples_from_lengths(LENGTHS), Cluster(WORLD, NODE, 32), cost, m) for m in MODES]
 
 
-def reference(lengths):
+def reference(lengths, cfg=CFG):
     toks = sample_tokens(lengths)
-    model = make_model()
+    model = make_model(cfg)
     ids = list(range(len(lengths)))
     tokens = torch.as_tensor(np.concatenate([toks[i] for i in ids]))
     labels = torch.as_tensor(np.concatenate(next_token_labels([toks[i] for i in ids])))
-    loss = model.loss(tokens, labels, LocalContext(lengths, CFG, "torch"), sum(n - 1 for n in lengths))
+    loss = model.loss(tokens, labels, LocalContext(lengths, cfg, "torch"), sum(n - 1 for n in lengths))
     loss.backward()
     return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
 
 
-def _body(rank, world, ref_loss, ref_grads):
+def _body(rank, world, refs):
     groups = AlignedGroups(world)
     base, rep = hand_plans()
-    plans = solver_plans() + [base, rep]
-    counts = {}
-    for plan in plans:
-        # the Triton kernels move data bit-exactly like the torch path (test_kernels); here they
-        # run once, on the hand-made repacked plan, to show the whole step through them
-        for path in ("torch", "triton") if plan is rep else ("torch",):
-            model = make_model()
-            stats = CommStats(gpus_per_node=NODE)
-            loss = run_step(model, plan, sample_tokens(LENGTHS), groups, path, "torch", stats)
-            torch.testing.assert_close(loss, ref_loss, rtol=1e-10, atol=1e-12)
-            for n, p in model.named_parameters():
-                torch.testing.assert_close(p.grad, ref_grads[n], rtol=1e-9, atol=1e-11, msg=f"{plan.mode} {path} {n}")
-            counts[(plan.hash, path)] = stats
-    b, r = counts[(base.hash, "torch")], counts[(rep.hash, "torch")]
-    # the repacked step issues exactly the baseline's all-to-alls at full-attention sites, nothing else ...
-    assert r.total_calls("full") == b.total_calls("full") == 2 * 2 * CFG.n_full
-    assert set(r.calls) <= {
-        "full.entry",
-        "full.exit",
-        "full.entry.bwd",
-        "full.exit.bwd",
-        "sparse.entry",
-        "sparse.exit",
-        "sparse.entry.bwd",
-        "sparse.exit.bwd",
-    }
-    # ... and its sparse layers send nothing across emulated nodes, where the baseline's do: in the
-    # baseline every rank holds a slice of the 8-rank parent's tokens and sends some to other nodes
-    assert r.inter_node_bytes("sparse") == 0
-    assert b.inter_node_bytes("sparse") > 0
+    for name, cfg in CONFIGS.items():
+        ref_loss, ref_grads = refs[name]
+        counts = {}
+        # every mode's solver plan for the plain heads; for GQA the solver's plan and the hand-made
+        # ones, which already hold the replicated (SP8) and split (SP2) key/value heads
+        plans = solver_plans(cfg) if name == "mha" else solver_plans(cfg)[2:3]
+        for plan in plans + [base, rep]:
+            # the Triton kernels move data bit-exactly like the torch path (test_kernels); here they
+            # run once per head layout, on the hand-made repacked plan, to show the whole step through them
+            for path in ("torch", "triton") if plan is rep else ("torch",):
+                model = make_model(cfg)
+                stats = CommStats(gpus_per_node=NODE)
+                loss = run_step(model, plan, sample_tokens(LENGTHS), groups, path, "torch", stats)
+                torch.testing.assert_close(loss, ref_loss, rtol=1e-10, atol=1e-12)
+                for n, p in model.named_parameters():
+                    torch.testing.assert_close(p.grad, ref_grads[n], rtol=1e-9, atol=1e-11, msg=f"{name} {plan.mode} {path} {n}")
+                counts[(plan.hash, path)] = stats
+        b, r = counts[(base.hash, "torch")], counts[(rep.hash, "torch")]
+        # the repacked step issues exactly the baseline's all-to-alls at full-attention sites, nothing else ...
+        assert r.total_calls("full") == b.total_calls("full") == 2 * 2 * cfg.n_full
+        sites = {f"{k}.{d}{bwd}" for k in ("full", "sparse") for d in ("entry", "exit") for bwd in ("", ".bwd")}
+        assert set(r.calls) <= sites
+        # ... and its sparse layers send nothing across emulated nodes, where the baseline's do: in the
+        # baseline every rank holds a slice of the 8-rank parent's tokens and sends some to other nodes
+        assert r.inter_node_bytes("sparse") == 0
+        assert b.inter_node_bytes("sparse") > 0
+        # the bytes every rank counted, summed, are the bytes the simulator prices for the same plan
+        # (fp64 elements, no recompute: the driver runs each exchange forward and backward once)
+        for plan, stats in ((base, b), (rep, r)):
+            counted = torch.tensor(
+                [
+                    stats.intra_node_bytes("full"),
+                    stats.inter_node_bytes("full"),
+                    stats.intra_node_bytes("sparse"),
+                    stats.inter_node_bytes("sparse"),
+                ],
+                dtype=torch.float64,
+            )
+            dist.all_reduce(counted)
+            sim_cost = CostModel(cfg, HardwareConfig(bytes_per_element=8), training=TrainingConfig(recompute="none"))
+            sim = simulate(plan, sim_cost)
+            priced = [sim.full_intra_bytes, sim.full_inter_bytes, sim.sparse_intra_bytes, sim.sparse_inter_bytes]
+            assert counted.tolist() == priced, (name, plan.mode, counted.tolist(), priced)
 
 
 def test_distributed_step_matches_single_process_in_every_mode():
-    ref_loss, ref_grads = reference(LENGTHS)  # once, here; every rank compares with it
-    run_distributed(_body, WORLD, ref_loss, ref_grads)
+    refs = {name: reference(LENGTHS, cfg) for name, cfg in CONFIGS.items()}  # once, here; every rank compares with them
+    run_distributed(_body, WORLD, refs)
 
 
 def test_solver_plans_cover_the_cases_the_equivalence_test_claims():
-    plans = solver_plans()
-    assert any(p.group.size > NODE for plan in plans for p in plan.parents), "a parent must span emulated nodes"
+    for cfg in CONFIGS.values():
+        plans = solver_plans(cfg)
+        assert any(p.group.size > NODE for plan in plans for p in plan.parents), "a parent must span emulated nodes"
+    assert any(p.group.size > GQA.n_kv_heads for plan in solver_plans(GQA) for p in plan.parents), "a group must replicate KV heads"
     base, rep = hand_plans()
     assert rep.parents[0].repacked and all(c.size <= NODE for c in rep.parents[0].children)
 
@@ -104,6 +137,9 @@ def test_validation_names_the_problem():
     base, _ = hand_plans()
     with pytest.raises(LayoutError, match="the plan is for 8 ranks but the process group has 4"):
         validate(base, CFG, 4, 0, check_hash=False)
-    with pytest.raises(LayoutError, match="n_kv_heads=4 is not divisible by group size 8"):
-        validate(base, CFG.replace(n_kv_heads=4), 8, 0, check_hash=False)
+    with pytest.raises(LayoutError, match="n_kv_heads=3 neither divides nor is divided by group size 8"):
+        validate(base, CFG.replace(n_kv_heads=3, n_heads=24), 8, 0, check_hash=False)
+    with pytest.raises(LayoutError, match="n_heads=4 is not divisible by group size 8"):
+        validate(base, CFG.replace(n_heads=4, n_kv_heads=2), 8, 0, check_hash=False)
+    validate(base, GQA, 8, 0, check_hash=False)  # 2 key/value heads on 8 ranks: replicated, runs
     assert label_count(base) == sum(LENGTHS) - len(LENGTHS)

@@ -25,7 +25,7 @@ def test_notebook_runs(name, tmp_path, monkeypatch):
     monkeypatch.setenv("MPLBACKEND", "Agg")
     if name == "ablation.ipynb":
         # a short ablation for the notebook to read (with none it runs the default one: ~1 minute)
-        ablation.main(["--seeds", "2", "--steps", "60", "--out", str(results / "ablation"), "--no-progress"])
-        sweep.main(["--factor", "fill", "--factor", "ratio", "--seeds", "1", "--steps", "15", "--out", str(results / "sweep")])
+        ablation.main(["--seeds", "2", "--steps", "30", "--out", str(results / "ablation"), "--no-progress"])
+        sweep.main(["--factor", "fill", "--factor", "ratio", "--seeds", "1", "--steps", "8", "--out", str(results / "sweep")])
     nb = nbformat.read(os.path.join(NB_DIR, name), as_version=4)
     NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": NB_DIR}}).execute()
