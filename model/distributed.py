@@ -16,7 +16,7 @@ import torch.distributed as dist
 import torch.distributed.nn.functional as dist_fn
 
 from kernels.exchange import AlignedGroups, CommStats, dist_transport, exchange, exchange_args
-from solver import StepPlan, head_cu_seqlens, head_to_token_plan, token_ids, token_to_head_plan
+from solver import StepPlan, head_cu_seqlens, token_ids, token_to_head_rank
 from solver.config import ModelConfig
 
 from .attention import varlen_attention
@@ -54,6 +54,22 @@ def validate(plan: StepPlan, cfg: ModelConfig, world_size: int, rank: int, check
             )
 
 
+def rank_exchanges(plan: StepPlan, cfg: ModelConfig, rank: int, device="cpu"):
+    """(full entry, full exit, sparse entry, sparse exit) of `rank`, as device tensors: only this
+    rank's part of each exchange, so the host work of a step grows with the rank's groups, not
+    with the cluster (experiments.host_bench times it). An exit is its entry's inverse."""
+    parent, child = plan.parent_layout, plan.child_layout
+    qkv = [cfg.n_heads, cfg.n_kv_heads, cfg.n_kv_heads]
+    full = token_to_head_rank(child, parent, rank)
+    sparse = token_to_head_rank(child, child, rank)
+    return (
+        exchange_args(full, qkv, device),
+        exchange_args(full.inverse(), qkv[:1], device),
+        exchange_args(sparse, qkv, device),
+        exchange_args(sparse.inverse(), qkv[:1], device),
+    )
+
+
 class DistributedContext:
     """Attention for one rank of one step, with the step's exchanges precomputed."""
 
@@ -71,13 +87,9 @@ class DistributedContext:
         self.cfg, self.rank, self.path, self.backend, self.stats = cfg, rank, path, backend, stats
         self.transport = dist_transport(groups)
         parent, child = plan.parent_layout, plan.child_layout
-        qkv = [cfg.n_heads, cfg.n_kv_heads, cfg.n_kv_heads]
         self.parent_group = parent.group_of_rank()[rank]
         self.child_group = child.group_of_rank()[rank]
-        self.full_entry = exchange_args(token_to_head_plan(child, parent)[rank], qkv, device)
-        self.full_exit = exchange_args(head_to_token_plan(parent, child)[rank], qkv[:1], device)
-        self.sparse_entry = exchange_args(token_to_head_plan(child, child)[rank], qkv, device)
-        self.sparse_exit = exchange_args(head_to_token_plan(child, child)[rank], qkv[:1], device)
+        self.full_entry, self.full_exit, self.sparse_entry, self.sparse_exit = rank_exchanges(plan, cfg, rank, device)
         full_cu = head_cu_seqlens(parent, self.parent_group)
         sparse_cu = head_cu_seqlens(child, self.child_group)
         # the longest sample of each head layout, from the host copy: no device sync per layer

@@ -11,10 +11,12 @@ from .layout import (
     exchange_bytes,
     head_cu_seqlens,
     head_to_token_plan,
+    head_to_token_rank,
     head_token_ids,
     simulate_exchange,
     token_ids,
     token_to_head_plan,
+    token_to_head_rank,
 )
 from .plan import MODES, ParentPlan, StepPlan
 from .planner import make_plan, plan_from_parents
@@ -40,7 +42,9 @@ __all__ = [
     "exchange_bytes",
     "head_cu_seqlens",
     "head_to_token_plan",
+    "head_to_token_rank",
     "token_to_head_plan",
+    "token_to_head_rank",
     "head_token_ids",
     "simulate_exchange",
     "token_ids",

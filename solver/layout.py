@@ -63,10 +63,14 @@ class TokenLayout:
 
     groups: tuple[Group, ...]
     lengths: Mapping[int, int] = field(hash=False, compare=True)
+    _by_rank: dict | None = field(default=None, init=False, repr=False, compare=False, hash=False)
 
     # ----- queries -------------------------------------------------------------------------
     def group_of_rank(self) -> dict[int, Group]:
-        return {r: g for g in self.groups for r in g.ranks}
+        """rank -> its group (made once per layout: every per-rank query reads it)."""
+        if self._by_rank is None:
+            object.__setattr__(self, "_by_rank", {r: g for g in self.groups for r in g.ranks})
+        return self._by_rank
 
     def local_segments(self, rank: int) -> list[tuple[int, int, int]]:
         """(sample_id, first_token, stop_token) of every chunk `rank` holds, in local order."""
@@ -190,18 +194,58 @@ def _head_groups(src: TokenLayout, heads: TokenLayout) -> dict[int, Group]:
     return by_rank
 
 
-def _group_token_index(src: TokenLayout, hg: Group, rank: int) -> np.ndarray:
-    """For each local token of `rank` in `src`, its row in the head layout of group `hg`."""
+def _group_token_rows(src: TokenLayout, hg: Group) -> dict[int, np.ndarray]:
+    """For every rank of head group `hg`: the row in hg's head layout of each of its local tokens
+    in `src`, in local order. One array expression per token-layout group inside hg (chunk
+    bounds of all its samples at once), no per-sample Python work."""
     offset, at = {}, 0
     for s in hg.samples:
         offset[s] = at
         at += src.lengths[s]
-    parts = [np.arange(offset[s] + a, offset[s] + b, dtype=np.int64) for s, a, b in src.local_segments(rank)]
-    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+    by_rank = src.group_of_rank()
+    out: dict[int, np.ndarray] = {}
+    for r in hg.ranks:
+        if r in out:
+            continue
+        g = by_rank[r]
+        lens = np.array([src.lengths[s] for s in g.samples], dtype=np.int64)
+        offs = np.array([offset[s] for s in g.samples], dtype=np.int64)
+        bounds = lens[:, None] * np.arange(g.size + 1, dtype=np.int64)[None, :] // g.size  # chunk_bounds of every sample
+        for j in range(g.size):
+            starts, n = bounds[:, j], bounds[:, j + 1] - bounds[:, j]
+            before = np.cumsum(n) - n  # rows of this rank's earlier chunks
+            out[g.start + j] = np.repeat(offs + starts - before, n) + np.arange(int(n.sum()), dtype=np.int64)
+    return out
+
+
+def _entry_of_group(src: TokenLayout, heads: TokenLayout, hg: Group, ranks=None) -> dict[int, RankExchange]:
+    """The entry exchange of `ranks` (default: every rank) of head group `hg`; the work grows with
+    the group's tokens, not with the cluster."""
+    idx = _group_token_rows(src, hg)
+    counts = np.array([len(idx[r]) for r in hg.ranks], dtype=np.int64)
+    n_group = heads.group_tokens(hg)
+    unpack = np.concatenate([idx[r] for r in hg.ranks])
+    plans = {}
+    for r in hg.ranks if ranks is None else ranks:
+        n = len(idx[r])
+        plans[r] = RankExchange(
+            to_heads=True,
+            group_start=hg.start,
+            group_size=hg.size,
+            rank=r,
+            n_in=n,
+            n_out=n_group,
+            send_counts=np.full(hg.size, n, dtype=np.int64),
+            recv_counts=counts,
+            pack_rows=np.tile(np.arange(n, dtype=np.int64), hg.size),
+            unpack_rows=unpack,
+        )
+    return plans
 
 
 def token_to_head_plan(src: TokenLayout, heads: TokenLayout) -> dict[int, RankExchange]:
-    """Entry exchange: `src` token layout -> head layout of each group of `heads`.
+    """Entry exchange: `src` token layout -> head layout of each group of `heads`, every rank
+    (a rank that runs a step needs only its own: token_to_head_rank).
 
     Senders keep their local order (pack is the head split); receivers place rows in the head
     group's sample order (unpack is the row permutation).
@@ -209,26 +253,21 @@ def token_to_head_plan(src: TokenLayout, heads: TokenLayout) -> dict[int, RankEx
     by_rank = _head_groups(src, heads)
     plans = {}
     for hg in heads.groups:
-        idx = {r: _group_token_index(src, hg, r) for r in hg.ranks}
-        counts = np.array([len(idx[r]) for r in hg.ranks], dtype=np.int64)
-        n_group = heads.group_tokens(hg)
-        unpack = np.concatenate([idx[r] for r in hg.ranks])
-        for r in hg.ranks:
-            n = len(idx[r])
-            plans[r] = RankExchange(
-                to_heads=True,
-                group_start=hg.start,
-                group_size=hg.size,
-                rank=r,
-                n_in=n,
-                n_out=n_group,
-                send_counts=np.full(hg.size, n, dtype=np.int64),
-                recv_counts=counts,
-                pack_rows=np.tile(np.arange(n, dtype=np.int64), hg.size),
-                unpack_rows=unpack,
-            )
+        plans.update(_entry_of_group(src, heads, hg))
     assert set(plans) == set(by_rank)
     return plans
+
+
+def token_to_head_rank(src: TokenLayout, heads: TokenLayout, rank: int) -> RankExchange:
+    """token_to_head_plan's exchange of one rank, from its head group alone: the host work of a
+    step grows with the rank's group, not with the cluster. The layouts are a validated plan's
+    (StepPlan.validate checks that the children refine their parents)."""
+    return _entry_of_group(src, heads, heads.group_of_rank()[rank], ranks=(rank,))[rank]
+
+
+def head_to_token_rank(heads: TokenLayout, dst: TokenLayout, rank: int) -> RankExchange:
+    """head_to_token_plan's exchange of one rank (the inverse of its entry)."""
+    return token_to_head_rank(dst, heads, rank).inverse()
 
 
 def head_to_token_plan(heads: TokenLayout, dst: TokenLayout) -> dict[int, RankExchange]:

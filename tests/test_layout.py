@@ -16,12 +16,14 @@ from solver import (
     StepPlan,
     TokenLayout,
     head_to_token_plan,
+    head_to_token_rank,
     head_token_ids,
     make_plan,
     samples_from_lengths,
     simulate_exchange,
     token_ids,
     token_to_head_plan,
+    token_to_head_rank,
 )
 from solver.layout import chunk_bounds
 from tests.strategies import batches, clusters
@@ -91,6 +93,14 @@ def test_exchange_plans_consistent_and_round_trip(plan: StepPlan):
     back = simulate_exchange(exit_, heads)
     for r in ranks:
         np.testing.assert_array_equal(back[r], x[r])
+    # one rank's exchanges, built from its group alone (what a running rank does), are the same
+    for r in ranks:
+        mine, theirs = token_to_head_rank(child, parent, r), entry[r]
+        back_mine, back_theirs = head_to_token_rank(parent, child, r), exit_[r]
+        for a, b in ((mine, theirs), (back_mine, back_theirs)):
+            assert (a.to_heads, a.group_start, a.group_size, a.n_in, a.n_out) == (b.to_heads, b.group_start, b.group_size, b.n_in, b.n_out)
+            for f in ("send_counts", "recv_counts", "pack_rows", "unpack_rows"):
+                np.testing.assert_array_equal(getattr(a, f), getattr(b, f))
     # inverse of the inverse is the plan itself
     for p in entry.values():
         q = p.inverse().inverse()

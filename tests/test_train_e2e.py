@@ -1,4 +1,4 @@
-"""The training driver end to end under torchrun: 8 gloo ranks, emulated nodes of 2, tiny model."""
+"""The training driver end to end under torchrun: gloo ranks in emulated nodes, tiny model."""
 
 import os
 import subprocess
@@ -40,8 +40,9 @@ def losses(folder):
 
 
 def test_three_modes_same_losses_results_parse_and_resume_matches(tmp_path):
-    # every step in every mode (no optimizer updates between them): the same losses
-    p = torchrun(8, "--mode", "all", "--steps", "2", "--out", str(tmp_path / "all"))
+    # every step in every mode (no optimizer updates between them): the same losses. 4 ranks in
+    # nodes of 1 (half the start-up of 8): step 0's SP2 parent spans two nodes and is repacked
+    p = torchrun(4, "--gpus-per-node", "1", "--tokens-per-rank", "64", "--mode", "all", "--steps", "2", "--out", str(tmp_path / "all"))
     assert p.returncode == 0, p.stderr[-3000:]
     assert "loss" in p.stdout and "MFU" in p.stdout
     rows, summary = read_run(str(tmp_path / "all"))
@@ -53,6 +54,7 @@ def test_three_modes_same_losses_results_parse_and_resume_matches(tmp_path):
         for mode in MODES[1:]:
             np.testing.assert_allclose(by[(step, mode)], by[(step, "baseline")], rtol=1e-5)
     assert any(r["wide_parents"] > 0 for r in rows), "some step must have a parent across emulated nodes"
+    assert any(r["repacked_parents"] > 0 for r in rows if r["mode"] == "repack"), "and repack must repack it"
 
     # training with updates, checkpointed every 2 steps; then resumed from the step-2 checkpoint
     # (as after an interruption there): exactly the uninterrupted losses of steps 3 and 4 on CPU.

@@ -1,0 +1,97 @@
+"""Per-step host work of the distributed step: what one rank builds before its first exchange.
+
+    python -m experiments.host_bench                 # 64 .. 4096 ranks
+    python -m experiments.host_bench --quick         # 64 and 256 ranks
+
+A benchmark, not a test: for each cluster size it plans one default step (repack+solver) and
+times, for a spread of ranks, what model.distributed.DistributedContext builds from the plan: the
+rank's four exchanges (full-layer entry and exit, sparse-layer entry and exit), their device
+index tensors, and its tokens' ids. Targets: < 10 ms at 1024 ranks and < 40 ms at 4096 (the
+worst rank). Writes results/host_bench.csv.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import sys
+import time
+
+import numpy as np
+
+from model.distributed import rank_exchanges
+from solver import Cluster, CostModel, HardwareConfig, ModelConfig, PlanError, head_cu_seqlens, make_plan, samples_from_lengths, token_ids
+
+from .ablation import DEFAULT_FILL
+from .context import run_context
+from .settings import check_output_dir
+from .workload import DEFAULT_TOKENS_PER_RANK, WorkloadConfig, generate_steps
+
+TARGETS_MS = {1024: 10.0, 4096: 40.0}
+
+
+def rank_host_work(plan, cfg: ModelConfig, rank: int) -> None:
+    """What DistributedContext builds for `rank` from a plan (on the CPU device)."""
+    rank_exchanges(plan, cfg, rank)
+    head_cu_seqlens(plan.parent_layout, plan.parent_layout.group_of_rank()[rank])
+    head_cu_seqlens(plan.child_layout, plan.child_layout.group_of_rank()[rank])
+    token_ids(plan.child_layout, rank)
+
+
+def time_ranks(plan, cfg: ModelConfig, ranks, repeats: int = 3) -> dict[int, float]:
+    """Best of `repeats` per rank, each on a fresh copy of the layouts (no cached rank maps)."""
+    out = {}
+    for r in ranks:
+        best = float("inf")
+        for _ in range(repeats):
+            fresh = type(plan).from_json(plan.to_json())
+            t0 = time.perf_counter()
+            rank_host_work(fresh, cfg, r)
+            best = min(best, time.perf_counter() - t0)
+        out[r] = best
+    return out
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="64 and 256 ranks")
+    ap.add_argument("--out", default="results", help="output folder")
+    args = ap.parse_args(argv)
+    try:
+        check_output_dir(args.out)
+    except PlanError as e:
+        sys.exit(f"error: {e}")
+    cfg = ModelConfig.from_name("paper")
+    cost = CostModel(cfg, HardwareConfig())
+    ctx = run_context()
+    print(f"host work per rank per step ({ctx['device']}, commit {ctx['commit']}); targets: {TARGETS_MS} ms")
+    rows = []
+    for world in [64, 256] if args.quick else [64, 256, 1024, 4096]:
+        cluster = Cluster(world, 8, DEFAULT_TOKENS_PER_RANK)
+        wl = WorkloadConfig(steps=1, seed=world, tokens_per_step=int(DEFAULT_FILL * world * DEFAULT_TOKENS_PER_RANK))
+        plan = make_plan(samples_from_lengths(generate_steps(wl)[0]), cluster, cost, "repack+solver")
+        widest = max(plan.parents, key=lambda p: p.group.size).group
+        ranks = sorted({0, world // 2, world - 1, widest.start, widest.stop - 1})  # the widest parent's ranks are the costliest
+        t = time_ranks(plan, cfg, ranks)
+        worst = max(t.values())
+        target = TARGETS_MS.get(world)
+        verdict = "" if target is None else f" (target < {target:g} ms: {'met' if 1e3 * worst < target else 'MISSED'})"
+        print(
+            f"{world:6d} ranks, widest parent SP{widest.size}: median {1e3 * np.median(list(t.values())):7.2f} ms, "
+            f"worst {1e3 * worst:7.2f} ms over ranks {ranks}{verdict}",
+            flush=True,
+        )
+        rows.append(
+            {"ranks": world, "widest_parent": widest.size, "median_ms": 1e3 * np.median(list(t.values())), "worst_ms": 1e3 * worst, **ctx}
+        )
+    path = os.path.join(args.out, "host_bench.csv")
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
