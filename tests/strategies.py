@@ -13,7 +13,7 @@ CI = bool(os.environ.get("CI"))
 # exact-MILP instances the child-solver test solves: a few in CI, more locally
 MILP_INSTANCES = 10 if CI else 40
 # examples of the tests that run Triton's interpreter on every rank of a plan (~1 s each)
-INTERPRETED_EXAMPLES = 12 if CI else 25
+INTERPRETED_EXAMPLES = 8 if CI else 25
 
 
 # the widest group the tests' models split: tiny has 8 query and 8 key/value heads

@@ -29,7 +29,7 @@ def features(ids: np.ndarray, heads: int, dim: int, dtype) -> torch.Tensor:
 def small_plans(draw):
     g = draw(st.sampled_from([1, 2, 4]))
     nodes = draw(st.sampled_from([n for n in (1, 2, 4) if g * n <= 8]))  # up to 8 ranks: the interpreter is slow
-    cluster = Cluster(g * nodes, g, draw(st.sampled_from([63, 97, 128])))
+    cluster = Cluster(g * nodes, g, draw(st.sampled_from([63, 97])))  # odd budgets; small grids for the interpreter
     return make_plan(draw(batches(cluster)), cluster, COST, draw(st.sampled_from(MODES)))
 
 
