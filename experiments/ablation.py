@@ -35,13 +35,14 @@ from solver import (
     samples_from_lengths,
 )
 from solver.baseline import PRICINGS
+from solver.cluster import check_positive_int
 from solver.config import EP_PLACEMENTS, RATIO_READINGS, RECOMPUTE
 from solver.cost import sparse_cost, with_sparse_defaults
 from solver.simulator import simulate
 
 from .context import run_context
 from .results import PAPER, summarize, summarize_seeds, write_run
-from .settings import check_output_dir, load_config_file, positive_int
+from .settings import check_output_dir, load_config_file
 from .workload import DEFAULT_TOKENS_PER_RANK, WorkloadConfig, generate_steps, load_trace
 
 # Packing practice fills each rank's micro-batch close to its token budget (DESIGN.md section 7:
@@ -129,8 +130,8 @@ def build(args):
     n_seeds = args.seeds if args.seeds is not None else DEFAULT_SEEDS
     steps = args.steps if args.steps is not None else wl_over.pop("steps", 200)
     wl_over.pop("steps", None)
-    positive_int("--seeds", n_seeds)
-    positive_int("--steps", steps)
+    check_positive_int("--seeds", n_seeds)
+    check_positive_int("--steps", steps)
     _check(isinstance(seed, int) and seed >= 0, f"{seed_name}={seed!r} is invalid: use an integer >= 0")
 
     model = ModelConfig.from_name(args.model, **over.get("model", {}))
@@ -141,7 +142,7 @@ def build(args):
         if value is not None:
             takes = sparse_cost(model.sparse_kind).params
             _check(param in takes, f"--{flag} is a parameter of another sparse kind; {model.sparse_kind!r} takes {takes}")
-            positive_int(f"--{flag}", value)
+            check_positive_int(f"--{flag}", value)
             model = model.replace(sparse_params={**model.sparse_params, param: value})
     model = with_sparse_defaults(model)
 
@@ -164,7 +165,7 @@ def build(args):
     cluster = Cluster(**cl)
 
     if args.tokens_per_step is not None:
-        positive_int("--tokens-per-step", args.tokens_per_step)
+        check_positive_int("--tokens-per-step", args.tokens_per_step)
         tokens_per_step, fill = args.tokens_per_step, args.tokens_per_step / (cluster.world_size * cluster.tokens_per_rank)
     else:
         fill = args.fill if args.fill is not None else DEFAULT_FILL
@@ -257,8 +258,9 @@ def simulate_row(row: dict, plan, cost: CostModel) -> dict:
     return row
 
 
-def run_ablation(args, progress=True) -> tuple[list[dict], dict]:
-    model, hw, training, cluster, wl, seeds, fill = build(args)
+def run_ablation(args, progress=True, built=None) -> tuple[list[dict], dict]:
+    """The ablation of `args` (`built`: build(args) when the caller already checked it)."""
+    model, hw, training, cluster, wl, seeds, fill = built if built is not None else build(args)
     cost = CostModel(model, hw, training=training).for_cluster(cluster)
     rows, selected = [], {}
     for seed in seeds:
@@ -395,9 +397,9 @@ def main(argv=None):
     args = ap.parse_args(argv)
     t0 = time.time()
     try:
-        build(args)  # every input checked before any work, and before anything is written
+        built = build(args)  # every input checked before any work, and before anything is written
         check_output_dir(args.out)
-        rows, summary = run_ablation(args, progress=not args.no_progress)
+        rows, summary = run_ablation(args, progress=not args.no_progress, built=built)
     except PlanError as e:
         sys.exit(f"error: {e}")
     print_tables(rows, summary)

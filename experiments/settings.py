@@ -12,11 +12,12 @@ import os
 import tempfile
 
 from solver import Cluster, HardwareConfig, ModelConfig, PlanError, TrainingConfig
+from solver.cluster import matches_type
 
-from .workload import WorkloadConfig, positive_int
+from .workload import WorkloadConfig
 
 SECTIONS = {"model": ModelConfig, "hardware": HardwareConfig, "training": TrainingConfig, "cluster": Cluster, "workload": WorkloadConfig}
-__all__ = ["SECTIONS", "check_output_dir", "load_config_file", "positive_int"]
+__all__ = ["SECTIONS", "check_output_dir", "load_config_file"]
 
 
 def check_output_dir(path: str) -> None:
@@ -30,16 +31,6 @@ def check_output_dir(path: str) -> None:
             pass
     except OSError as e:
         raise PlanError(f"--out {path!r} cannot be written: {e.strerror or e}") from None
-
-
-def _type_ok(value, default) -> bool:
-    if isinstance(default, bool):
-        return isinstance(value, bool)
-    if isinstance(default, int):
-        return isinstance(value, int) and not isinstance(value, bool)
-    if isinstance(default, float):
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    return isinstance(value, type(default))
 
 
 def load_config_file(path: str) -> dict[str, dict]:
@@ -68,7 +59,7 @@ def load_config_file(path: str) -> dict[str, dict]:
                 raise PlanError(f"config file {path!r}: {name}.{key} is not a setting; valid: {sorted(defaults)}")
             f = defaults[key]
             default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-            if not _type_ok(value, default):
+            if not matches_type(value, default):
                 raise PlanError(
                     f"config file {path!r}: {name}.{key}={value!r} is a {type(value).__name__}; it must be a {type(default).__name__}"
                 )

@@ -20,10 +20,11 @@ import numpy as np
 
 from solver import MODES, Cluster, CostModel, HardwareConfig, ModelConfig, PlanError, make_plan, samples_from_lengths
 from solver.children import child_problem, solve_child_problem, solve_sorted
+from solver.cluster import check_positive_int
 from solver.exact import solve_exact
 
 from .context import run_context
-from .settings import check_output_dir, positive_int
+from .settings import check_output_dir
 from .workload import DEFAULT_TOKENS_PER_RANK, WorkloadConfig, default_tokens_per_step, generate_steps
 
 
@@ -96,8 +97,8 @@ def main(argv=None):
     ap.add_argument("--out", default="results", help="output folder")
     args = ap.parse_args(argv)
     try:
-        positive_int("--steps", args.steps)
-        positive_int("--repeats", args.repeats)
+        check_positive_int("--steps", args.steps)
+        check_positive_int("--repeats", args.repeats)
         check_output_dir(args.out)
     except PlanError as e:
         sys.exit(f"error: {e}")

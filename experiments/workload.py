@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, fields
 import numpy as np
 
 from solver import PlanError
+from solver.cluster import check_non_negative, check_positive_int
 
 # Per-rank token budget of the default cluster: 32K-token activations per GPU with recompute.
 DEFAULT_TOKENS_PER_RANK = 32768
@@ -48,14 +49,12 @@ class WorkloadConfig:
 
     def __post_init__(self):
         for name in ("steps", "tokens_per_step", "body_median", "body_min", "body_max", "long_min", "long_max"):
-            positive_int(f"workload.{name}", getattr(self, name))
+            check_positive_int(f"workload.{name}", getattr(self, name))
         v = self.seed
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
             raise PlanError(f"workload.seed={v!r} is invalid: use an integer >= 0")
         for name in ("body_sigma", "long_prob"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-                raise PlanError(f"workload.{name}={v!r} is invalid: use a finite number >= 0")
+            check_non_negative(f"workload.{name}", getattr(self, name))
         if self.long_prob > 1:
             raise PlanError(f"workload.long_prob={self.long_prob!r} is a probability: use a number in [0, 1]")
         if self.body_min > self.body_max or self.long_min > self.long_max:
@@ -74,11 +73,6 @@ class WorkloadConfig:
         if bad:
             raise PlanError(f"unknown workload setting {bad[0]!r}; valid: {sorted(known)}")
         return WorkloadConfig(**d)
-
-
-def positive_int(name: str, v) -> None:
-    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-        raise PlanError(f"{name}={v!r} is invalid: use an integer >= 1")
 
 
 def generate_steps(cfg: WorkloadConfig) -> list[list[int]]:

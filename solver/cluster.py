@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -10,6 +11,40 @@ import numpy as np
 
 class PlanError(ValueError):
     """Bad input to a planner, or a batch that cannot be placed. The message names the value."""
+
+
+# ----- value checks every config and entry point shares: a PlanError naming the value ----------
+def check_positive_int(name: str, v) -> None:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise PlanError(f"{name}={v!r} is invalid: it must be an integer >= 1")
+
+
+def check_positive(name: str, v) -> None:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+        raise PlanError(f"{name}={v!r} is invalid: it must be a finite number > 0")
+
+
+def check_non_negative(name: str, v) -> None:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+        raise PlanError(f"{name}={v!r} is invalid: it must be a finite number >= 0")
+
+
+def check_fraction(name: str, v) -> None:
+    check_non_negative(name, v)
+    if v > 1:
+        raise PlanError(f"{name}={v!r} is invalid: it is a fraction in [0, 1]")
+
+
+def matches_type(value, default) -> bool:
+    """Is `value` of the type a setting whose default is `default` takes? (an int is a float; a
+    bool is neither an int nor a float)"""
+    if isinstance(default, bool):
+        return isinstance(value, bool)
+    if isinstance(default, int):
+        return isinstance(value, int) and not isinstance(value, bool)
+    if isinstance(default, float):
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return isinstance(value, type(default))
 
 
 def is_pow2(x: int) -> bool:
@@ -47,9 +82,7 @@ class Cluster:
 
     def __post_init__(self):
         for name in ("world_size", "gpus_per_node", "tokens_per_rank"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise PlanError(f"{name}={v!r} is invalid: it must be a positive integer")
+            check_positive_int(name, getattr(self, name))
         if not is_pow2(self.gpus_per_node):
             raise PlanError(
                 f"gpus_per_node={self.gpus_per_node} is not a power of two; node-local "

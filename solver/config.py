@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from .cluster import PlanError
+from .cluster import PlanError, check_fraction, check_non_negative, check_positive, check_positive_int
 
 LAYER_KINDS = ("F", "S")  # F: full causal attention; S: sparse attention of `sparse_kind`
 
@@ -140,8 +139,8 @@ class HardwareConfig(_Config):
 
     def __post_init__(self):
         for f in ("peak_flops", "gemm_efficiency", "attention_efficiency", "intra_node_bw", "inter_intra_ratio", "hbm_bw"):
-            _positive_finite(f, getattr(self, f))
-        _non_negative_finite("a2a_latency", self.a2a_latency)
+            check_positive(f, getattr(self, f))
+        check_non_negative("a2a_latency", self.a2a_latency)
         if self.gemm_efficiency > 1 or self.attention_efficiency > 1:
             raise PlanError("efficiencies are fractions of peak: use values in (0, 1]")
         if self.ratio_reading not in RATIO_READINGS:
@@ -159,22 +158,6 @@ class HardwareConfig(_Config):
 RATIO_READINGS = ("group", "link")
 RECOMPUTE = ("full", "selective", "none")
 EP_PLACEMENTS = ("intra", "inter")
-
-
-def _positive_finite(name: str, v) -> None:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
-        raise PlanError(f"{name}={v!r} is invalid: it must be a finite number > 0")
-
-
-def _non_negative_finite(name: str, v) -> None:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-        raise PlanError(f"{name}={v!r} is invalid: it must be a finite number >= 0")
-
-
-def _fraction(name: str, v) -> None:
-    _non_negative_finite(name, v)
-    if v > 1:
-        raise PlanError(f"{name}={v!r} is invalid: it is a fraction in [0, 1]")
 
 
 @dataclass(frozen=True)
@@ -212,12 +195,11 @@ class TrainingConfig(_Config):
             raise PlanError(f"recompute={self.recompute!r}; valid: {RECOMPUTE}")
         if self.ep_placement not in EP_PLACEMENTS:
             raise PlanError(f"ep_placement={self.ep_placement!r}; valid: {EP_PLACEMENTS}")
-        if isinstance(self.ep_degree, bool) or not isinstance(self.ep_degree, int) or self.ep_degree < 1:
-            raise PlanError(f"ep_degree={self.ep_degree!r} is invalid: it must be an integer >= 1")
+        check_positive_int("ep_degree", self.ep_degree)
         for f in ("moe_overlap", "grad_sync_overlap"):
-            _fraction(f, getattr(self, f))
+            check_fraction(f, getattr(self, f))
         for f in ("grad_bytes", "param_bytes", "optimizer_bytes_per_param"):
-            _positive_finite(f, getattr(self, f))
+            check_positive(f, getattr(self, f))
 
     @staticmethod
     def from_name(name: str, **overrides) -> TrainingConfig:

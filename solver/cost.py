@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .cluster import PlanError
+from .cluster import PlanError, matches_type
 from .config import HardwareConfig, ModelConfig, TrainingConfig
 
 # Compute of a training step in units of the forward pass: backward computes the gradients of
@@ -67,10 +67,7 @@ class SparseCost:
         out = {**self.params, **given}
         for k, v in out.items():
             want = type(self.params[k])
-            ok = isinstance(v, want) and not isinstance(v, bool) if want in (int, float) else isinstance(v, want)
-            if want is float and isinstance(v, int) and not isinstance(v, bool):
-                ok = True
-            if not ok or (want in (int, float) and not (math.isfinite(v) and v > 0)):
+            if not matches_type(v, self.params[k]) or (want in (int, float) and not (math.isfinite(v) and v > 0)):
                 raise PlanError(
                     f"sparse kind {self.name!r}: {k}={v!r} is invalid; it takes a {want.__name__} > 0 (default {self.params[k]!r})"
                 )
@@ -217,7 +214,7 @@ class CostModel:
         dense_bytes = (self.total_params() - experts) * per_param * (world_size - 1) / world_size
         expert_bytes = experts / ep * per_param * (replicas - 1) / replicas
         g = self.gpus_per_node
-        bw = self.hw.intra_node_bw if g is not None and world_size <= g else self.hw.intra_node_bw / self.hw.inter_intra_ratio
+        bw = self.hw.intra_node_bw if g is not None and world_size <= g else self.hw.inter_node_bw
         return (1 - tr.grad_sync_overlap) * (dense_bytes + expert_bytes) / bw
 
     def optimizer_time(self, world_size: int) -> float:
@@ -235,7 +232,7 @@ class CostModel:
         if tr.ep_degree == 1:
             return 0.0
         bytes_per_token = 2 * m.top_k * m.hidden * hw.bytes_per_element * (tr.ep_degree - 1) / tr.ep_degree
-        bw = hw.intra_node_bw if tr.ep_placement == "intra" else hw.intra_node_bw / hw.inter_intra_ratio
+        bw = hw.intra_node_bw if tr.ep_placement == "intra" else hw.inter_node_bw
         return (1 - tr.moe_overlap) * self.exchange_passes * bytes_per_token / bw
 
     # --- forward compute seconds, whole sample, all heads ---
