@@ -8,7 +8,8 @@
    exit exchanges of solver plans in every mode.
 2. The kernel benchmark (experiments.kernel_bench) with the targets checked: at 64 MB and more,
    Triton at least 80% of the device-copy bandwidth and faster than the torch path.
-3. flash-attn against the torch path (tests/test_attention.py -k flash), when it is installed.
+3. flash-attn (when installed) and torch's varlen attention against the torch path
+   (tests/test_attention.py -k cuda_backend).
 4. Three training steps of the tiny model on one GPU under torchrun (NCCL, bf16 autocast,
    Triton pack path), repack+solver mode.
 
@@ -130,12 +131,16 @@ def _run(cmd: list[str], timeout: int) -> tuple[int, str]:
     return p.returncode, (p.stdout + p.stderr)[-4000:]
 
 
-def check_flash() -> dict:
-    rc, log = _run([sys.executable, "-m", "pytest", "-q", "-rs", "tests/test_attention.py", "-k", "flash_backend"], 600)
-    skipped = "skipped" in log and "passed" not in log
-    state = "skipped (flash-attn not installed)" if skipped else ("PASS" if rc == 0 else "FAIL")
-    print(f"[3] flash-attn parity: {state}")
-    return {"ok": rc == 0, "skipped": skipped, "log_tail": log[-1500:]}
+def check_attention() -> dict:
+    """flash-attn (when installed) and torch's own varlen kernel against the fp64 torch path."""
+    out = {}
+    for i, (name, absent) in enumerate((("flash", "flash-attn not installed"), ("varlen", "no torch.nn.attention.varlen"))):
+        rc, log = _run([sys.executable, "-m", "pytest", "-q", "-rs", "tests/test_attention.py", "-k", f"cuda_backend and {name}"], 600)
+        skipped = "skipped" in log and "passed" not in log
+        state = f"skipped ({absent})" if skipped else ("PASS" if rc == 0 else "FAIL")
+        print(f"[3{'ab'[i]}] {name} attention parity: {state}")
+        out[name] = {"ok": rc == 0, "skipped": skipped, "log_tail": log[-1500:]}
+    return out
 
 
 def check_train(out: str) -> dict:
@@ -178,7 +183,7 @@ def main(argv=None) -> int:
     results = {"context": ctx, "bit_exact": check_bit_exact(torch.device("cuda" if cuda else "cpu"), quick=not cuda)}
     if cuda:
         results["bandwidth"] = check_bandwidth(args.out)
-        results["flash"] = check_flash()
+        results.update({f"attention.{k}": v for k, v in check_attention().items()})
         results["train"] = check_train(args.out)
     else:
         print("[2-4] skipped: no CUDA device (these are the GPU checks)")

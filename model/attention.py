@@ -2,8 +2,9 @@
 
     attn(q [T, H, D], k [T, Hkv, D], v [T, Hkv, D], cu_seqlens [n+1] int32, max_seqlen) -> [T, H, D]
 
-Backends: `flash` (flash-attn's flash_attn_varlen_func, CUDA only, imported lazily) and `torch`
-(runs anywhere; the reference). `auto` picks flash when CUDA and flash-attn are present.
+Backends: `flash` (flash-attn's flash_attn_varlen_func, CUDA only, imported lazily), `varlen`
+(torch's own torch.nn.attention.varlen.varlen_attn, CUDA only: no extra package) and `torch`
+(runs anywhere, memory-bounded; the reference). `auto` picks flash, then varlen on CUDA.
 A sparse kind is registered by name with a mask (for the torch path), an optional flash-attn
 mapping, and its FLOPs, which solver.cost then prices for the solvers and the simulator.
 """
@@ -14,11 +15,12 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from solver.cost import register_sparse_cost, sparse_cost
 
-BACKENDS = ("auto", "torch", "flash", "kernel")  # kernel: a sparse kind's own fn where it has one, else torch
+BACKENDS = ("auto", "torch", "flash", "varlen", "kernel")  # kernel: a sparse kind's own fn where it has one, else torch
 
 MaskFn = Callable[[torch.Tensor, torch.Tensor, dict], torch.Tensor]  # (q_pos [Lq,1], k_pos [1,Lk], params) -> allowed
 
@@ -67,36 +69,52 @@ register_sparse_attention("chunked", mask=lambda qp, kp, p: (qp // p["chunk"]) =
 
 
 # ----- torch reference -------------------------------------------------------------------------
-def torch_varlen_attention(q, k, v, cu_seqlens, max_seqlen=None, mask: MaskFn | None = None, params: dict | None = None):
-    """Causal varlen attention, optionally restricted by a sparse mask; GQA by repeating K/V heads.
+SCORE_BUDGET = 1 << 24  # score-matrix elements per query block on the torch path (64 MiB in fp32)
+
+
+def query_block(heads: int, keys: int, budget: int = SCORE_BUDGET) -> int:
+    """Queries per block so one block's scores [heads, block, keys] stay within `budget` elements."""
+    return max(1, budget // max(1, heads * keys))
+
+
+def torch_varlen_attention(
+    q, k, v, cu_seqlens, max_seqlen=None, mask: MaskFn | None = None, params: dict | None = None, budget: int = SCORE_BUDGET
+):
+    """Causal varlen attention, optionally restricted by a sparse mask; GQA without copying K/V.
+
+    Memory-bounded: queries run in blocks, each against the keys up to its last query, so a long
+    sample never builds an L x L matrix (at most `budget` score elements at a time).
 
     >>> q = torch.randn(5, 4, 8); kv = torch.randn(5, 2, 8)
     >>> torch_varlen_attention(q, kv, kv, torch.tensor([0, 3, 5])).shape
     torch.Size([5, 4, 8])
     """
-    h, hkv = q.shape[1], k.shape[1]
+    h, hkv, d = q.shape[1], k.shape[1], q.shape[2]
     if h % hkv:
         raise ValueError(f"query heads {h} are not a multiple of key/value heads {hkv}")
+    g = h // hkv  # query heads per KV head: query head i attends to KV head i // g
     out = torch.empty_like(q)
-    scale = 1.0 / math.sqrt(q.shape[2])
+    scale = 1.0 / math.sqrt(d)
     cu = cu_seqlens.tolist()
     for a, b in zip(cu[:-1], cu[1:]):
-        if b == a:
-            continue
-        qs = q[a:b]
-        ks = k[a:b].repeat_interleave(h // hkv, dim=1)
-        vs = v[a:b].repeat_interleave(h // hkv, dim=1)
-        pos = torch.arange(b - a, device=q.device)
-        allowed = pos[:, None] >= pos[None, :]
-        if mask is not None:
-            allowed = allowed & mask(pos[:, None], pos[None, :], params or {})
-        s = torch.einsum("qhd,khd->hqk", qs, ks) * scale
-        s = s.masked_fill(~allowed, float("-inf"))
-        out[a:b] = torch.einsum("hqk,khd->qhd", torch.softmax(s, dim=-1), vs)
+        step = query_block(h, b - a, budget)
+        for s0 in range(0, b - a, step):
+            s1 = min(b - a, s0 + step)  # queries s0..s1 see keys 0..s1 (causal)
+            qs = q[a + s0 : a + s1].reshape(s1 - s0, hkv, g, d)
+            ks, vs = k[a : a + s1], v[a : a + s1]
+            qp = torch.arange(s0, s1, device=q.device)[:, None]
+            kp = torch.arange(s1, device=q.device)[None, :]
+            allowed = qp >= kp
+            if mask is not None:
+                allowed = allowed & mask(qp, kp, params or {})
+            sc = torch.einsum("qhgd,khd->hgqk", qs, ks) * scale
+            sc = sc.masked_fill(~allowed, float("-inf"))
+            o = torch.einsum("hgqk,khd->qhgd", torch.softmax(sc, dim=-1), vs)
+            out[a + s0 : a + s1] = o.reshape(s1 - s0, h, d)
     return out
 
 
-# ----- flash-attn ------------------------------------------------------------------------------
+# ----- CUDA kernels: flash-attn, else torch's own varlen attention ---------------------------------
 def _flash_fn():
     try:
         from flash_attn import flash_attn_varlen_func  # noqa: PLC0415  (optional GPU extra)
@@ -105,14 +123,30 @@ def _flash_fn():
     return flash_attn_varlen_func
 
 
-def flash_available() -> bool:
+def _varlen_fn():
+    try:
+        from torch.nn.attention.varlen import varlen_attn  # noqa: PLC0415  (torch >= 2.10, CUDA kernels)
+    except ImportError as e:
+        raise RuntimeError(f"the varlen backend needs torch.nn.attention.varlen (torch {torch.__version__} has none)") from e
+    return varlen_attn
+
+
+def _available(load) -> bool:
     if not torch.cuda.is_available():
         return False
     try:
-        _flash_fn()
+        load()
     except RuntimeError:
         return False
     return True
+
+
+def flash_available() -> bool:
+    return _available(_flash_fn)
+
+
+def varlen_available() -> bool:
+    return _available(_varlen_fn)
 
 
 def flash_varlen_attention(q, k, v, cu_seqlens, max_seqlen, window: tuple[int, int] = (-1, -1), fn=None):
@@ -122,44 +156,76 @@ def flash_varlen_attention(q, k, v, cu_seqlens, max_seqlen, window: tuple[int, i
     return fn(q, k, v, cu, cu, int(max_seqlen), int(max_seqlen), causal=True, window_size=window)
 
 
-def _chunk_cu(cu_seqlens: torch.Tensor, chunk: int) -> tuple[torch.Tensor, int]:
-    """Refine cu_seqlens so every sample is cut into aligned chunks of `chunk` tokens."""
-    bounds = []
-    cu = cu_seqlens.tolist()
-    for a, b in zip(cu[:-1], cu[1:]):
-        bounds.extend(range(a, b, chunk))
-    bounds.append(cu[-1])
-    return torch.tensor(bounds, dtype=torch.int32, device=cu_seqlens.device), chunk
+def torch_cuda_varlen_attention(q, k, v, cu_seqlens, max_seqlen, window: tuple[int, int] = (-1, -1), fn=None):
+    """torch.nn.attention.varlen.varlen_attn, causal. Its window_size is flash-attn's (left, right)
+    without a causal flag: full causal is (-1, 0), the last W tokens (W - 1, 0); GQA by enable_gqa."""
+    fn = fn or _varlen_fn()
+    cu = cu_seqlens.to(torch.int32)
+    n = int(max_seqlen)
+    return fn(q, k, v, cu, cu, n, n, window_size=(window[0], 0), enable_gqa=k.shape[1] != q.shape[1])
+
+
+WINDOWED = {"flash": flash_varlen_attention, "varlen": torch_cuda_varlen_attention}  # causal + optional window
+
+
+def chunk_cu(cu_seqlens: np.ndarray, chunk: int) -> np.ndarray:
+    """Refine cu_seqlens so every sample is cut into aligned chunks of `chunk` tokens.
+
+    >>> chunk_cu(np.array([0, 5, 12]), 4).tolist()
+    [0, 4, 5, 9, 12]
+    """
+    cu = np.asarray(cu_seqlens, dtype=np.int64)
+    bounds = [np.arange(a, b, chunk) for a, b in zip(cu[:-1], cu[1:])]
+    return np.concatenate([*bounds, cu[-1:]]).astype(np.int32)
+
+
+def segments(cu_seqlens: np.ndarray, max_seqlen: int, kind: str, params: dict | None) -> tuple[np.ndarray, int, str]:
+    """(cu_seqlens, max_seqlen, kind) that attention of `kind` runs on: a chunked kind is full causal
+    attention on each sample's aligned chunks. Host-side, so a context computes it once per step."""
+    if kind != "full":
+        sk = sparse_kind(kind)
+        if sk.split_chunks is not None and sk.fn is None:
+            c = sk.split_chunks(params or {})
+            return chunk_cu(cu_seqlens, c), min(c, int(max_seqlen)), "full"
+    return np.asarray(cu_seqlens), int(max_seqlen), kind
 
 
 def resolve_backend(backend: str, device: torch.device) -> str:
+    """auto: flash-attn on CUDA when installed, else torch's varlen kernel on CUDA, else `kernel`."""
     if backend not in BACKENDS:
         raise ValueError(f"attention backend {backend!r} is not one of {BACKENDS}")
     if backend == "auto":
-        return "flash" if device.type == "cuda" and flash_available() else "kernel"
+        if device.type == "cuda":
+            if flash_available():
+                return "flash"
+            if varlen_available():
+                return "varlen"
+        return "kernel"
     return backend
 
 
-def varlen_attention(q, k, v, cu_seqlens, max_seqlen, kind: str = "full", params: dict | None = None, backend: str = "auto", flash_fn=None):
+def varlen_attention(q, k, v, cu_seqlens, max_seqlen, kind: str = "full", params: dict | None = None, backend: str = "auto", fn=None):
     """Full (causal) or sparse attention of `kind` over packed samples. [T, H, D] -> [T, H, D].
+
+    fn: the underlying function of a CUDA backend (`flash` or `varlen`), given in its place (tests
+    check the wrappers' arguments this way, without CUDA).
 
     >>> q = torch.randn(9, 4, 8)
     >>> varlen_attention(q, q, q, torch.tensor([0, 4, 9]), 5, "sliding_window", {"window": 2}, "torch").shape
     torch.Size([9, 4, 8])
     """
-    if flash_fn is None:
+    if fn is None:
         backend = resolve_backend(backend, q.device)
-    if kind == "full":
-        if backend == "flash" or flash_fn is not None:
-            return flash_varlen_attention(q, k, v, cu_seqlens, max_seqlen, fn=flash_fn)
-        return torch_varlen_attention(q, k, v, cu_seqlens)
-    sk = sparse_kind(kind)
+    elif backend not in WINDOWED:
+        raise ValueError(f"fn replaces a CUDA backend's function: backend must be one of {sorted(WINDOWED)}, not {backend!r}")
     params = params or {}
-    if sk.fn is not None and (backend != "torch" or flash_fn is not None):
+    sk = None if kind == "full" else sparse_kind(kind)
+    if sk is not None and sk.fn is not None and backend != "torch":
         return sk.fn(q, k, v, cu_seqlens, max_seqlen, params)
-    if sk.split_chunks is not None:  # chunked attention is full causal attention on chunks
-        cu, mx = _chunk_cu(cu_seqlens, sk.split_chunks(params))
-        return varlen_attention(q, k, v, cu, min(mx, max_seqlen), "full", None, backend, flash_fn)
-    if (backend == "flash" or flash_fn is not None) and sk.flash_window is not None:
-        return flash_varlen_attention(q, k, v, cu_seqlens, max_seqlen, sk.flash_window(params), fn=flash_fn)
-    return torch_varlen_attention(q, k, v, cu_seqlens, mask=sk.mask, params=params)
+    if sk is not None and sk.split_chunks is not None:
+        cu, mx, kind = segments(cu_seqlens.cpu().numpy(), max_seqlen, kind, params)
+        return varlen_attention(q, k, v, torch.as_tensor(cu, device=q.device), mx, kind, None, backend, fn)
+    if backend in WINDOWED and (sk is None or sk.flash_window is not None):
+        window = (-1, -1) if sk is None else sk.flash_window(params)
+        return WINDOWED[backend](q, k, v, cu_seqlens, max_seqlen, window, fn=fn)
+    return torch_varlen_attention(q, k, v, cu_seqlens, mask=None if sk is None else sk.mask, params=params)

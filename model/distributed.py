@@ -13,21 +13,20 @@ from __future__ import annotations
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.distributed.nn.functional as dist_fn
 
 from kernels.exchange import AlignedGroups, CommStats, dist_transport, exchange, exchange_args
-from solver import StepPlan, head_cu_seqlens, token_ids, token_to_head_rank
+from solver import StepPlan, head_cu_seqlens, token_to_head_rank
 from solver.config import ModelConfig
 
-from .attention import varlen_attention
-from .hybrid import IGNORE, next_token_labels
+from .hybrid import IGNORE, attention_sites
+from .layers import Rotary
 
 
 class LayoutError(RuntimeError):
     """The plan cannot run on this process group; the message says why."""
 
 
-def validate(plan: StepPlan, cfg: ModelConfig, world_size: int, rank: int, check_hash: bool = True) -> None:
+def validate(plan: StepPlan, cfg: ModelConfig, world_size: int) -> None:
     """Fail fast, before any exchange, with a message naming the problem (never a hang)."""
     if plan.cluster.world_size != world_size:
         raise LayoutError(f"the plan is for {plan.cluster.world_size} ranks but the process group has {world_size}")
@@ -43,15 +42,19 @@ def validate(plan: StepPlan, cfg: ModelConfig, world_size: int, rank: int, check
                 f"n_kv_heads={cfg.n_kv_heads} neither divides nor is divided by group size {p} used by this plan (group "
                 f"sizes {sizes}): key/value heads split evenly or are replicated over p / n_kv_heads ranks each"
             )
-    if check_hash and dist.is_initialized():
-        hashes = [None] * world_size
-        dist.all_gather_object(hashes, plan.hash)
-        bad = [r for r, h in enumerate(hashes) if h != hashes[0]]
-        if bad:
-            raise LayoutError(
-                f"plan hash differs across ranks: rank {bad[0]} has {hashes[bad[0]]}, rank 0 has {hashes[0]} "
-                f"(plans must be computed identically on every rank)"
-            )
+
+
+def check_same_plan(plan: StepPlan) -> None:
+    """Every rank must run the same plan: one all-reduce of the hash (and its negation, so MAX
+    gives both the largest and the smallest) per step, instead of gathering Python objects."""
+    h = int(plan.hash[:15], 16)  # 60 bits: fits int64
+    t = torch.tensor([h, -h], dtype=torch.int64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    if int(t[0]) != -int(t[1]):
+        raise LayoutError(
+            f"plan hash differs across ranks (this rank {plan.hash}; values range over {-int(t[1]):x}..{int(t[0]):x}): "
+            f"plans must be computed identically on every rank"
+        )
 
 
 def rank_exchanges(plan: StepPlan, cfg: ModelConfig, rank: int, device="cpu"):
@@ -70,8 +73,30 @@ def rank_exchanges(plan: StepPlan, cfg: ModelConfig, rank: int, device="cpu"):
     )
 
 
+class _AllReduceSum(torch.autograd.Function):
+    """Sum over the world; the gradient of a sum every rank uses is the sum of their gradients."""
+
+    @staticmethod
+    def forward(ctx, x):
+        y = x.clone()
+        dist.all_reduce(y)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad):
+        g = grad.clone()
+        dist.all_reduce(g)
+        return g
+
+
+def all_reduce_sum(x: torch.Tensor) -> torch.Tensor:
+    """Differentiable all-reduce (sum) over the default group."""
+    return _AllReduceSum.apply(x)
+
+
 class DistributedContext:
-    """Attention for one rank of one step, with the step's exchanges precomputed."""
+    """Attention for one rank of one step, with the step's exchanges, segments and rotary tables
+    precomputed from the plan: nothing in the layers waits on the host."""
 
     def __init__(
         self,
@@ -90,15 +115,12 @@ class DistributedContext:
         self.parent_group = parent.group_of_rank()[rank]
         self.child_group = child.group_of_rank()[rank]
         self.full_entry, self.full_exit, self.sparse_entry, self.sparse_exit = rank_exchanges(plan, cfg, rank, device)
-        full_cu = head_cu_seqlens(parent, self.parent_group)
-        sparse_cu = head_cu_seqlens(child, self.child_group)
-        # the longest sample of each head layout, from the host copy: no device sync per layer
-        self.full_max, self.sparse_max = _max_len(full_cu), _max_len(sparse_cu)
-        self.full_cu = torch.as_tensor(full_cu, device=device)
-        self.sparse_cu = torch.as_tensor(sparse_cu, device=device)
-        self.ids = token_ids(child, rank)  # sample_id << 32 | position, in local order
-        self.positions = torch.as_tensor(self.ids & 0xFFFFFFFF, device=device)
-        self.reduce = lambda t: dist_fn.all_reduce(t)
+        self.sites = attention_sites(head_cu_seqlens(parent, self.parent_group), head_cu_seqlens(child, self.child_group), cfg, device)
+        self.segments = child.local_segments(rank)  # (sample, start, end) of this rank's tokens, in local order
+        pos = [np.arange(a, b) for _, a, b in self.segments] or [np.zeros(0)]
+        self.positions = torch.as_tensor(np.concatenate(pos), dtype=torch.int64, device=device)
+        self.rotary = Rotary(self.positions, cfg.head_dim, cfg.rope_theta)
+        self.reduce = all_reduce_sum
         self.total_tokens = int(sum(n for _, n in plan.lengths))
 
     def _heads(self, y: torch.Tensor, p: int):
@@ -107,39 +129,29 @@ class DistributedContext:
 
     def attend(self, qkv, kind, layer):
         if kind == "F":
-            entry, exit_, cu, max_len, p, site = (
-                self.full_entry,
-                self.full_exit,
-                self.full_cu,
-                self.full_max,
-                self.parent_group.size,
-                "full",
-            )
-            attn_kind, params = "full", None
+            entry, exit_, p, site = self.full_entry, self.full_exit, self.parent_group.size, "full"
         else:
-            entry, exit_, cu, max_len, p = self.sparse_entry, self.sparse_exit, self.sparse_cu, self.sparse_max, self.child_group.size
-            site, attn_kind, params = "sparse", self.cfg.sparse_kind, self.cfg.sparse_params
+            entry, exit_, p, site = self.sparse_entry, self.sparse_exit, self.child_group.size, "sparse"
         if p == 1:  # a group of one rank holds whole samples in head order: no communication
-            q, k, v = self._heads(qkv, 1)
-            return varlen_attention(q, k, v, cu, max_len, attn_kind, params, self.backend)
+            return self.sites[kind](*self._heads(qkv, 1), self.backend)
         y = exchange(qkv, entry, self.transport, self.path, self.stats, f"{site}.entry")
-        q, k, v = self._heads(y, p)
-        o = varlen_attention(q, k, v, cu, max_len, attn_kind, params, self.backend)
+        o = self.sites[kind](*self._heads(y, p), self.backend)
         return exchange(o.contiguous(), exit_, self.transport, self.path, self.stats, f"{site}.exit")
 
     def local_batch(self, sample_tokens: dict[int, np.ndarray], device="cpu") -> tuple[torch.Tensor, torch.Tensor]:
-        """This rank's input tokens and next-token labels, from every sample's token ids."""
-        ids = sorted(sample_tokens)
-        labels = dict(zip(ids, next_token_labels([sample_tokens[s] for s in ids])))
-        sample = (self.ids >> 32).astype(np.int64)
-        pos = (self.ids & 0xFFFFFFFF).astype(np.int64)
-        toks = np.array([sample_tokens[s][p] for s, p in zip(sample, pos)], dtype=np.int64)
-        labs = np.array([labels[s][p] for s, p in zip(sample, pos)], dtype=np.int64)
-        return torch.as_tensor(toks, device=device), torch.as_tensor(labs, device=device)
-
-
-def _max_len(cu: np.ndarray) -> int:
-    return int(np.diff(cu).max()) if len(cu) > 1 else 0
+        """This rank's input tokens and next-token labels (the next token inside the same sample;
+        none after a sample's last), one slice per local segment."""
+        toks, labs = [], []
+        for s, a, b in self.segments:
+            t = np.asarray(sample_tokens[s])
+            toks.append(t[a:b])
+            labs.append(t[a + 1 : b + 1])
+            if b == len(t):
+                labs.append(np.array([IGNORE]))
+        if not toks:
+            return torch.zeros(0, dtype=torch.int64, device=device), torch.zeros(0, dtype=torch.int64, device=device)
+        tokens = torch.as_tensor(np.concatenate(toks).astype(np.int64), device=device)
+        return tokens, torch.as_tensor(np.concatenate(labs).astype(np.int64), device=device)
 
 
 def label_count(plan: StepPlan) -> int:
@@ -147,12 +159,29 @@ def label_count(plan: StepPlan) -> int:
     return sum(n - 1 for _, n in plan.lengths)
 
 
-def allreduce_grads(model: torch.nn.Module) -> None:
-    """Sum every parameter's gradient over the world (parameters are replicated)."""
+BUCKET_BYTES = 25 << 20  # gradients all-reduced per flat bucket of about this size
+
+
+def allreduce_grads(model: torch.nn.Module, bucket_bytes: int = BUCKET_BYTES) -> None:
+    """Sum every parameter's gradient over the world (parameters are replicated), in flat buckets
+    of at most `bucket_bytes` (a parameter larger than that is a bucket of its own): a few
+    collectives per step rather than one per parameter. A parameter no token reached this step
+    (an expert nobody routed to) contributes zeros."""
     for p in model.parameters():
         if p.grad is None:
             p.grad = torch.zeros_like(p)
-        dist.all_reduce(p.grad)
+    buckets: dict[tuple, list[list[torch.Tensor]]] = {}
+    for p in model.parameters():
+        bs = buckets.setdefault((p.grad.dtype, p.grad.device), [[]])
+        if bs[-1] and sum(g.numel() for g in bs[-1]) * p.grad.element_size() + p.grad.nbytes > bucket_bytes:
+            bs.append([])
+        bs[-1].append(p.grad)
+    for bs in buckets.values():
+        for grads in bs:
+            flat = torch.cat([g.reshape(-1) for g in grads])
+            dist.all_reduce(flat)
+            for g, part in zip(grads, flat.split([g.numel() for g in grads])):
+                g.copy_(part.view_as(g))
 
 
 def run_step(
@@ -169,7 +198,9 @@ def run_step(
     """Forward + backward of one step on this rank; returns the global loss (summed over ranks).
     Gradients are all-reduced in place. autocast_dtype (bf16 on CUDA) wraps the forward."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    validate(plan, model.cfg, world, rank, check_hash)
+    validate(plan, model.cfg, world)
+    if check_hash:
+        check_same_plan(plan)
     dev = next(model.parameters()).device
     ctx = DistributedContext(plan, model.cfg, rank, groups, path, backend, stats, dev)
     tokens, labels = ctx.local_batch(sample_tokens, dev)
@@ -185,4 +216,14 @@ def run_step(
     return total
 
 
-__all__ = ["DistributedContext", "LayoutError", "allreduce_grads", "label_count", "run_step", "validate", "IGNORE"]
+__all__ = [
+    "DistributedContext",
+    "LayoutError",
+    "all_reduce_sum",
+    "allreduce_grads",
+    "check_same_plan",
+    "label_count",
+    "run_step",
+    "validate",
+    "IGNORE",
+]

@@ -16,14 +16,15 @@ from torch import nn
 
 from solver.config import ModelConfig
 
-from .attention import varlen_attention
-from .layers import MoE, Reduce, RMSNorm, apply_rotary
+from .attention import segments, varlen_attention
+from .layers import MoE, Reduce, RMSNorm, Rotary
 
 IGNORE = -100
 
 
 class AttentionContext(Protocol):
     positions: torch.Tensor  # [n] position of each local token inside its sample
+    rotary: Rotary  # cos/sin of those positions, computed once per step
     reduce: Reduce | None  # sums over the global batch (aux loss), identity when local
     total_tokens: int  # tokens of the global batch
 
@@ -37,18 +38,36 @@ class LocalContext:
     def __init__(self, lengths, cfg: ModelConfig, backend: str = "auto", device="cpu"):
         self.cfg, self.backend = cfg, backend
         lengths = [int(n) for n in lengths]
-        self.cu = torch.tensor(np.concatenate([[0], np.cumsum(lengths)]), dtype=torch.int32, device=device)
-        self.max_len = max(lengths)
+        cu = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+        self.sites = attention_sites(cu, cu, cfg, device)
         self.positions = torch.cat([torch.arange(n, device=device) for n in lengths])
+        self.rotary = Rotary(self.positions, cfg.head_dim, cfg.rope_theta)
         self.reduce = None
         self.total_tokens = int(sum(lengths))
 
     def attend(self, qkv, kind, layer):
         h, hkv = self.cfg.n_heads, self.cfg.n_kv_heads
         q, k, v = qkv[:, :h], qkv[:, h : h + hkv], qkv[:, h + hkv :]
-        if kind == "F":
-            return varlen_attention(q, k, v, self.cu, self.max_len, "full", backend=self.backend)
-        return varlen_attention(q, k, v, self.cu, self.max_len, self.cfg.sparse_kind, self.cfg.sparse_params, self.backend)
+        return self.sites[kind](q, k, v, self.backend)
+
+
+class Site:
+    """Where one kind of attention layer runs this step: its kind, parameters and segments
+    (cu_seqlens on the device and the longest segment, from the host: no device sync per layer)."""
+
+    def __init__(self, cu: np.ndarray, kind: str, params: dict | None, device):
+        self.max_len = int(np.diff(cu).max()) if len(cu) > 1 else 0
+        cu, self.max_len, self.kind = segments(cu, self.max_len, kind, params)
+        self.params = params if self.kind != "full" else None
+        self.cu = torch.as_tensor(cu, dtype=torch.int32, device=device)
+
+    def __call__(self, q, k, v, backend: str):
+        return varlen_attention(q, k, v, self.cu, self.max_len, self.kind, self.params, backend)
+
+
+def attention_sites(full_cu: np.ndarray, sparse_cu: np.ndarray, cfg: ModelConfig, device) -> dict[str, Site]:
+    """The full ('F') and sparse ('S') attention sites of a step, built once per step."""
+    return {"F": Site(full_cu, "full", None, device), "S": Site(sparse_cu, cfg.sparse_kind, cfg.sparse_params, device)}
 
 
 class Block(nn.Module):
@@ -67,7 +86,7 @@ class Block(nn.Module):
         c = self.cfg
         qkv = self.wqkv(self.attn_norm(x)).view(x.shape[0], c.n_heads + 2 * c.n_kv_heads, c.head_dim)
         nq = c.n_heads + c.n_kv_heads
-        qk = apply_rotary(qkv[:, :nq], ctx.positions, c.rope_theta)
+        qk = ctx.rotary(qkv[:, :nq])
         qkv = torch.cat([qk, qkv[:, nq:]], dim=1)
         o = ctx.attend(qkv, kind, layer)
         x = x + self.wo(o.reshape(x.shape[0], c.n_heads * c.head_dim))

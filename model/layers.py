@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 
 import torch
@@ -26,14 +27,29 @@ def apply_rotary(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torc
     >>> apply_rotary(torch.randn(3, 2, 4), torch.tensor([0, 1, 0]), 1e4).shape
     torch.Size([3, 2, 4])
     """
-    d = x.shape[-1]
-    half = d // 2
-    inv = 1.0 / (theta ** (torch.arange(0, half, device=x.device, dtype=torch.float64) / half))
-    ang = positions.to(torch.float64)[:, None] * inv[None, :]
-    cos, sin = ang.cos().to(x.dtype)[:, None, :], ang.sin().to(x.dtype)[:, None, :]
-    x1, x2 = x[..., :half], x[..., half : 2 * half]
-    rot = torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
-    return torch.cat([rot, x[..., 2 * half :]], dim=-1) if d % 2 else rot
+    return Rotary(positions, x.shape[-1], theta)(x)
+
+
+class Rotary:
+    """Rotary cos/sin of a step's token positions, computed once (in float64, then cast once per
+    dtype) and applied in every layer."""
+
+    def __init__(self, positions: torch.Tensor, head_dim: int, theta: float):
+        self.half, self.d = head_dim // 2, head_dim
+        inv = 1.0 / (theta ** (torch.arange(0, self.half, device=positions.device, dtype=torch.float64) / self.half))
+        ang = positions.to(torch.float64)[:, None] * inv[None, :]
+        self._cos, self._sin = ang.cos()[:, None, :], ang.sin()[:, None, :]
+        self._cast: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """x [T, H, D] -> x rotated by each token's position."""
+        if x.dtype not in self._cast:
+            self._cast[x.dtype] = (self._cos.to(x.dtype), self._sin.to(x.dtype))
+        cos, sin = self._cast[x.dtype]
+        h = self.half
+        x1, x2 = x[..., :h], x[..., h : 2 * h]
+        rot = torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+        return torch.cat([rot, x[..., 2 * h :]], dim=-1) if self.d % 2 else rot
 
 
 Reduce = Callable[[torch.Tensor], torch.Tensor]
@@ -59,18 +75,31 @@ class MoE(nn.Module):
         probs = torch.softmax(self.router(x), dim=-1)
         weight, expert = probs.topk(self.top_k, dim=-1)
         weight = weight / weight.sum(-1, keepdim=True)
-        out = torch.zeros_like(x)
-        for e in range(self.w1.shape[0]):
-            tok, slot = (expert == e).nonzero(as_tuple=True)
-            if tok.numel() == 0:
-                continue
-            xe = x[tok]
-            ye = (F.silu(xe @ self.w1[e]) * (xe @ self.w3[e])) @ self.w2[e]
-            out = out.index_add(0, tok, ye * weight[tok, slot, None])
-        counts = F.one_hot(expert, probs.shape[-1]).sum((0, 1)).to(x.dtype)
+        n_experts = self.w1.shape[0]
+        # dispatch by one stable sort: each expert's (token, slot) pairs are contiguous, in token
+        # order; one host sync per layer (the per-expert counts that size the GEMMs)
+        flat = expert.reshape(-1)
+        order = torch.argsort(flat, stable=True)
+        counts = torch.bincount(flat, minlength=n_experts)
+        tok = order // self.top_k
+        xs = x[tok]
+        ys = []
+        for e, (a, b) in enumerate(_spans(counts.tolist())):
+            if b > a:
+                xe = xs[a:b]
+                ys.append((F.silu(xe @ self.w1[e]) * (xe @ self.w3[e])) @ self.w2[e])
+        y = torch.cat(ys) if ys else xs[:0]
+        out = x.new_zeros(x.shape).index_add_(0, tok, y * weight.reshape(-1)[order, None])
+        counts = counts.to(x.dtype)
         mass = probs.sum(0)
         if reduce is not None:
             counts, mass = reduce(counts.detach()), reduce(mass)
         n = total_tokens if total_tokens is not None else x.shape[0]
         aux = probs.shape[-1] * ((counts / (n * self.top_k)) * (mass / n)).sum() if n else x.sum() * 0
         return out, aux
+
+
+def _spans(counts: list[int]) -> list[tuple[int, int]]:
+    """[a, b) of each expert's rows in the sorted dispatch order."""
+    ends = list(itertools.accumulate(counts))
+    return [(e - c, e) for c, e in zip(counts, ends)]

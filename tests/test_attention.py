@@ -49,36 +49,97 @@ def test_torch_backend_matches_dense_reference(kind, params, allowed, dtype):
     torch.testing.assert_close(got.double(), dense_reference(q, k, v, cu, allowed), **TOL[dtype])
 
 
+def _windowed_reference(q, k, v, cu, left):
+    """Causal attention on the last left + 1 keys (left = -1: all keys): what a CUDA kernel's
+    (left, 0) window computes."""
+    return torch_varlen_attention(q, k, v, cu, mask=None if left < 0 else (lambda qp, kp, p: (qp - kp) <= left))
+
+
 def test_flash_wrapper_passes_causal_window_and_cu_seqlens():
     seen = []
 
     def fake_flash(q, k, v, cu_q, cu_k, max_q, max_k, causal, window_size):
         seen.append((cu_q.dtype, cu_q.tolist(), max_q, causal, window_size))
-        return torch_varlen_attention(
-            q, k, v, cu_q, mask=None if window_size == (-1, -1) else (lambda qp, kp, p: (qp - kp) <= window_size[0])
-        )
+        assert causal and window_size[1] in (-1, 0)
+        return _windowed_reference(q, k, v, cu_q, window_size[0])
 
     q = torch.randn(12, 4, 8)
     cu = torch.tensor([0, 5, 12])
-    a = varlen_attention(q, q, q, cu, 7, "sliding_window", {"window": 4}, flash_fn=fake_flash)
+    a = varlen_attention(q, q, q, cu, 7, "sliding_window", {"window": 4}, "flash", fn=fake_flash)
     assert seen[-1] == (torch.int32, [0, 5, 12], 7, True, (3, 0))  # "the last W tokens" = (W - 1, 0)
     torch.testing.assert_close(a, varlen_attention(q, q, q, cu, 7, "sliding_window", {"window": 4}, "torch"))
-    varlen_attention(q, q, q, cu, 7, "full", flash_fn=fake_flash)
+    varlen_attention(q, q, q, cu, 7, "full", backend="flash", fn=fake_flash)
     assert seen[-1][3:] == (True, (-1, -1))
-    varlen_attention(q, q, q, cu, 7, "chunked", {"chunk": 4}, flash_fn=fake_flash)
+    varlen_attention(q, q, q, cu, 7, "chunked", {"chunk": 4}, "flash", fn=fake_flash)
     assert seen[-1][1] == [0, 4, 5, 9, 12]  # chunked = causal attention on refined cu_seqlens
 
 
-@pytest.mark.skipif(not flash_available(), reason="flash-attn needs CUDA and the optional flash-attn package")
-@pytest.mark.parametrize("kind, params", [("full", None), ("sliding_window", {"window": 64})])
-def test_flash_backend_error_at_most_twice_torch_error(kind, params):
+def test_torch_varlen_wrapper_passes_window_gqa_and_cu_seqlens():
+    """torch.nn.attention.varlen.varlen_attn has no causal flag: causal is window (-1, 0), the last
+    W tokens (W - 1, 0); GQA needs enable_gqa. Checked with a stand-in that computes what those
+    arguments mean, against the torch path, for every kind (no CUDA needed)."""
+    seen = []
+
+    def fake_varlen(q, k, v, cu_q, cu_k, max_q, max_k, *, window_size=(-1, -1), enable_gqa=False):
+        seen.append((cu_q.dtype, cu_q.tolist(), cu_k.tolist(), max_q, max_k, window_size, enable_gqa))
+        assert window_size[1] == 0, "right window 0 makes the kernel causal"
+        assert enable_gqa == (k.shape[1] != q.shape[1]), "GQA must be asked for"
+        return _windowed_reference(q, k, v, cu_q, window_size[0])
+
+    torch.manual_seed(0)
+    q, kv = torch.randn(12, 4, 8, dtype=torch.float64), torch.randn(12, 2, 8, dtype=torch.float64)
+    cu = torch.tensor([0, 5, 12])
+    for kind, params, window in (("full", None, (-1, 0)), ("sliding_window", {"window": 4}, (3, 0)), ("chunked", {"chunk": 4}, (-1, 0))):
+        got = varlen_attention(q, kv, kv, cu, 7, kind, params, "varlen", fn=fake_varlen)
+        torch.testing.assert_close(got, varlen_attention(q, kv, kv, cu, 7, kind, params, "torch"))
+        assert seen[-1][5:] == (window, True)
+    assert seen[-1][:5] == (torch.int32, [0, 4, 5, 9, 12], [0, 4, 5, 9, 12], 4, 4)
+    with pytest.raises(ValueError, match="backend must be one of"):
+        varlen_attention(q, kv, kv, cu, 7, "full", None, "torch", fn=fake_varlen)
+
+
+@pytest.mark.parametrize(
+    "kind, params, allowed", [("full", None, lambda i, j: True), ("sliding_window", {"window": 3}, lambda i, j: i - j < 3)]
+)
+def test_torch_path_in_query_blocks_matches_dense_reference(kind, params, allowed):
+    """A long sample runs in query blocks (budget of 40 score elements: 2-3 queries of 4 heads a
+    block here) and gives what the dense yardstick gives."""
+    torch.manual_seed(1)
+    cu = torch.tensor([0, 13, 14, 31], dtype=torch.int32)
+    q, k, v = (
+        torch.randn(31, 4, 8, dtype=torch.float64),
+        torch.randn(31, 2, 8, dtype=torch.float64),
+        torch.randn(31, 2, 8, dtype=torch.float64),
+    )
+    mask = None if kind == "full" else (lambda qp, kp, p: (qp - kp) < p["window"])
+    got = torch_varlen_attention(q, k, v, cu, mask=mask, params=params, budget=40)
+    torch.testing.assert_close(got, dense_reference(q, k, v, cu, allowed), **TOL[torch.float64])
+
+
+def _cuda_backends():
+    from model.attention import varlen_available
+
+    out = []
+    for name, ok, why in (
+        ("flash", flash_available(), "flash-attn needs CUDA and the optional flash-attn package"),
+        ("varlen", varlen_available(), "torch's varlen attention needs CUDA"),
+    ):
+        out.append(pytest.param(name, marks=pytest.mark.skipif(not ok, reason=why)))
+    return out
+
+
+@pytest.mark.parametrize("backend", _cuda_backends())
+@pytest.mark.parametrize("kind, params", [("full", None), ("sliding_window", {"window": 64}), ("chunked", {"chunk": 64})])
+@pytest.mark.parametrize("hkv", [8, 2], ids=["mha", "gqa"])
+def test_cuda_backend_error_at_most_twice_torch_error(backend, kind, params, hkv):
     torch.manual_seed(0)
     cu = torch.tensor([0, 97, 160, 383], dtype=torch.int32, device="cuda")
-    q, k, v = (torch.randn(383, 8, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    q = torch.randn(383, 8, 64, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(383, hkv, 64, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     ref = varlen_attention(q.double(), k.double(), v.double(), cu, 223, kind, params, "torch")
-    fl = varlen_attention(q, k, v, cu, 223, kind, params, "flash")
+    got = varlen_attention(q, k, v, cu, 223, kind, params, backend)
     tc = varlen_attention(q, k, v, cu, 223, kind, params, "torch")
-    assert (fl.double() - ref).abs().max() <= 2 * (tc.double() - ref).abs().max() + 1e-6
+    assert (got.double() - ref).abs().max() <= 2 * (tc.double() - ref).abs().max() + 1e-6
 
 
 def test_registering_a_sparse_kind_reaches_model_solver_and_simulator():

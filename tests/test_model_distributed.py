@@ -136,10 +136,10 @@ def test_solver_plans_cover_the_cases_the_equivalence_test_claims():
 def test_validation_names_the_problem():
     base, _ = hand_plans()
     with pytest.raises(LayoutError, match="the plan is for 8 ranks but the process group has 4"):
-        validate(base, CFG, 4, 0, check_hash=False)
+        validate(base, CFG, 4)
     with pytest.raises(LayoutError, match="n_kv_heads=3 neither divides nor is divided by group size 8"):
-        validate(base, CFG.replace(n_kv_heads=3, n_heads=24), 8, 0, check_hash=False)
+        validate(base, CFG.replace(n_kv_heads=3, n_heads=24), 8)
     with pytest.raises(LayoutError, match="n_heads=4 is not divisible by group size 8"):
-        validate(base, CFG.replace(n_heads=4, n_kv_heads=2), 8, 0, check_hash=False)
-    validate(base, GQA, 8, 0, check_hash=False)  # 2 key/value heads on 8 ranks: replicated, runs
+        validate(base, CFG.replace(n_heads=4, n_kv_heads=2), 8)
+    validate(base, GQA, 8)  # 2 key/value heads on 8 ranks: replicated, runs
     assert label_count(base) == sum(LENGTHS) - len(LENGTHS)

@@ -8,7 +8,7 @@ import torch
 
 from experiments.train import load_checkpoint, save_checkpoint
 from experiments.workload import WorkloadConfig, generate_steps, load_trace
-from model.distributed import LayoutError, validate
+from model.distributed import LayoutError, check_same_plan, validate
 from solver import Cluster, CostModel, HardwareConfig, ModelConfig, PlanError, make_plan, samples_from_lengths
 from tests.dist_utils import run_distributed
 
@@ -70,11 +70,13 @@ def _hash_body(rank, world):
     cost = CostModel(ModelConfig.from_name("tiny"), HardwareConfig())
     lengths = [30, 12, 7, 5] if rank != 2 else [30, 12, 7, 6]  # rank 2 computed a different batch
     plan = make_plan(samples_from_lengths(lengths), Cluster(world, 2, 32), cost, "repack")
-    with pytest.raises(LayoutError, match="plan hash differs across ranks: rank 2 has"):
-        validate(plan, ModelConfig.from_name("tiny"), world, rank)
+    validate(plan, ModelConfig.from_name("tiny"), world)
+    with pytest.raises(LayoutError, match="plan hash differs across ranks"):
+        check_same_plan(plan)
+    check_same_plan(make_plan(samples_from_lengths([30, 12, 7, 5]), Cluster(world, 2, 32), cost, "repack"))  # agreeing: passes
 
 
-def test_plan_hash_mismatch_names_the_first_differing_rank():
+def test_plan_hash_mismatch_fails_on_every_rank():
     run_distributed(_hash_body, 4)
 
 
