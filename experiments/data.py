@@ -43,6 +43,10 @@ class LengthSource:
     def __len__(self):
         return len(self.steps)
 
+    def lengths(self, step: int) -> tuple[int, list[int]]:
+        """(number, sample lengths) of the step at position `step`, without making its tokens."""
+        return self.numbers[step], list(self.steps[step])
+
     def get(self, step: int) -> StepBatch:
         """The step at position `step`, named by its number (a trace's, or the position)."""
         if step >= len(self.steps):
@@ -73,6 +77,11 @@ class TokenFileSource:
 
     def __len__(self):
         return len(self.bounds) - 1
+
+    def lengths(self, step: int) -> tuple[int, list[int]]:
+        """(number, document lengths) of step `step`, without reading its tokens."""
+        a, b = self.bounds[step], self.bounds[step + 1]
+        return step, np.diff(self.offsets[a : b + 1]).tolist()
 
     def get(self, step: int) -> StepBatch:
         if step >= len(self):

@@ -4,10 +4,11 @@
     python -m experiments.host_bench --quick         # 64 and 256 ranks
 
 A benchmark, not a test: for each cluster size it plans one default step (repack+solver) and
-times, for a spread of ranks, what model.distributed.DistributedContext builds from the plan: the
-rank's four exchanges (full-layer entry and exit, sparse-layer entry and exit), their device
-index tensors, and its tokens' ids. Targets: < 10 ms at 1024 ranks and < 40 ms at 4096 (the
-worst rank). Writes results/host_bench.csv.
+times, for a spread of ranks, the host work of model.distributed.run_step before the forward:
+the DistributedContext (the rank's four exchanges - full-layer entry and exit, sparse-layer
+entry and exit - with their device index tensors, both attention sites' segments, the rotary
+tables) and the rank's tokens and labels (local_batch). Targets: < 10 ms at 1024 ranks and
+< 40 ms at 4096 (the worst rank). Writes results/host_bench.csv.
 """
 
 from __future__ import annotations
@@ -19,35 +20,37 @@ import sys
 import time
 
 import numpy as np
+import torch
 
-from model.distributed import rank_exchanges
-from solver import Cluster, CostModel, HardwareConfig, ModelConfig, PlanError, head_cu_seqlens, make_plan, samples_from_lengths, token_ids
+from model.distributed import DistributedContext
+from solver import Cluster, CostModel, HardwareConfig, ModelConfig, PlanError, make_plan, samples_from_lengths
 
 from .ablation import DEFAULT_FILL
 from .context import run_context
+from .data import random_tokens
 from .settings import check_output_dir
 from .workload import DEFAULT_TOKENS_PER_RANK, WorkloadConfig, generate_steps
 
 TARGETS_MS = {1024: 10.0, 4096: 40.0}
 
 
-def rank_host_work(plan, cfg: ModelConfig, rank: int) -> None:
-    """What DistributedContext builds for `rank` from a plan (on the CPU device)."""
-    rank_exchanges(plan, cfg, rank)
-    head_cu_seqlens(plan.parent_layout, plan.parent_layout.group_of_rank()[rank])
-    head_cu_seqlens(plan.child_layout, plan.child_layout.group_of_rank()[rank])
-    token_ids(plan.child_layout, rank)
+def rank_host_work(plan, cfg: ModelConfig, rank: int, tokens: dict[int, np.ndarray]) -> None:
+    """What run_step builds for `rank` from a plan before the forward (on the CPU device)."""
+    ctx = DistributedContext(plan, cfg, rank, groups=None)  # no exchange runs here: no process groups needed
+    ctx.local_batch(tokens)
+    ctx.rotary.tables(torch.float32)  # made on first use, in the first layer
 
 
 def time_ranks(plan, cfg: ModelConfig, ranks, repeats: int = 3) -> dict[int, float]:
     """Best of `repeats` per rank, each on a fresh copy of the layouts (no cached rank maps)."""
+    tokens = random_tokens([n for _, n in plan.lengths], cfg.vocab, 0, 0)
     out = {}
     for r in ranks:
         best = float("inf")
         for _ in range(repeats):
             fresh = type(plan).from_json(plan.to_json())
             t0 = time.perf_counter()
-            rank_host_work(fresh, cfg, r)
+            rank_host_work(fresh, cfg, r, tokens)
             best = min(best, time.perf_counter() - t0)
         out[r] = best
     return out

@@ -34,7 +34,7 @@ from tqdm import tqdm
 from kernels.exchange import AlignedGroups, CommStats
 from model import HybridMoE
 from model.distributed import run_step
-from solver import MODES, Cluster, CostModel, HardwareConfig, ModelConfig, PlanError, make_plan, samples_from_lengths
+from solver import MODES, Cluster, CostModel, HardwareConfig, ModelConfig, PlanError, check_setup, make_plan, samples_from_lengths
 
 from .ablation import add_baseline_pricing_arg
 from .context import run_context
@@ -43,7 +43,18 @@ from .results import PAPER, summarize, write_run
 from .workload import DEFAULT_TOKENS_PER_RANK, WorkloadConfig, default_tokens_per_step, generate_steps, load_trace
 
 TINY_TOKENS_PER_RANK = 32  # the tiny model's per-rank budget: a CPU step in well under a second
-TINY_WORKLOAD = dict(tokens_per_step=160, body_median=8, body_sigma=0.8, body_min=1, body_max=40, long_prob=0.04, long_min=48, long_max=120)
+TINY_WORKLOAD = dict(body_median=8, body_sigma=0.8, body_min=1, body_max=40, long_prob=0.04, long_min=48, long_max=120)
+
+
+def tiny_workload(world: int, tokens_per_rank: int, longest: int) -> dict:
+    """The tiny workload sized to the cluster: 5/8 of its tokens per step (160 on 8 ranks of 32)
+    and no sample longer than its widest group holds (`longest`), so it runs on any world size."""
+    w = dict(TINY_WORKLOAD, tokens_per_step=max(1, world * tokens_per_rank * 5 // 8))
+    w["long_max"] = min(w["long_max"], longest)
+    w["long_min"] = min(w["long_min"], w["long_max"])
+    w["body_max"] = min(w["body_max"], w["long_max"])
+    w["body_min"] = min(w["body_min"], w["body_max"])
+    return w
 
 
 def parse_args(argv=None):
@@ -137,16 +148,20 @@ def lr_lambda(warmup: int, total: int):
     return f
 
 
-def build_source(args, cfg: ModelConfig, world: int):
+def build_source(args, cfg: ModelConfig, cluster: Cluster, cost: CostModel):
     if args.tokens:
         if not args.doc_offsets:
             raise PlanError("--tokens needs --doc-offsets (document boundaries)")
-        return TokenFileSource(args.tokens, args.doc_offsets, args.tokens_per_step or default_tokens_per_step(world), cfg.vocab), None
+        tokens_per_step = args.tokens_per_step or default_tokens_per_step(cluster.world_size)
+        return TokenFileSource(args.tokens, args.doc_offsets, tokens_per_step, cfg.vocab), None
     if args.trace:
         steps = load_trace(args.trace)
         return LengthSource([lengths for _, lengths in steps], cfg.vocab, args.seed, [n for n, _ in steps]), None
     shape = args.workload or ("tiny" if cfg.name.startswith("tiny") else "default")
-    over = dict(TINY_WORKLOAD) if shape == "tiny" else {"tokens_per_step": default_tokens_per_step(world)}
+    if shape == "tiny":
+        over = tiny_workload(cluster.world_size, cluster.tokens_per_rank, cost.widest_group(cluster) * cluster.tokens_per_rank)
+    else:
+        over = {"tokens_per_step": default_tokens_per_step(cluster.world_size)}
     if args.tokens_per_step:
         over["tokens_per_step"] = args.tokens_per_step
     wl = dataclasses.replace(WorkloadConfig(), **over, seed=args.seed, steps=args.steps)
@@ -235,8 +250,14 @@ def set_up(args, rank: int, world: int, device: torch.device) -> Run:
         args.baseline_pricing = abl_cfg["baseline_pricing"]  # replay what the ablation planned
         source, wl = LengthSource(all_steps, cfg.vocab, args.seed, numbers), None
     else:
-        source, wl = build_source(args, cfg, world)
+        source, wl = build_source(args, cfg, cluster, cost)
         step_ids = list(range(min(args.steps, len(source))))
+    try:  # the model against the cluster, and every step against both, before step 1
+        allows = check_setup(cluster, cost, (source.lengths(k) for k in step_ids))
+    except PlanError as e:
+        raise PlanError(f"{e} (flags: --tokens-per-rank, --tokens-per-step, --gpus-per-node, --model)") from None
+    if rank == 0:
+        print(allows, flush=True)
     torch.manual_seed(args.seed)
     model = HybridMoE(cfg).to(device=device, dtype=torch.float64 if args.dtype == "fp64" else torch.float32)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=tuple(args.betas), weight_decay=args.weight_decay)

@@ -112,16 +112,16 @@ class DistributedContext:
         self.cfg, self.rank, self.path, self.backend, self.stats = cfg, rank, path, backend, stats
         self.transport = dist_transport(groups)
         parent, child = plan.parent_layout, plan.child_layout
-        self.parent_group = parent.group_of_rank()[rank]
-        self.child_group = child.group_of_rank()[rank]
+        self.parent_group = parent.group_of(rank)
+        self.child_group = child.group_of(rank)
         self.full_entry, self.full_exit, self.sparse_entry, self.sparse_exit = rank_exchanges(plan, cfg, rank, device)
         self.sites = attention_sites(head_cu_seqlens(parent, self.parent_group), head_cu_seqlens(child, self.child_group), cfg, device)
         self.segments = child.local_segments(rank)  # (sample, start, end) of this rank's tokens, in local order
         pos = [np.arange(a, b) for _, a, b in self.segments] or [np.zeros(0)]
         self.positions = torch.as_tensor(np.concatenate(pos), dtype=torch.int64, device=device)
-        self.rotary = Rotary(self.positions, cfg.head_dim, cfg.rope_theta)
+        self.rotary = Rotary(self.positions, cfg.head_dim, cfg.rope_theta, [(a, b) for _, a, b in self.segments])
         self.reduce = all_reduce_sum
-        self.total_tokens = int(sum(n for _, n in plan.lengths))
+        self.total_tokens = plan.total_tokens
 
     def _heads(self, y: torch.Tensor, p: int):
         h, hkv = self.cfg.n_heads // p, max(self.cfg.n_kv_heads // p, 1)  # one replicated KV head when p > n_kv_heads
@@ -156,17 +156,18 @@ class DistributedContext:
 
 def label_count(plan: StepPlan) -> int:
     """Labelled tokens of the global batch: every token but each sample's last."""
-    return sum(n - 1 for _, n in plan.lengths)
+    return plan.total_tokens - len(plan.lengths)
 
 
 BUCKET_BYTES = 25 << 20  # gradients all-reduced per flat bucket of about this size
 
 
-def allreduce_grads(model: torch.nn.Module, bucket_bytes: int = BUCKET_BYTES) -> None:
+def allreduce_grads(model: torch.nn.Module, bucket_bytes: int | None = None) -> None:
     """Sum every parameter's gradient over the world (parameters are replicated), in flat buckets
     of at most `bucket_bytes` (a parameter larger than that is a bucket of its own): a few
     collectives per step rather than one per parameter. A parameter no token reached this step
     (an expert nobody routed to) contributes zeros."""
+    bucket_bytes = BUCKET_BYTES if bucket_bytes is None else bucket_bytes
     for p in model.parameters():
         if p.grad is None:
             p.grad = torch.zeros_like(p)

@@ -41,7 +41,7 @@ class LocalContext:
         cu = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
         self.sites = attention_sites(cu, cu, cfg, device)
         self.positions = torch.cat([torch.arange(n, device=device) for n in lengths])
-        self.rotary = Rotary(self.positions, cfg.head_dim, cfg.rope_theta)
+        self.rotary = Rotary(self.positions, cfg.head_dim, cfg.rope_theta, [(0, n) for n in lengths])
         self.reduce = None
         self.total_tokens = int(sum(lengths))
 

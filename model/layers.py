@@ -31,21 +31,50 @@ def apply_rotary(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torc
 
 
 class Rotary:
-    """Rotary cos/sin of a step's token positions, computed once (in float64, then cast once per
-    dtype) and applied in every layer."""
+    """Rotary cos/sin of a step's token positions, gathered from a per-process table of every
+    position so far (computed in float64 once, grown by doubling) and cast once per dtype: no
+    trigonometry in the step, none in the layers."""
 
-    def __init__(self, positions: torch.Tensor, head_dim: int, theta: float):
+    _tables: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def __init__(self, positions: torch.Tensor, head_dim: int, theta: float, ranges: list[tuple[int, int]] | None = None):
+        """ranges: the positions as (start, stop) runs, when known (a rank's chunks of its samples):
+        the step's tables are then copies of table slices rather than a gather."""
+        self.positions, self.ranges, self.theta = positions, ranges, float(theta)
         self.half, self.d = head_dim // 2, head_dim
-        inv = 1.0 / (theta ** (torch.arange(0, self.half, device=positions.device, dtype=torch.float64) / self.half))
-        ang = positions.to(torch.float64)[:, None] * inv[None, :]
-        self._cos, self._sin = ang.cos()[:, None, :], ang.sin()[:, None, :]
-        self._cast: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]] = {}
+        if ranges is not None:
+            self.n = max((b for _, b in ranges), default=1)
+        else:
+            self.n = int(positions.max()) + 1 if positions.numel() else 1
+        self._step: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    @classmethod
+    def _table(cls, n: int, head_dim: int, theta: float, device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [>= n, head_dim / 2] of positions 0.. in `dtype` (computed in float64)."""
+        key = (head_dim, theta, str(device), dtype)
+        have = cls._tables.get(key)
+        if have is None or have[0].shape[0] < n:
+            size = max(1024, 1 << (n - 1).bit_length())
+            half = head_dim // 2
+            inv = 1.0 / (theta ** (torch.arange(0, half, device=device, dtype=torch.float64) / half))
+            ang = torch.arange(size, device=device, dtype=torch.float64)[:, None] * inv[None, :]
+            cls._tables[key] = have = (ang.cos().to(dtype), ang.sin().to(dtype))
+        return have
+
+    def tables(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [T, 1, head_dim / 2] of this step's positions in `dtype` (made on first use)."""
+        if dtype not in self._step:
+            cos, sin = self._table(self.n, self.d, self.theta, self.positions.device, dtype)
+            if self.ranges is not None and self.ranges:
+                cos, sin = (torch.cat([t[a:b] for a, b in self.ranges]) for t in (cos, sin))
+            else:
+                cos, sin = cos[self.positions], sin[self.positions]
+            self._step[dtype] = (cos[:, None, :], sin[:, None, :])
+        return self._step[dtype]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x [T, H, D] -> x rotated by each token's position."""
-        if x.dtype not in self._cast:
-            self._cast[x.dtype] = (self._cos.to(x.dtype), self._sin.to(x.dtype))
-        cos, sin = self._cast[x.dtype]
+        cos, sin = self.tables(x.dtype)
         h = self.half
         x1, x2 = x[..., :h], x[..., h : 2 * h]
         rot = torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)

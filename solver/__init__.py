@@ -19,7 +19,7 @@ from .layout import (
     token_to_head_rank,
 )
 from .plan import MODES, ParentPlan, StepPlan
-from .planner import make_plan, plan_from_parents
+from .planner import check_setup, make_plan, plan_from_parents
 
 __all__ = [
     "Cluster",
@@ -51,6 +51,7 @@ __all__ = [
     "MODES",
     "ParentPlan",
     "StepPlan",
+    "check_setup",
     "make_plan",
     "plan_from_parents",
 ]

@@ -72,9 +72,23 @@ class TokenLayout:
             object.__setattr__(self, "_by_rank", {r: g for g in self.groups for r in g.ranks})
         return self._by_rank
 
+    def group_of(self, rank: int) -> Group:
+        """`rank`'s group, by one scan of the groups (no map of every rank: a rank's per-step work
+        need not touch the whole cluster)."""
+        if self._by_rank is not None:
+            return self._by_rank[rank]
+        for g in self.groups:
+            if g.start <= rank < g.start + g.size:
+                return g
+        raise PlanError(f"rank {rank} is in no group of this layout")
+
+    def groups_within(self, outer: Group) -> list[Group]:
+        """The groups whose ranks lie inside `outer`'s (a child layout's children of a parent)."""
+        return [g for g in self.groups if outer.start <= g.start < outer.start + outer.size]
+
     def local_segments(self, rank: int) -> list[tuple[int, int, int]]:
         """(sample_id, first_token, stop_token) of every chunk `rank` holds, in local order."""
-        g = self.group_of_rank()[rank]
+        g = self.group_of(rank)
         k = rank - g.start
         out = []
         for sid in g.samples:
@@ -202,12 +216,8 @@ def _group_token_rows(src: TokenLayout, hg: Group) -> dict[int, np.ndarray]:
     for s in hg.samples:
         offset[s] = at
         at += src.lengths[s]
-    by_rank = src.group_of_rank()
     out: dict[int, np.ndarray] = {}
-    for r in hg.ranks:
-        if r in out:
-            continue
-        g = by_rank[r]
+    for g in src.groups_within(hg):
         lens = np.array([src.lengths[s] for s in g.samples], dtype=np.int64)
         offs = np.array([offset[s] for s in g.samples], dtype=np.int64)
         bounds = lens[:, None] * np.arange(g.size + 1, dtype=np.int64)[None, :] // g.size  # chunk_bounds of every sample
@@ -262,7 +272,7 @@ def token_to_head_rank(src: TokenLayout, heads: TokenLayout, rank: int) -> RankE
     """token_to_head_plan's exchange of one rank, from its head group alone: the host work of a
     step grows with the rank's group, not with the cluster. The layouts are a validated plan's
     (StepPlan.validate checks that the children refine their parents)."""
-    return _entry_of_group(src, heads, heads.group_of_rank()[rank], ranks=(rank,))[rank]
+    return _entry_of_group(src, heads, heads.group_of(rank), ranks=(rank,))[rank]
 
 
 def head_to_token_rank(heads: TokenLayout, dst: TokenLayout, rank: int) -> RankExchange:

@@ -62,6 +62,10 @@ class StepPlan:
         return dict(self.lengths)
 
     @cached_property
+    def total_tokens(self) -> int:
+        return sum(self.length_of.values())
+
+    @cached_property
     def parent_layout(self) -> TokenLayout:
         return TokenLayout(tuple(p.group for p in self.parents), self.length_of)
 

@@ -9,11 +9,13 @@ parent solver's doing and how much the repacking's.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+
+import numpy as np
 
 from .baseline import assign_parents
 from .children import solve_children
-from .cluster import Cluster, PlanError, Sample, check_samples
+from .cluster import Cluster, PlanError, Sample, ceil_pow2, check_samples
 from .cost import CostModel
 from .layout import Group
 from .parent_solver import solve_parents
@@ -53,6 +55,7 @@ def make_plan(
     if mode not in MODES:
         raise PlanError(f"mode={mode!r}; valid modes: {MODES}")
     cost = cost.for_cluster(cluster)
+    check_heads(cluster, cost)
     samples = check_samples(samples, cluster)
     groups = assign_parents(samples, cluster, cost, pricing=baseline_pricing)
     if mode in ("repack+solver", "baseline+solver"):
@@ -61,3 +64,47 @@ def make_plan(
         parents = solve_parents(start, samples, cluster, cost, repack)
         return StepPlan(cluster, tuple((s.id, s.length) for s in samples), parents, mode).validate()
     return plan_from_parents(groups, samples, cluster, cost, mode)
+
+
+def check_heads(cluster: Cluster, cost: CostModel) -> int:
+    """The widest group the planner emits for this model on this cluster (CostModel.widest_group);
+    raises when the node-local children, up to a node wide, could not split the model's heads."""
+    m, widest = cost.model, cost.widest_group(cluster)
+    if cluster.gpus_per_node > widest:
+        raise PlanError(
+            f"gpus_per_node={cluster.gpus_per_node}: node-local children may be SP{cluster.gpus_per_node}, but the model's heads "
+            f"({m.n_heads} query, {m.n_kv_heads} key/value) split over at most SP{widest}; use nodes of at most {widest} ranks "
+            f"or a model whose query heads are a multiple of {cluster.gpus_per_node}"
+        )
+    return widest
+
+
+def check_setup(cluster: Cluster, cost: CostModel, steps: Iterable[tuple[int, Sequence[int]]] = ()) -> str:
+    """Check the model against the cluster, and every step's samples against both, before step 1:
+    the widest group the planner may emit, head counts, node size, token budget. `steps` is
+    (step number, lengths) pairs. Raises PlanError naming the first problem and the setting that
+    would fix it; returns one line that says what the set-up allows."""
+    m, w, t = cost.model, cluster.world_size, cluster.tokens_per_rank
+    widest = check_heads(cluster, cost)
+    for number, lengths in steps:
+        n = np.asarray(lengths, dtype=np.int64)
+        if n.size == 0 or n.min() < 1:
+            raise PlanError(f"step {number}: lengths must be integers >= 1 and a step needs at least one sample; got {n.tolist()[:8]}")
+        longest, total = int(n.max()), int(n.sum())
+        if ceil_pow2(longest / t) > widest:
+            raise PlanError(
+                f"step {number}: a sample of {longest} tokens needs SP{ceil_pow2(longest / t)} at tokens_per_rank={t}, but groups "
+                f"go up to SP{widest} (model {m.name}: {m.n_heads} query / {m.n_kv_heads} key/value heads, {w} ranks); "
+                f"use tokens_per_rank >= {-(-longest // widest)} or shorter samples"
+            )
+        if total > w * t:
+            raise PlanError(
+                f"step {number}: the batch has {total} tokens but the cluster holds at most {w * t} ({w} ranks x "
+                f"tokens_per_rank={t}); use tokens_per_rank >= {-(-total // w)} or fewer tokens per step"
+            )
+    replicated = f", key/value heads replicated on groups wider than SP{m.n_kv_heads}" if widest > m.n_kv_heads else ""
+    return (
+        f"model {m.name} ({m.n_heads} query / {m.n_kv_heads} key/value heads): groups up to SP{widest}{replicated}; "
+        f"{w} ranks in nodes of {cluster.gpus_per_node}; {t} tokens per rank: samples up to {widest * t} tokens, "
+        f"batches up to {w * t}"
+    )

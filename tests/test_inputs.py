@@ -161,3 +161,28 @@ def test_the_results_reader_keeps_non_finite_values(tmp_path):
 def test_every_registered_sparse_kind_runs_with_its_declared_defaults(tmp_path):
     _, summary = ablation.main(["--sparse-kind", "chunked", "--seeds", "1", "--steps", "5", "--out", str(tmp_path / "o"), "--no-progress"])
     assert summary["config"]["model"]["sparse_params"] == {"chunk": 8192}
+
+
+def test_the_model_and_every_step_are_checked_against_the_cluster_before_step_1():
+    """check_setup refuses, naming the setting, what the planner would refuse at some later step;
+    where it allows a set-up, the planner places every step of it."""
+    from solver import Cluster, CostModel, HardwareConfig, ModelConfig, check_setup, make_plan, samples_from_lengths
+
+    tiny = CostModel(ModelConfig.from_name("tiny"), HardwareConfig())  # 8 query / 8 KV heads
+    gqa = CostModel(ModelConfig.from_name("tiny-gqa"), HardwareConfig())  # 8 query / 2 KV heads
+    cluster = Cluster(16, 2, 32)
+    assert "groups up to SP8;" in check_setup(cluster, tiny)
+    assert "key/value heads replicated on groups wider than SP2" in check_setup(cluster, gqa)
+    with pytest.raises(PlanError, match=r"gpus_per_node=16: node-local children may be SP16, .* at most SP8"):
+        check_setup(Cluster(16, 16, 32), tiny)
+    with pytest.raises(PlanError, match=r"gpus_per_node=16"):  # the planner refuses it too
+        make_plan(samples_from_lengths([40, 8]), Cluster(16, 16, 32), tiny, "repack")
+    # a sample of 257 tokens needs SP16 at 32 tokens per rank; the 8 heads allow SP8: step 3 says so
+    steps = [(0, [256, 100]), (3, [257, 8])]
+    with pytest.raises(PlanError, match=r"step 3: a sample of 257 tokens needs SP16 .* up to SP8 .* tokens_per_rank >= 33"):
+        check_setup(cluster, tiny, steps)
+    with pytest.raises(PlanError, match=r"ranks x tokens_per_rank=32\); use tokens_per_rank >= 33"):
+        check_setup(cluster, tiny, [(0, [256] * 2 + [10])])
+    for mode in ("baseline", "repack", "repack+solver", "baseline+solver"):  # what it allows is planned, SP8 at most
+        plan = make_plan(samples_from_lengths(steps[0][1]), cluster, tiny, mode)
+        assert plan.widest_parent == 8

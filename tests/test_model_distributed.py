@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+import model.distributed as model_distributed
 from kernels.exchange import AlignedGroups, CommStats
 from model import HybridMoE, LocalContext, next_token_labels
 from model.distributed import LayoutError, label_count, run_step, validate
@@ -75,6 +76,9 @@ def _body(rank, world, refs):
     groups = AlignedGroups(world)
     base, rep = hand_plans()
     for name, cfg in CONFIGS.items():
+        # gradients all-reduced in one flat bucket (mha), or in buckets of 5 KB (gqa: many buckets,
+        # and parameters larger than a bucket alone in theirs)
+        model_distributed.BUCKET_BYTES = 25 << 20 if name == "mha" else 5000
         ref_loss, ref_grads = refs[name]
         counts = {}
         # every mode's solver plan for the plain heads; for GQA the solver's plan and the hand-made

@@ -76,12 +76,14 @@ def test_three_modes_same_losses_results_parse_and_resume_matches(tmp_path):
     assert losses(tmp_path / "resumed") == full
 
 
-def test_a_sample_too_long_for_the_cluster_fails_fast_with_its_reason(tmp_path):
+def test_a_sample_too_long_for_the_cluster_fails_before_step_1_with_its_reason(tmp_path):
     trace = tmp_path / "t.csv"
-    trace.write_text("step,length\n0,10\n0,100000\n")
-    p = torchrun(2, "--trace", str(trace), "--steps", "1", "--out", str(tmp_path / "o"), timeout=120)
+    trace.write_text("step,length\n0,10\n1,10\n1,100000\n")
+    p = torchrun(2, "--trace", str(trace), "--steps", "2", "--out", str(tmp_path / "o"), timeout=120)
     assert p.returncode != 0
-    assert "failed: PlanError: step 0: sample id=1 of length=100000 cannot be placed" in p.stderr
+    assert "failed: PlanError: step 1: a sample of 100000 tokens needs SP4096 at tokens_per_rank=32" in p.stderr
+    assert "use tokens_per_rank >= 50000" in p.stderr and "--tokens-per-rank" in p.stderr
+    assert " loss " not in p.stdout, "no step may run"
 
 
 def test_corrupt_token_files_are_clear_errors(tmp_path):
