@@ -33,6 +33,7 @@ from tqdm import tqdm
 
 from kernels.exchange import AlignedGroups, CommStats
 from model import HybridMoE
+from model.attention import BACKENDS
 from model.distributed import run_step
 from solver import MODES, Cluster, CostModel, HardwareConfig, ModelConfig, PlanError, check_setup, make_plan, samples_from_lengths
 
@@ -89,7 +90,7 @@ def parse_args(argv=None):
     ap.add_argument("--warmup", type=int, default=5, help="linear warmup steps, then cosine decay to 10%%")
     ap.add_argument("--dtype", default=None, choices=["fp32", "fp64"], help="parameter dtype (default fp32); bf16 autocast on CUDA")
     ap.add_argument("--pack-path", default="auto", choices=["auto", "triton", "torch"])
-    ap.add_argument("--attn-backend", default="auto", choices=["auto", "torch", "flash", "kernel"])
+    ap.add_argument("--attn-backend", default="auto", choices=list(BACKENDS), help="auto: flash-attn, else varlen, on CUDA")
     ap.add_argument("--save-every", type=int, default=0, help="checkpoint every N steps (0: never)")
     ap.add_argument("--ckpt-dir", default="results/checkpoints")
     ap.add_argument("--resume", action="store_true", help="resume from the latest checkpoint in --ckpt-dir")
