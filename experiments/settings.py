@@ -20,17 +20,17 @@ SECTIONS = {"model": ModelConfig, "hardware": HardwareConfig, "training": Traini
 __all__ = ["SECTIONS", "check_output_dir", "load_config_file"]
 
 
-def check_output_dir(path: str) -> None:
+def check_output_dir(path: str, flag: str = "--out") -> None:
     """The folder results go to can be written: it is a folder (or can be made one) and a file
     can be created in it. Checked first, so a run never ends by losing its results."""
     if os.path.exists(path) and not os.path.isdir(path):
-        raise PlanError(f"--out {path!r} is a file, not a folder: name a folder for the results")
+        raise PlanError(f"{flag} {path!r} is a file, not a folder: name a folder")
     try:
         os.makedirs(path, exist_ok=True)
         with tempfile.TemporaryFile(dir=path):
             pass
     except OSError as e:
-        raise PlanError(f"--out {path!r} cannot be written: {e.strerror or e}") from None
+        raise PlanError(f"{flag} {path!r} cannot be written: {e.strerror or e}") from None
 
 
 def load_config_file(path: str) -> dict[str, dict]:

@@ -18,15 +18,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import hashlib
 import math
 import os
-import random
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from tqdm import tqdm
@@ -35,12 +34,15 @@ from kernels.exchange import AlignedGroups, CommStats
 from model import HybridMoE
 from model.attention import BACKENDS
 from model.distributed import run_step
+from model.sharding import SHARDINGS, shard_model
 from solver import MODES, Cluster, CostModel, HardwareConfig, ModelConfig, PlanError, check_setup, make_plan, samples_from_lengths
 
+from . import checkpoint, memory
 from .ablation import add_baseline_pricing_arg
 from .context import run_context
 from .data import LengthSource, TokenFileSource
 from .results import PAPER, summarize, write_run
+from .settings import check_output_dir
 from .workload import DEFAULT_TOKENS_PER_RANK, WorkloadConfig, default_tokens_per_step, generate_steps, load_trace
 
 TINY_TOKENS_PER_RANK = 32  # the tiny model's per-rank budget: a CPU step in well under a second
@@ -91,51 +93,38 @@ def parse_args(argv=None):
     ap.add_argument("--dtype", default=None, choices=["fp32", "fp64"], help="parameter dtype (default fp32); bf16 autocast on CUDA")
     ap.add_argument("--pack-path", default="auto", choices=["auto", "triton", "torch"])
     ap.add_argument("--attn-backend", default="auto", choices=list(BACKENDS), help="auto: flash-attn, else varlen, on CUDA")
+    ap.add_argument(
+        "--shard", default="fsdp", choices=list(SHARDINGS), help="fsdp: FSDP2 over every rank; none: replicated, bucketed all-reduce"
+    )
     ap.add_argument("--save-every", type=int, default=0, help="checkpoint every N steps (0: never)")
     ap.add_argument("--ckpt-dir", default="results/checkpoints")
-    ap.add_argument("--resume", action="store_true", help="resume from the latest checkpoint in --ckpt-dir")
+    ap.add_argument("--resume", action="store_true", help="resume from the latest good checkpoint in --ckpt-dir")
+    ap.add_argument("--resume-step", type=int, default=None, help="resume from this step's checkpoint (implies --resume)")
     ap.add_argument("--stop-after", type=int, default=None, help="stop (as if interrupted) after this many steps of the run")
     ap.add_argument("--out", default="results/train", help="results folder")
     ap.add_argument("--timeout", type=float, default=300, help="seconds before a stuck collective fails the job")
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    if args.resume_step is not None:
+        args.resume = True
+    return args
 
 
-# ----- checkpoints ------------------------------------------------------------------------------
-def save_checkpoint(ckpt_dir: str, step: int, model, opt, sched, extra: dict) -> str:
-    """Write step_<N>.pt via a temporary file and os.replace, then point `latest` at it the same
-    way: a crash at any moment leaves the previous checkpoint as the one that loads."""
-    os.makedirs(ckpt_dir, exist_ok=True)
-    state = {
-        "step": step,
-        "model": model.state_dict(),
-        "optimizer": opt.state_dict(),
-        "scheduler": sched.state_dict(),
-        "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()},
-        **extra,
-    }
-    path = os.path.join(ckpt_dir, f"step_{step:07d}.pt")
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as f:
-        torch.save(state, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    latest = os.path.join(ckpt_dir, "latest")
-    with open(latest + ".tmp", "w") as f:
-        f.write(os.path.basename(path))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(latest + ".tmp", latest)
-    return path
-
-
-def load_checkpoint(ckpt_dir: str) -> dict:
-    latest = os.path.join(ckpt_dir, "latest")
-    if not os.path.exists(latest):
-        raise PlanError(f"--resume: no checkpoint in {ckpt_dir!r} (no 'latest' file)")
-    with open(latest) as f:
-        name = f.read().strip()
-    return torch.load(os.path.join(ckpt_dir, name), weights_only=False)
+def check_args(args) -> None:
+    """The driver's own flags, before any process group or work: one PlanError naming the value."""
+    ints = {"--steps": (args.steps, 1), "--save-every": (args.save_every, 0), "--warmup": (args.warmup, 0)}
+    ints |= {f: (v, 1) for f, v in (("--stop-after", args.stop_after), ("--tokens-per-rank", args.tokens_per_rank)) if v is not None}
+    ints |= {f: (v, 1) for f, v in (("--tokens-per-step", args.tokens_per_step), ("--gpus-per-node", args.gpus_per_node)) if v is not None}
+    if args.resume_step is not None:
+        ints["--resume-step"] = (args.resume_step, 0)
+    for flag, (v, least) in ints.items():
+        if v < least:
+            raise PlanError(f"{flag}={v} is invalid: use an integer >= {least}")
+    for flag, v in (("--timeout", args.timeout), ("--lr", args.lr)):
+        if not (math.isfinite(v) and v > 0):
+            raise PlanError(f"{flag}={v} is invalid: use a number > 0")
+    check_output_dir(args.out, "--out")
+    if args.save_every or args.resume:
+        check_output_dir(args.ckpt_dir, "--ckpt-dir")
 
 
 # ----- set-up -----------------------------------------------------------------------------------
@@ -192,6 +181,12 @@ def replay_steps(folder: str, seed: int | None = None) -> tuple[list[list[int]],
 def main(argv=None):
     args = parse_args(argv)
     rank = int(os.environ.get("RANK", 0))
+    try:
+        check_args(args)
+    except PlanError as e:
+        if rank == 0:
+            print(f"error: {e}", file=sys.stderr, flush=True)
+        sys.exit(2)
     world = int(os.environ.get("WORLD_SIZE", 1))
     local = int(os.environ.get("LOCAL_RANK", 0))
     cuda = torch.cuda.is_available()
@@ -230,6 +225,7 @@ class Run:
     opt: torch.optim.Optimizer
     sched: torch.optim.lr_scheduler.LRScheduler
     groups: AlignedGroups
+    fingerprint: dict
     start: int = 0  # index into step_ids of the first step to run (after a resume)
     rows: list[dict] = field(default_factory=list)
 
@@ -259,26 +255,75 @@ def set_up(args, rank: int, world: int, device: torch.device) -> Run:
         raise PlanError(f"{e} (flags: --tokens-per-rank, --tokens-per-step, --gpus-per-node, --model)") from None
     if rank == 0:
         print(allows, flush=True)
+    fp = fingerprint(args, cluster, wl)
+    agree_across_ranks(fp, world)
     torch.manual_seed(args.seed)
     model = HybridMoE(cfg).to(device=device, dtype=torch.float64 if args.dtype == "fp64" else torch.float32)
+    if args.shard == "fsdp":
+        shard_model(model, device)
+    if rank == 0:
+        print(memory.summary(cfg, world, budget, args.shard, device.type == "cuda"), flush=True)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=tuple(args.betas), weight_decay=args.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(args.warmup, args.steps))
     modes = list(MODES) if args.mode == "all" else [args.mode]
-    run = Run(args, rank, world, device, cfg, cluster, hw, cost, source, wl, step_ids, modes, model, opt, sched, AlignedGroups(world))
+    run = Run(args, rank, world, device, cfg, cluster, hw, cost, source, wl, step_ids, modes, model, opt, sched, AlignedGroups(world), fp)
     if args.resume:
-        restore(run, load_checkpoint(args.ckpt_dir))
+        expect = {"world_size": world, "model": cfg.to_dict(), "fingerprint": fp}
+        meta = checkpoint.load(args.ckpt_dir, model, opt, expect, args.resume_step)
+        sched.load_state_dict(meta["scheduler"])
+        run.start, run.rows = meta["step"], meta["rows"]
     return run
 
 
-def restore(run: Run, state: dict) -> None:
-    run.model.load_state_dict(state["model"])
-    run.opt.load_state_dict(state["optimizer"])
-    run.sched.load_state_dict(state["scheduler"])
-    torch.set_rng_state(state["rng"]["torch"])
-    np.random.set_state(state["rng"]["numpy"])
-    random.setstate(state["rng"]["python"])
-    run.start = state["step"]
-    run.rows = state.get("rows", [])
+def _file_id(path: str | None) -> dict | None:
+    """A data file's identity: its size and the sha256 of its first and last MiB (a token file may
+    be many GB; the same file copied to every node gives the same identity)."""
+    if not path:
+        return None
+    size = os.path.getsize(path)
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        h.update(f.read(1 << 20))
+        f.seek(max(0, size - (1 << 20)))
+        h.update(f.read(1 << 20))
+    return {"name": os.path.basename(path), "bytes": size, "sha256_ends": h.hexdigest()[:16]}
+
+
+def fingerprint(args, cluster: Cluster, wl: WorkloadConfig | None) -> dict:
+    """Everything that must agree across the ranks of a run, and between a run and the checkpoint it
+    resumes: the data (generator settings or files, seed), the schedule, the mode, the cluster. A
+    step's data and plan follow from these and the step number (its plan hash is checked per step)."""
+    return {
+        "seed": args.seed,
+        "mode": args.mode,
+        "steps": args.steps,
+        "lr": args.lr,
+        "warmup": args.warmup,
+        "betas": list(args.betas),
+        "weight_decay": args.weight_decay,
+        "dtype": args.dtype or "fp32",
+        "baseline_pricing": args.baseline_pricing,
+        "world_size": cluster.world_size,
+        "gpus_per_node": cluster.gpus_per_node,
+        "tokens_per_rank": cluster.tokens_per_rank,
+        "workload": wl.to_dict() if wl else None,
+        "trace": _file_id(args.trace),
+        "tokens": _file_id(args.tokens),
+        "doc_offsets": _file_id(args.doc_offsets),
+        "replay": _file_id(os.path.join(args.replay, "summary.json")) if args.replay else None,
+    }
+
+
+def agree_across_ranks(fp: dict, world: int) -> None:
+    """Once, before step 1: every rank's fingerprint equals rank 0's, or every rank fails naming the
+    first setting that differs and a rank that has it."""
+    fps = [None] * world
+    dist.all_gather_object(fps, fp)
+    for r, other in enumerate(fps):
+        bad = [k for k in fp if other.get(k) != fps[0].get(k)]
+        if bad:
+            k = bad[0]
+            raise PlanError(f"ranks disagree on {k}: rank 0 has {fps[0].get(k)!r}, rank {r} has {other.get(k)!r} (start every rank alike)")
 
 
 def plan_step(run: Run, k: int):
@@ -296,7 +341,7 @@ def one_step(run: Run, plan, batch, mode: str) -> dict:
     """Forward, backward and (unless replaying every mode) the optimizer step; the measured row.
     Time is the slowest rank's; bytes are summed over ranks."""
     stats = CommStats(gpus_per_node=run.cluster.gpus_per_node)
-    autocast = torch.bfloat16 if run.device.type == "cuda" else None
+    autocast = torch.bfloat16 if run.device.type == "cuda" and run.args.shard == "none" else None  # fsdp: bf16 parameters
     _sync(run.device)
     t0 = time.perf_counter()
     loss = run_step(run.model, plan, batch.tokens, run.groups, run.args.pack_path, run.args.attn_backend, stats, autocast_dtype=autocast)
@@ -356,12 +401,17 @@ def log_row(run: Run, row: dict) -> None:
 
 
 def save(run: Run, k: int) -> None:
-    """Checkpoint after the k-th step (every --save-every steps): rank 0 writes, every rank waits."""
+    """Checkpoint after the k-th step (every --save-every steps), collectively (experiments.checkpoint)."""
     if not run.args.save_every or k % run.args.save_every:
         return
-    if run.rank == 0:
-        save_checkpoint(run.args.ckpt_dir, k, run.model, run.opt, run.sched, {"rows": run.rows, "args": vars(run.args)})
-    dist.barrier()
+    meta = {
+        "model": run.cfg.to_dict(),
+        "fingerprint": run.fingerprint,
+        "scheduler": run.sched.state_dict(),
+        "rows": run.rows,
+        "args": vars(run.args),
+    }
+    checkpoint.save(run.args.ckpt_dir, k, run.model, run.opt, meta)
 
 
 def write_results(run: Run) -> None:

@@ -214,6 +214,8 @@ def varlen_attention(q, k, v, cu_seqlens, max_seqlen, kind: str = "full", params
     >>> varlen_attention(q, q, q, torch.tensor([0, 4, 9]), 5, "sliding_window", {"window": 2}, "torch").shape
     torch.Size([9, 4, 8])
     """
+    if q.shape[0] == 0:  # a rank with no tokens here: an empty output still in the graph, so every
+        return q * 0  # rank's parameters get a gradient (zeros) and all ranks reduce the same ones
     if fn is None:
         backend = resolve_backend(backend, q.device)
     elif backend not in WINDOWED:

@@ -4,8 +4,9 @@ Token-wise work runs on each rank's tokens of the child layout (the parent layou
 repacked). Full attention: entry exchange (child token layout -> parent head layout), varlen
 attention over the parent's samples, exit exchange (parent head layout -> child token layout).
 Sparse attention: the child's own node-local exchange pair, or local attention for a child of
-one rank. Baseline is the same code with child layout == parent layout. Parameters are
-replicated; gradients are summed over the world after backward.
+one rank. Baseline is the same code with child layout == parent layout. Parameters are sharded
+with FSDP2 (model.sharding) or replicated; either way each parameter's gradient is the sum of
+every rank's, as in a single-process step over the whole batch.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from solver.config import ModelConfig
 
 from .hybrid import IGNORE, attention_sites
 from .layers import Rotary
+from .sharding import is_sharded
 
 
 class LayoutError(RuntimeError):
@@ -197,7 +199,8 @@ def run_step(
     autocast_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """Forward + backward of one step on this rank; returns the global loss (summed over ranks).
-    Gradients are all-reduced in place. autocast_dtype (bf16 on CUDA) wraps the forward."""
+    Gradients are summed over the world: all-reduced in place (replicated parameters) or reduce-
+    scattered into the shards (FSDP2). autocast_dtype (bf16 on CUDA, replicated) wraps the forward."""
     rank, world = dist.get_rank(), dist.get_world_size()
     validate(plan, model.cfg, world)
     if check_hash:
@@ -211,7 +214,8 @@ def run_step(
     else:
         loss = model.loss(tokens, labels, ctx, label_count(plan), world)
     loss.backward()
-    allreduce_grads(model)
+    if not is_sharded(model):  # FSDP2 reduce-scatters (sums) in the backward
+        allreduce_grads(model)
     total = loss.detach().clone()
     dist.all_reduce(total)
     return total

@@ -111,14 +111,23 @@ class HybridMoE(nn.Module):
         self.norm = RMSNorm(cfg.hidden, cfg.norm_eps)
         self.lm_head = None if cfg.tie_embeddings else nn.Linear(cfg.hidden, cfg.vocab, bias=False)
 
-    def forward(self, tokens: torch.Tensor, ctx: AttentionContext):
-        """tokens [n] -> (final hidden [n, hidden], summed aux loss)"""
+    def forward(self, tokens: torch.Tensor, ctx: AttentionContext, labels=None, label_count: int | None = None, world_size: int = 1):
+        """tokens [n] -> (final hidden [n, hidden], summed aux loss); with labels, the loss (see
+        `loss`). The loss is computed inside forward so that a sharded root (FSDP2) holds its
+        parameters - the embedding, and the head tied to it - for the whole of it."""
         x = self.embed(tokens)
         aux = x.new_zeros(())
         for i, (blk, kind) in enumerate(zip(self.blocks, self.cfg.layer_kinds)):
             x, a = blk(x, ctx, kind, i)
             aux = aux + a
-        return self.norm(x), aux
+        h = self.norm(x)
+        if labels is None:
+            return h, aux
+        logits = self.logits(h)
+        if logits.dtype in (torch.float16, torch.bfloat16):  # the softmax of a big vocab wants fp32
+            logits = logits.float()
+        ce = F.cross_entropy(logits, labels, ignore_index=IGNORE, reduction="sum").to(h.dtype)
+        return ce / label_count + self.cfg.aux_loss_coef * aux / world_size
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         return h @ self.embed.weight.T if self.lm_head is None else self.lm_head(h)
@@ -127,12 +136,7 @@ class HybridMoE(nn.Module):
         """This process's share of the global loss: sum of next-token CE over its tokens / the global
         number of labelled tokens, plus aux_loss_coef x aux / world_size (summed over ranks, the
         global loss)."""
-        h, aux = self(tokens, ctx)
-        logits = self.logits(h)
-        if logits.dtype in (torch.float16, torch.bfloat16):  # the softmax of a big vocab wants fp32
-            logits = logits.float()
-        ce = F.cross_entropy(logits, labels, ignore_index=IGNORE, reduction="sum").to(h.dtype)
-        return ce / label_count + self.cfg.aux_loss_coef * aux / world_size
+        return self(tokens, ctx, labels, label_count, world_size)
 
 
 def next_token_labels(sample_tokens: list[np.ndarray]) -> list[np.ndarray]:

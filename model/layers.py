@@ -117,7 +117,10 @@ class MoE(nn.Module):
             if b > a:
                 xe = xs[a:b]
                 ys.append((F.silu(xe @ self.w1[e]) * (xe @ self.w3[e])) @ self.w2[e])
-        y = torch.cat(ys) if ys else xs[:0]
+        if not ys:  # no token here: an empty product keeps the experts in the graph (zero gradients),
+            xe = xs[:0]  # so every rank reduces the same parameters (FSDP2 reduce-scatters those with a gradient)
+            ys.append((F.silu(xe @ self.w1[0]) * (xe @ self.w3[0])) @ self.w2[0])
+        y = torch.cat(ys)
         out = x.new_zeros(x.shape).index_add_(0, tok, y * weight.reshape(-1)[order, None])
         counts = counts.to(x.dtype)
         mass = probs.sum(0)

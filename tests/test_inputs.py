@@ -186,3 +186,38 @@ def test_the_model_and_every_step_are_checked_against_the_cluster_before_step_1(
     for mode in ("baseline", "repack", "repack+solver", "baseline+solver"):  # what it allows is planned, SP8 at most
         plan = make_plan(samples_from_lengths(steps[0][1]), cluster, tiny, mode)
         assert plan.widest_parent == 8
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--steps", "0"], "--steps=0 is invalid: use an integer >= 1"),
+        (["--save-every", "-1"], "--save-every=-1 is invalid: use an integer >= 0"),
+        (["--timeout", "0"], "--timeout=0.0 is invalid: use a number > 0"),
+        (["--lr", "nan"], "--lr=nan is invalid"),
+        (["--resume-step", "-2"], "--resume-step=-2 is invalid"),
+        (["--tokens-per-rank", "0"], "--tokens-per-rank=0 is invalid"),
+    ],
+    ids=lambda v: " ".join(v) if isinstance(v, list) else None,
+)
+def test_bad_driver_flags_are_one_line_errors_before_any_work(tmp_path, capsys, args, message):
+    from experiments import train
+
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as e:
+        train.main([*args, "--out", str(out)])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1, err
+    assert not out.exists() or not any(out.iterdir())
+
+
+def test_unwritable_driver_folders_are_refused_before_any_work(tmp_path, capsys):
+    from experiments import train
+
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    for flag, extra in (("--out", []), ("--ckpt-dir", ["--save-every", "2"])):
+        with pytest.raises(SystemExit):
+            train.main([flag, str(blocker), *extra] + (["--out", str(tmp_path / "o")] if flag != "--out" else []))
+        assert f"{flag} '{blocker}' is a file, not a folder" in capsys.readouterr().err

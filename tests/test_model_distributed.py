@@ -1,5 +1,6 @@
 """The core equivalence: a distributed step (8 gloo ranks, nodes of 2) under baseline, repack and
-repack+solver plans gives the single-process loss and gradients, with both pack paths."""
+repack+solver plans gives the single-process loss and gradients, with both pack paths, with
+replicated parameters and with FSDP2-sharded ones."""
 
 import numpy as np
 import pytest
@@ -10,6 +11,7 @@ import model.distributed as model_distributed
 from kernels.exchange import AlignedGroups, CommStats
 from model import HybridMoE, LocalContext, next_token_labels
 from model.distributed import LayoutError, label_count, run_step, validate
+from model.sharding import full_tensor, shard_model
 from solver import (
     MODES,
     Cluster,
@@ -56,6 +58,15 @@ def hand_plans():
     return base, rep
 
 
+def idle_rank_plan():
+    """A baseline plan in which rank 7 holds no token: its attention and experts see nothing, and
+    its parameters must still get (zero) gradients, or FSDP2's reduce-scatters differ across ranks."""
+    lengths = tuple(enumerate(LENGTHS))
+    groups = (Group(0, 4, (0, 1)), Group(4, 2, (2, 3, 4)), Group(6, 1, (5, 6, 7, 8, 9)), Group(7, 1, ()))
+    parents = tuple(ParentPlan(g, (g,), "baseline") for g in groups)
+    return StepPlan(Cluster(WORLD, NODE, 32), lengths, parents, "baseline").validate()
+
+
 def solver_plans(cfg=CFG):
     cost = CostModel(cfg, HardwareConfig())
     return [make_plan(samples_from_lengths(LENGTHS), Cluster(WORLD, NODE, 32), cost, m) for m in MODES]
@@ -95,6 +106,13 @@ def _body(rank, world, refs):
                 for n, p in model.named_parameters():
                     torch.testing.assert_close(p.grad, ref_grads[n], rtol=1e-9, atol=1e-11, msg=f"{name} {plan.mode} {path} {n}")
                 counts[(plan.hash, path)] = stats
+        if name == "mha":  # FSDP2: the same loss, and the gathered gradients, in the paper's three modes
+            for plan in solver_plans(cfg)[:3] + [idle_rank_plan()]:
+                model = shard_model(make_model(cfg), torch.device("cpu"))
+                loss = run_step(model, plan, sample_tokens(LENGTHS), groups, "torch", "torch")
+                torch.testing.assert_close(loss, ref_loss, rtol=1e-10, atol=1e-12)
+                for n, p in model.named_parameters():
+                    torch.testing.assert_close(full_tensor(p.grad), ref_grads[n], rtol=1e-9, atol=1e-11, msg=f"fsdp {plan.mode} {n}")
         b, r = counts[(base.hash, "torch")], counts[(rep.hash, "torch")]
         # the repacked step issues exactly the baseline's all-to-alls at full-attention sites, nothing else ...
         assert r.total_calls("full") == b.total_calls("full") == 2 * 2 * cfg.n_full

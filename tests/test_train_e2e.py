@@ -67,8 +67,8 @@ def test_three_modes_same_losses_results_parse_and_resume_matches(tmp_path):
     assert p.returncode == 0, p.stderr[-3000:]
     full = losses(tmp_path / "full")
     assert sorted(full) == [0, 1, 2, 3]
-    assert sorted(os.listdir(ck)) == ["latest", "step_0000002.pt", "step_0000004.pt"]  # no torn .tmp files
-    (ck / "latest").write_text("step_0000002.pt")
+    assert sorted(os.listdir(ck)) == ["latest", "step_0000002", "step_0000004"]  # no torn .tmp folders
+    (ck / "latest").write_text("step_0000002")
     p = torchrun(
         4, *budget, "--mode", "repack+solver", "--steps", "4", "--ckpt-dir", str(ck), "--resume", "--out", str(tmp_path / "resumed")
     )

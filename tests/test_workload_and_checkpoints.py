@@ -1,12 +1,11 @@
-"""Workload generator and traces; atomic checkpoints; the cross-rank plan-hash check."""
+"""Workload generator and traces; the cross-rank plan-hash check."""
 
 import json
 
 import numpy as np
 import pytest
-import torch
 
-from experiments.train import load_checkpoint, save_checkpoint
+from experiments.train import agree_across_ranks
 from experiments.workload import WorkloadConfig, generate_steps, load_trace
 from model.distributed import LayoutError, check_same_plan, validate
 from solver import Cluster, CostModel, HardwareConfig, ModelConfig, PlanError, make_plan, samples_from_lengths
@@ -49,23 +48,6 @@ def test_malformed_traces_are_clear_errors(tmp_path, name, text, match):
         load_trace(str(tmp_path / name))
 
 
-def test_checkpoints_are_atomic_and_a_torn_write_leaves_the_last_good_one(tmp_path):
-    model = torch.nn.Linear(3, 2)
-    opt = torch.optim.AdamW(model.parameters())
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
-    save_checkpoint(str(tmp_path), 2, model, opt, sched, {"rows": [1]})
-    good = {k: v.clone() for k, v in model.state_dict().items()}
-    with torch.no_grad():
-        model.weight.add_(1.0)
-    # a crash while writing step 4 leaves only a temporary file behind
-    (tmp_path / "step_0000004.pt.tmp").write_bytes(b"\x00partial")
-    state = load_checkpoint(str(tmp_path))
-    assert state["step"] == 2 and state["rows"] == [1]
-    assert torch.equal(state["model"]["weight"], good["weight"])
-    with pytest.raises(PlanError, match="no checkpoint"):
-        load_checkpoint(str(tmp_path / "missing"))
-
-
 def _hash_body(rank, world):
     cost = CostModel(ModelConfig.from_name("tiny"), HardwareConfig())
     lengths = [30, 12, 7, 5] if rank != 2 else [30, 12, 7, 6]  # rank 2 computed a different batch
@@ -74,9 +56,14 @@ def _hash_body(rank, world):
     with pytest.raises(LayoutError, match="plan hash differs across ranks"):
         check_same_plan(plan)
     check_same_plan(make_plan(samples_from_lengths([30, 12, 7, 5]), Cluster(world, 2, 32), cost, "repack"))  # agreeing: passes
+    # the run's settings are compared once, before step 1: a rank started with another --seed is named
+    fp = {"mode": "repack", "seed": 5 if rank == 3 else 0}
+    with pytest.raises(PlanError, match="ranks disagree on seed: rank 0 has 0, rank 3 has 5"):
+        agree_across_ranks(fp, world)
+    agree_across_ranks({"mode": "repack", "seed": 0}, world)
 
 
-def test_plan_hash_mismatch_fails_on_every_rank():
+def test_plan_hash_or_run_settings_that_differ_across_ranks_fail_on_every_rank():
     run_distributed(_hash_body, 4)
 
 

@@ -1,0 +1,312 @@
+"""Checkpoints of a training run: sharded, atomic, checked, and safe to load.
+
+    <ckpt_dir>/latest                  "step_0000004": the last complete checkpoint
+    <ckpt_dir>/step_0000004/           one checkpoint:
+        .metadata, __<r>_0.distcp      model and optimizer, through torch.distributed.checkpoint
+                                       (each rank writes its shards; any world reads them)
+        meta.json                      step, world size, model config, run fingerprint,
+                                       scheduler state, the results rows so far
+        rng_rank<r>.json               each rank's RNG states
+        manifest.json                  size and sha256 of every other file (written last)
+
+Atomic: every file goes into step_N.tmp/, which becomes step_N/ by one rename once the manifest
+is written, and only then does `latest` (replaced by rename too) name it; a crash at any moment
+leaves the previous checkpoint loadable. Safe: nothing is unpickled but DCP's metadata, through
+an unpickler that admits only DCP's own metadata classes, and non-tensor items load with
+torch.load(weights_only=True); RNG states and counters are JSON. Checked: every file's size and
+sha256 against the manifest before anything reads it, so damage is an error naming the file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pickle
+import random
+import re
+import shutil
+import warnings
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from solver import PlanError
+
+NAME = re.compile(r"^step_(\d{7})$")
+MANIFEST, META = "manifest.json", "meta.json"
+
+
+class CheckpointError(PlanError):
+    """A checkpoint that cannot be used; the message names the file or the mismatch."""
+
+
+def step_name(step: int) -> str:
+    return f"step_{step:07d}"
+
+
+# ----- safe reading of DCP's metadata and non-tensor items -----------------------------------------
+_DCP_META = "torch.distributed.checkpoint.metadata"
+_ALLOWED = {
+    (_DCP_META, n)
+    for n in (
+        "Metadata",
+        "MetadataIndex",
+        "TensorStorageMetadata",
+        "BytesStorageMetadata",
+        "ChunkStorageMetadata",
+        "TensorProperties",
+        "StorageMeta",
+        "_MEM_FORMAT_ENCODING",
+    )
+} | {
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+    ("torch.serialization", "_get_layout"),
+    ("torch", "Size"),
+    ("pathlib", "PosixPath"),
+    ("pathlib._local", "PosixPath"),
+    ("collections", "OrderedDict"),
+}
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """Admits DCP's metadata classes, torch.Size and torch dtypes; anything else is an error."""
+
+    def find_class(self, module, name):
+        if (module, name) in _ALLOWED or (module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)):
+            return super().find_class(module, name)
+        raise CheckpointError(f"checkpoint metadata refers to {module}.{name}, which DCP metadata never holds: refusing to load it")
+
+
+def _reader(path: str):
+    from torch.distributed.checkpoint import FileSystemReader  # noqa: PLC0415
+    from torch.distributed.checkpoint.metadata import StorageMeta  # noqa: PLC0415
+
+    class SafeReader(FileSystemReader):
+        def read_metadata(self, *args, **kwargs):
+            with open(os.path.join(self.path, ".metadata"), "rb") as f:
+                md = _MetadataUnpickler(f).load()
+            if getattr(md, "storage_meta", None) is None:
+                md.storage_meta = StorageMeta()
+            md.storage_meta.load_id = self.load_id
+            return md
+
+    return SafeReader(path)
+
+
+def _planner():
+    from torch.distributed.checkpoint import DefaultLoadPlanner  # noqa: PLC0415
+    from torch.distributed.checkpoint._traverse import set_element  # noqa: PLC0415  (what DefaultLoadPlanner uses)
+
+    class SafeLoadPlanner(DefaultLoadPlanner):
+        def load_bytes(self, read_item, value):
+            obj = torch.load(value, weights_only=True)  # plain numbers, tuples, dicts: never code
+            if self.flatten_state_dict:
+                set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
+            else:
+                self.state_dict[read_item.dest_index.fqn] = obj
+
+    return SafeLoadPlanner()
+
+
+# ----- files ----------------------------------------------------------------------------------------
+def _sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _write_json(path: str, obj) -> None:
+    with open(path, "w") as f:
+        json.dump(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _replace_text(path: str, text: str) -> None:
+    with open(path + ".tmp", "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(path + ".tmp", path)
+
+
+def rng_state() -> dict:
+    """This process's RNG states as JSON-able lists (no pickles)."""
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    version, state, gauss_py = random.getstate()
+    return {
+        "torch": torch.get_rng_state().tolist(),
+        "numpy": [kind, keys.tolist(), int(pos), int(has_gauss), float(gauss)],
+        "python": [version, list(state), gauss_py],
+    }
+
+
+def set_rng_state(s: dict) -> None:
+    torch.set_rng_state(torch.tensor(s["torch"], dtype=torch.uint8))
+    kind, keys, pos, has_gauss, gauss = s["numpy"]
+    np.random.set_state((kind, np.array(keys, dtype=np.uint32), pos, has_gauss, gauss))
+    version, state, gauss_py = s["python"]
+    random.setstate((version, tuple(state), gauss_py))
+
+
+# ----- save -------------------------------------------------------------------------------------------
+def save(ckpt_dir: str, step: int, model, opt, meta: dict) -> str:
+    """Collective: every rank writes its shards and RNG states; rank 0 the meta, the manifest, the
+    rename and `latest`. `meta` must be JSON-able (step and world are added)."""
+    import torch.distributed.checkpoint as dcp  # noqa: PLC0415
+    from torch.distributed.checkpoint.state_dict import get_state_dict  # noqa: PLC0415
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    final = os.path.join(ckpt_dir, step_name(step))
+    tmp = final + ".tmp"
+    if rank == 0:
+        os.makedirs(ckpt_dir, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)  # a crash's leftovers
+        os.makedirs(tmp)
+    dist.barrier()
+    model_sd, optim_sd = get_state_dict(model, opt)
+    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=tmp)
+    _write_json(os.path.join(tmp, f"rng_rank{rank}.json"), rng_state())
+    dist.barrier()
+    if rank == 0:
+        _write_json(os.path.join(tmp, META), {**meta, "step": step, "world_size": world})
+        files = sorted(f for f in os.listdir(tmp) if f != MANIFEST)
+        _write_json(
+            os.path.join(tmp, MANIFEST),
+            {f: {"bytes": os.path.getsize(os.path.join(tmp, f)), "sha256": _sha256(os.path.join(tmp, f))} for f in files},
+        )
+        if os.path.exists(final):  # the same step saved again: the new one replaces it
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        _replace_text(os.path.join(ckpt_dir, "latest"), step_name(step))
+    dist.barrier()
+    return final
+
+
+# ----- load -------------------------------------------------------------------------------------------
+def checkpoints(ckpt_dir: str) -> list[str]:
+    """Complete checkpoints (renamed from .tmp), newest first."""
+    if not os.path.isdir(ckpt_dir):
+        return []
+    return sorted((d for d in os.listdir(ckpt_dir) if NAME.match(d) and os.path.isdir(os.path.join(ckpt_dir, d))), reverse=True)
+
+
+def latest(ckpt_dir: str) -> str:
+    """The name `latest` holds, checked: a checkpoint folder directly inside ckpt_dir, nothing else."""
+    path = os.path.join(ckpt_dir, "latest")
+    if not os.path.exists(path):
+        raise CheckpointError(f"--resume: no checkpoint in {ckpt_dir!r} (no 'latest' file)")
+    with open(path) as f:
+        name = f.read(64).strip()
+    if not NAME.match(name):
+        raise CheckpointError(f"{path!r} holds {name!r}; it must name a checkpoint folder of {ckpt_dir!r} like 'step_0000004'")
+    if not os.path.isdir(os.path.join(ckpt_dir, name)):
+        raise CheckpointError(f"{path!r} names {name!r}, which is not a folder in {ckpt_dir!r}")
+    return name
+
+
+def verify(folder: str, rank: int = 0, world: int = 1) -> None:
+    """Every file of the checkpoint against the manifest (this rank checks every world-th file;
+    the caller combines the ranks' verdicts). Raises CheckpointError naming the first bad file."""
+    mpath = os.path.join(folder, MANIFEST)
+    try:
+        with open(mpath) as f:
+            manifest = json.load(f)
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{mpath!r} is missing or unreadable ({e}): the checkpoint is incomplete or damaged") from None
+    present = sorted(f for f in os.listdir(folder) if f != MANIFEST)
+    if not isinstance(manifest, dict) or sorted(manifest) != present:
+        extra = sorted(set(present) - set(manifest if isinstance(manifest, dict) else ()))
+        missing = sorted(set(manifest if isinstance(manifest, dict) else ()) - set(present))
+        raise CheckpointError(f"checkpoint {folder!r} does not match its manifest: files missing {missing}, not listed {extra}")
+    for i, name in enumerate(present):
+        if i % world != rank:
+            continue
+        path, want = os.path.join(folder, name), manifest[name]
+        size = os.path.getsize(path)
+        if size != want.get("bytes"):
+            raise CheckpointError(f"{path!r} has {size} bytes, the manifest says {want.get('bytes')}: truncated or damaged")
+        if _sha256(path) != want.get("sha256"):
+            raise CheckpointError(f"{path!r} fails its sha256 check: the file is damaged")
+
+
+def _verify_all(folder: str) -> str | None:
+    """verify() split over the ranks; every rank gets the first error any rank found, or None."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    try:
+        verify(folder, rank, world)
+        err = None
+    except CheckpointError as e:
+        err = str(e)
+    errs = [None] * world
+    dist.all_gather_object(errs, err)
+    return next((e for e in errs if e), None)
+
+
+def read_meta(folder: str) -> dict:
+    with open(os.path.join(folder, META)) as f:
+        return json.load(f)
+
+
+def check_compatible(meta: dict, expect: dict, folder: str) -> None:
+    """One line naming what differs between the checkpoint's run and this one."""
+    expect = json.loads(json.dumps(expect))  # as it reads back from JSON (tuples become lists)
+    if meta["world_size"] != expect["world_size"]:
+        raise CheckpointError(
+            f"{folder!r} was written by {meta['world_size']} ranks and this run has {expect['world_size']}: resume on "
+            f"{meta['world_size']} ranks (plans, data and results are per world size)"
+        )
+    a, b = meta["model"], expect["model"]
+    diff = [f"{k}={a.get(k)!r} there, {b.get(k)!r} here" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+    if diff:
+        raise CheckpointError(f"{folder!r} holds another model: {'; '.join(diff[:4])}")
+    a, b = meta["fingerprint"], expect["fingerprint"]
+    diff = [f"{k}={a.get(k)!r} there, {b.get(k)!r} here" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+    if diff:
+        raise CheckpointError(f"{folder!r} is of another run: {'; '.join(diff[:4])}")
+
+
+def load(ckpt_dir: str, model, opt, expect: dict, step: int | None = None) -> dict:
+    """Collective. Load the checkpoint of `step`, or the latest; a damaged latest falls back to the
+    newest good one with a warning. Returns its meta (rows, scheduler state, step); restores this
+    rank's RNG states."""
+    import torch.distributed.checkpoint as dcp  # noqa: PLC0415
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict  # noqa: PLC0415
+
+    if step is not None:
+        names = [step_name(step)]
+        if not os.path.isdir(os.path.join(ckpt_dir, names[0])):
+            raise CheckpointError(
+                f"--resume-step {step}: no folder {names[0]!r} in {ckpt_dir!r}; complete checkpoints: {checkpoints(ckpt_dir)}"
+            )
+    else:
+        first = latest(ckpt_dir)
+        names = [first] + [n for n in checkpoints(ckpt_dir) if n < first]
+    errors = []
+    for name in names:
+        folder = os.path.join(ckpt_dir, name)
+        err = _verify_all(folder)
+        if err is None:
+            break
+        errors.append(err)
+        if step is None and dist.get_rank() == 0:
+            warnings.warn(f"checkpoint {name} is unusable ({err}); trying the one before", stacklevel=2)
+    else:
+        raise CheckpointError(
+            errors[0] if len(errors) == 1 else f"no usable checkpoint in {ckpt_dir!r}: {errors[0]} (and {len(errors) - 1} more)"
+        )
+    meta = read_meta(folder)
+    check_compatible(meta, expect, folder)
+    with open(os.path.join(folder, ".metadata"), "rb") as f:  # read here first: DCP would hide our error in its own
+        _MetadataUnpickler(f).load()
+    model_sd, optim_sd = get_state_dict(model, opt)
+    state = {"model": model_sd, "optim": optim_sd}
+    dcp.load(state, storage_reader=_reader(folder), planner=_planner())
+    set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    with open(os.path.join(folder, f"rng_rank{dist.get_rank()}.json")) as f:
+        set_rng_state(json.load(f))
+    return meta

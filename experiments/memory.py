@@ -1,0 +1,82 @@
+"""Memory per rank of a training run: an estimate from the model's shapes, printed at start-up.
+
+    python -m experiments.memory                      # presets x GPU counts, sharded and replicated
+    python -m experiments.memory --model small --tokens-per-rank 16384
+
+An estimate, not a measurement: parameters, gradients and AdamW state (exact byte counts of this
+code's tensors) plus activations saved for the backward (counted from the layers' saved tensors,
+no recompute) plus the fp32 logits. Sharded (FSDP2): fp32 master parameters, gradients and Adam
+state divided over the ranks, and two blocks' parameters unsharded at a time (the one running
+and the one prefetched) plus the root's (embedding, head). Replicated: all of it on every rank.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from solver import CostModel, HardwareConfig, ModelConfig
+
+GIB = 1 << 30
+ADAM_BYTES = 8  # two fp32 moments per parameter
+
+
+def saved_elements_per_token(cfg: ModelConfig) -> float:
+    """Elements one layer keeps for the backward per token: norms and residuals (6 x hidden), the
+    QKV projection, its rotary and exchanged copies (3 x QKV), the attention output before and
+    after its exit exchange (2 x H x D), router probabilities, and the MoE's per-slot copies
+    (input, three ffn-wide products and the output with its weighting: top_k x (3 hidden + 4 ffn))."""
+    qkv = (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim
+    return 6 * cfg.hidden + 3 * qkv + 2 * cfg.n_heads * cfg.head_dim + cfg.n_experts + cfg.top_k * (3 * cfg.hidden + 4 * cfg.expert_ffn)
+
+
+def estimate(cfg: ModelConfig, world: int, tokens_per_rank: int, shard: str = "fsdp", mixed_precision: bool = True) -> dict[str, float]:
+    """Bytes per rank by component, and their total."""
+    cost = CostModel(cfg, HardwareConfig())
+    params = cost.total_params() + (2 * cfg.n_layers + 1) * cfg.hidden  # + the RMSNorm weights the cost model leaves out
+    block = (params - cost.lm_head_params - (0 if cfg.tie_embeddings else cfg.vocab * cfg.hidden)) / cfg.n_layers
+    root = params - cfg.n_layers * block
+    act_bytes = 2 if mixed_precision else 4
+    out = {}
+    if shard == "fsdp":
+        out["parameters (fp32 shards)"] = 4 * params / world
+        out["gradients (fp32 shards)"] = 4 * params / world
+        out["AdamW state"] = ADAM_BYTES * params / world
+        out["unsharded parameters (2 blocks + root)"] = act_bytes * (2 * block + root)
+    else:
+        out["parameters (fp32)"] = 4 * params
+        out["gradients (fp32)"] = 4 * params
+        out["AdamW state"] = ADAM_BYTES * params
+    out["activations"] = act_bytes * tokens_per_rank * cfg.n_layers * saved_elements_per_token(cfg)
+    out["logits (fp32, with their gradient)"] = 2 * 4 * tokens_per_rank * cfg.vocab
+    out["total"] = sum(out.values())
+    return out
+
+
+def summary(cfg: ModelConfig, world: int, tokens_per_rank: int, shard: str, mixed_precision: bool) -> str:
+    e = estimate(cfg, world, tokens_per_rank, shard, mixed_precision)
+    unit, div = ("GiB", GIB) if e["total"] >= GIB else ("MiB", 1 << 20)
+    parts = ", ".join(f"{k} {v / div:.2f}" for k, v in e.items() if k != "total")
+    return f"memory per rank (estimate, {shard}, {world} ranks, {tokens_per_rank} tokens per rank): {e['total'] / div:.2f} {unit} ({parts})"
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=None, help="one preset (default: small and paper)")
+    ap.add_argument("--tokens-per-rank", type=int, default=16384)
+    ap.add_argument("--gpu-gib", type=float, default=80.0, help="memory of one GPU, for the fits column")
+    args = ap.parse_args(argv)
+    models = [args.model] if args.model else ["small", "paper"]
+    print(f"GiB per rank at {args.tokens_per_rank} tokens per rank (bf16 compute); fits: under {args.gpu_gib:g} GiB")
+    print(f"{'model':>8} {'params':>8} {'ranks':>6} {'fsdp':>8} {'fits':>5} {'replicated':>11} {'fits':>5}")
+    for name in models:
+        cfg = ModelConfig.from_name(name)
+        params = CostModel(cfg, HardwareConfig()).total_params()
+        for world in (8, 16, 32, 64, 128):
+            f = estimate(cfg, world, args.tokens_per_rank, "fsdp")["total"] / GIB
+            r = estimate(cfg, world, args.tokens_per_rank, "none")["total"] / GIB
+            yes = lambda g: "yes" if g < args.gpu_gib else "no"  # noqa: E731
+            print(f"{name:>8} {params / 1e9:7.2f}B {world:6d} {f:8.1f} {yes(f):>5} {r:11.1f} {yes(r):>5}")
+
+
+if __name__ == "__main__":
+    main()

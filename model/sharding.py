@@ -1,0 +1,56 @@
+"""Parameter sharding with FSDP2 (`fully_shard`), over the whole world.
+
+Ulysses ranks hold different tokens of the same model, so for the parameters they are data-
+parallel ranks: every block and the root are sharded over all ranks of the job (one mesh
+dimension, as `dp_shard * cp` folds context parallelism into the shard mesh). Gradients keep the
+replicated step's meaning: each rank's loss is already its share of the global sum, so the
+reduce-scatter must sum, not average; the divide factor is set to 1 on every sharded module (it
+is per module: set on the root alone, the blocks would still average).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+SHARDINGS = ("fsdp", "none")  # none: replicated parameters, gradients all-reduced in buckets
+
+
+def shard_model(model: nn.Module, device: torch.device, mixed_precision: bool | None = None) -> nn.Module:
+    """fully_shard each block, then the root, over every rank. mixed_precision (default: on CUDA):
+    bf16 parameters in forward and backward, fp32 gradient reduction, fp32 sharded master copy."""
+    from torch.distributed.device_mesh import DeviceMesh  # noqa: PLC0415  (needs a process group)
+    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard  # noqa: PLC0415
+
+    # a process group of its own: FSDP's collectives never share a queue with the step's own
+    # collectives on the world group (the aux loss's all-reduce, forward and backward)
+    group = dist.new_group(list(range(dist.get_world_size())))
+    mesh = DeviceMesh.from_group(group, device.type, mesh_dim_names=("shard",))
+    if mixed_precision is None:
+        mixed_precision = device.type == "cuda"
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if mixed_precision else MixedPrecisionPolicy()
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh, mp_policy=mp)
+    fully_shard(model, mesh=mesh, mp_policy=mp)
+    for m in model.modules():
+        if isinstance(m, FSDPModule):
+            m.set_gradient_divide_factor(1.0)  # sum over ranks: each rank's loss is its share of the global sum
+            m.set_force_sum_reduction_for_comms(True)  # a plain SUM (gloo has no PREMUL_SUM; NCCL's is not zero-copy)
+    return model
+
+
+def is_sharded(model: nn.Module) -> bool:
+    from torch.distributed.fsdp import FSDPModule  # noqa: PLC0415
+
+    return isinstance(model, FSDPModule)
+
+
+def full_tensor(t: torch.Tensor) -> torch.Tensor:
+    """A sharded (DTensor) parameter or gradient gathered whole; a plain tensor as it is."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+def shard_bytes(model: nn.Module) -> int:
+    """Bytes of parameters this rank holds (its shards when sharded)."""
+    return sum((p.to_local() if hasattr(p, "to_local") else p).nbytes for p in model.parameters())

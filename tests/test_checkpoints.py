@@ -1,0 +1,181 @@
+"""Checkpoints (experiments.checkpoint) on 2 gloo ranks with an FSDP2-sharded tiny model: atomic,
+exact, and safe: a crafted file cannot run code, damage is found and named, a mismatched run is
+one line. Each case was once silent or dangerous (pickled checkpoints, no checksums)."""
+
+import json
+import os
+import pickle
+import shutil
+
+import pytest
+import torch
+
+from experiments import checkpoint
+from experiments.checkpoint import CheckpointError
+from model import HybridMoE
+from model.sharding import full_tensor, shard_model
+from solver import ModelConfig
+from tests.dist_utils import run_distributed
+
+CFG = ModelConfig.from_name("tiny")
+
+
+def _model_and_opt(seed=0):
+    torch.manual_seed(seed)
+    model = shard_model(HybridMoE(CFG).double(), torch.device("cpu"))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    return model, opt
+
+
+def _train_a_step(model, opt, seed):
+    torch.manual_seed(seed)
+    for p in model.parameters():  # a made-up gradient: the optimizer then has state to save
+        p.grad = torch.randn_like(p)
+    opt.step()
+    opt.zero_grad()
+
+
+def _weights(model):
+    return {n: full_tensor(p.detach()).clone() for n, p in model.named_parameters()}
+
+
+class Boom:
+    """An object whose unpickling runs a shell command (the classic crafted checkpoint)."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def _rewrite_manifest(folder):
+    """What a crafter would do: make the manifest match the crafted files."""
+    files = sorted(f for f in os.listdir(folder) if f != checkpoint.MANIFEST)
+    entry = {f: {"bytes": os.path.getsize(os.path.join(folder, f)), "sha256": checkpoint._sha256(os.path.join(folder, f))} for f in files}
+    with open(os.path.join(folder, checkpoint.MANIFEST), "w") as fh:
+        json.dump(entry, fh)
+
+
+def _body(rank, world, root):
+    import torch.distributed as dist
+
+    ck = os.path.join(root, "ck")
+    meta = {"model": CFG.to_dict(), "fingerprint": {"seed": 0, "betas": (0.9, 0.95)}, "scheduler": {}, "rows": [{"loss": 1.5}]}
+    expect = {"world_size": world, "model": CFG.to_dict(), "fingerprint": {"seed": 0, "betas": (0.9, 0.95)}}
+    model, opt = _model_and_opt()
+    _train_a_step(model, opt, 1)
+    checkpoint.save(ck, 2, model, opt, meta)
+    at2 = _weights(model)
+    _train_a_step(model, opt, 2)
+    checkpoint.save(ck, 4, model, opt, meta)
+    at4 = _weights(model)
+    _train_a_step(model, opt, 3)
+    after = _weights(model)
+
+    # exact: a fresh model loads step 4 and takes the same next step, bit for bit
+    fresh, fopt = _model_and_opt(seed=9)
+    got = checkpoint.load(ck, fresh, fopt, expect)
+    assert got["step"] == 4 and got["rows"] == [{"loss": 1.5}]
+    assert all(torch.equal(v, at4[n]) for n, v in _weights(fresh).items())
+    _train_a_step(fresh, fopt, 3)
+    assert all(torch.equal(v, after[n]) for n, v in _weights(fresh).items())
+    assert sorted(os.listdir(ck)) == ["latest", "step_0000002", "step_0000004"]
+
+    # a crash while writing step 6 leaves a .tmp folder: the last complete one still loads
+    if rank == 0:
+        os.makedirs(os.path.join(ck, "step_0000006.tmp"))
+        with open(os.path.join(ck, "step_0000006.tmp", "__0_0.distcp"), "wb") as fh:
+            fh.write(b"\0partial")
+    dist.barrier()
+    assert checkpoint.load(ck, *_model_and_opt(), expect)["step"] == 4
+
+    # damage: 5,000 zero bytes inside step 4's shard file are found and named; --resume falls back
+    # to step 2 with a warning; --resume-step 4 is an error naming the file
+    dist.barrier()
+    shard = os.path.join(ck, "step_0000004", "__0_0.distcp")
+    if rank == 0:
+        with open(shard, "r+b") as fh:
+            fh.seek(100)
+            fh.write(b"\0" * 5000)
+    dist.barrier()
+    with pytest.raises(CheckpointError, match=r"__0_0.distcp' fails its sha256 check"):
+        checkpoint.load(ck, *_model_and_opt(), expect, step=4)
+    m2, o2 = _model_and_opt()
+    ctx = pytest.warns(UserWarning, match="step_0000004 is unusable") if rank == 0 else _nothing()
+    with ctx:
+        assert checkpoint.load(ck, m2, o2, expect)["step"] == 2
+    assert all(torch.equal(v, at2[n]) for n, v in _weights(m2).items())
+    dist.barrier()
+    if rank == 0:  # truncated: named by size
+        with open(shard, "r+b") as fh:
+            fh.truncate(64)
+    dist.barrier()
+    with pytest.raises(CheckpointError, match=r"has 64 bytes, the manifest says"):
+        checkpoint.load(ck, *_model_and_opt(), expect, step=4)
+
+    # a crafted metadata file whose unpickling would run a command, with a manifest to match:
+    # refused, and the command never runs
+    marker = os.path.join(root, f"pwned{rank}")
+    dist.barrier()
+    if rank == 0:
+        bad = os.path.join(ck, "step_0000002")
+        with open(os.path.join(bad, ".metadata"), "wb") as fh:
+            pickle.dump(Boom(os.path.join(root, "pwned0")), fh)
+        _rewrite_manifest(bad)
+    dist.barrier()
+    with pytest.raises(CheckpointError, match=r"refers to (posix|os)\.system, which DCP metadata never holds"):
+        checkpoint.load(ck, *_model_and_opt(), expect, step=2)
+    assert not os.path.exists(marker)
+
+    # `latest` may only name a checkpoint folder inside ckpt_dir
+    dist.barrier()
+    if rank == 0:
+        with open(os.path.join(ck, "latest"), "w") as fh:
+            fh.write("../../etc")
+    dist.barrier()
+    with pytest.raises(CheckpointError, match=r"holds '../../etc'; it must name a checkpoint folder"):
+        checkpoint.load(ck, *_model_and_opt(), expect)
+
+    # another model or another world size: one line naming the mismatch
+    ck2 = os.path.join(root, "ck2")
+    model, opt = _model_and_opt()
+    checkpoint.save(ck2, 1, model, opt, meta)
+    other = {**expect, "model": ModelConfig.from_name("tiny-gqa").to_dict()}
+    with pytest.raises(CheckpointError, match=r"holds another model: .*n_kv_heads=8 there, 2 here"):
+        checkpoint.load(ck2, *_model_and_opt(), other)
+    with pytest.raises(CheckpointError, match=rf"written by {world} ranks and this run has 8"):
+        checkpoint.load(ck2, *_model_and_opt(), {**expect, "world_size": 8})
+    with pytest.raises(CheckpointError, match=r"is of another run: seed=0 there, 1 here"):
+        checkpoint.load(ck2, *_model_and_opt(), {**expect, "fingerprint": {"seed": 1, "betas": (0.9, 0.95)}})
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        return False
+
+
+def test_checkpoints_are_exact_atomic_checked_and_never_run_code(tmp_path):
+    run_distributed(_body, 2, str(tmp_path))
+    shutil.rmtree(tmp_path / "ck", ignore_errors=True)
+
+
+def test_rng_states_round_trip_through_json():
+    import random
+
+    import numpy as np
+
+    torch.manual_seed(3)
+    np.random.seed(3)
+    random.seed(3)
+    state = json.loads(json.dumps(checkpoint.rng_state()))
+    want = (torch.rand(3), np.random.rand(3), random.random())
+    torch.manual_seed(0)
+    np.random.seed(0)
+    random.seed(0)
+    checkpoint.set_rng_state(state)
+    got = (torch.rand(3), np.random.rand(3), random.random())
+    assert torch.equal(got[0], want[0]) and np.array_equal(got[1], want[1]) and got[2] == want[2]
