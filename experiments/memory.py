@@ -29,8 +29,12 @@ def saved_elements_per_token(cfg: ModelConfig) -> float:
     return 6 * cfg.hidden + 3 * qkv + 2 * cfg.n_heads * cfg.head_dim + cfg.n_experts + cfg.top_k * (3 * cfg.hidden + 4 * cfg.expert_ffn)
 
 
-def estimate(cfg: ModelConfig, world: int, tokens_per_rank: int, shard: str = "fsdp", mixed_precision: bool = True) -> dict[str, float]:
-    """Bytes per rank by component, and their total."""
+def estimate(
+    cfg: ModelConfig, world: int, tokens_per_rank: int, shard: str = "fsdp", mixed_precision: bool = True, recompute: str = "full"
+) -> dict[str, float]:
+    """Bytes per rank by component, and their total. Full recompute keeps each block's input and
+    one block's activations at a time (the one being re-run); selective and none keep them all
+    (selective drops only attention's internals, which the flash kernels do not keep anyway)."""
     cost = CostModel(cfg, HardwareConfig())
     params = cost.total_params() + (2 * cfg.n_layers + 1) * cfg.hidden  # + the RMSNorm weights the cost model leaves out
     block = (params - cost.lm_head_params - (0 if cfg.tie_embeddings else cfg.vocab * cfg.hidden)) / cfg.n_layers
@@ -46,17 +50,20 @@ def estimate(cfg: ModelConfig, world: int, tokens_per_rank: int, shard: str = "f
         out["parameters (fp32)"] = 4 * params
         out["gradients (fp32)"] = 4 * params
         out["AdamW state"] = ADAM_BYTES * params
-    out["activations"] = act_bytes * tokens_per_rank * cfg.n_layers * saved_elements_per_token(cfg)
+    per_token = saved_elements_per_token(cfg)
+    layers = cfg.n_layers * cfg.hidden + per_token if recompute == "full" else cfg.n_layers * per_token
+    out["activations"] = act_bytes * tokens_per_rank * layers
     out["logits (fp32, with their gradient)"] = 2 * 4 * tokens_per_rank * cfg.vocab
     out["total"] = sum(out.values())
     return out
 
 
-def summary(cfg: ModelConfig, world: int, tokens_per_rank: int, shard: str, mixed_precision: bool) -> str:
-    e = estimate(cfg, world, tokens_per_rank, shard, mixed_precision)
+def summary(cfg: ModelConfig, world: int, tokens_per_rank: int, shard: str, mixed_precision: bool, recompute: str) -> str:
+    e = estimate(cfg, world, tokens_per_rank, shard, mixed_precision, recompute)
     unit, div = ("GiB", GIB) if e["total"] >= GIB else ("MiB", 1 << 20)
     parts = ", ".join(f"{k} {v / div:.2f}" for k, v in e.items() if k != "total")
-    return f"memory per rank (estimate, {shard}, {world} ranks, {tokens_per_rank} tokens per rank): {e['total'] / div:.2f} {unit} ({parts})"
+    head = f"memory per rank (estimate, {shard}, recompute {recompute}, {world} ranks, {tokens_per_rank} tokens per rank)"
+    return f"{head}: {e['total'] / div:.2f} {unit} ({parts})"
 
 
 def main(argv=None):
@@ -64,16 +71,18 @@ def main(argv=None):
     ap.add_argument("--model", default=None, help="one preset (default: small and paper)")
     ap.add_argument("--tokens-per-rank", type=int, default=16384)
     ap.add_argument("--gpu-gib", type=float, default=80.0, help="memory of one GPU, for the fits column")
+    ap.add_argument("--recompute", default="full", choices=["full", "selective", "none"])
     args = ap.parse_args(argv)
     models = [args.model] if args.model else ["small", "paper"]
-    print(f"GiB per rank at {args.tokens_per_rank} tokens per rank (bf16 compute); fits: under {args.gpu_gib:g} GiB")
+    fits = f"fits: under {args.gpu_gib:g} GiB"
+    print(f"GiB per rank at {args.tokens_per_rank} tokens per rank (bf16 compute, recompute {args.recompute}); {fits}")
     print(f"{'model':>8} {'params':>8} {'ranks':>6} {'fsdp':>8} {'fits':>5} {'replicated':>11} {'fits':>5}")
     for name in models:
         cfg = ModelConfig.from_name(name)
         params = CostModel(cfg, HardwareConfig()).total_params()
         for world in (8, 16, 32, 64, 128):
-            f = estimate(cfg, world, args.tokens_per_rank, "fsdp")["total"] / GIB
-            r = estimate(cfg, world, args.tokens_per_rank, "none")["total"] / GIB
+            f = estimate(cfg, world, args.tokens_per_rank, "fsdp", recompute=args.recompute)["total"] / GIB
+            r = estimate(cfg, world, args.tokens_per_rank, "none", recompute=args.recompute)["total"] / GIB
             yes = lambda g: "yes" if g < args.gpu_gib else "no"  # noqa: E731
             print(f"{name:>8} {params / 1e9:7.2f}B {world:6d} {f:8.1f} {yes(f):>5} {r:11.1f} {yes(r):>5}")
 

@@ -36,6 +36,7 @@ from model.attention import BACKENDS
 from model.distributed import run_step
 from model.sharding import SHARDINGS, shard_model
 from solver import MODES, Cluster, CostModel, HardwareConfig, ModelConfig, PlanError, check_setup, make_plan, samples_from_lengths
+from solver.config import RECOMPUTE
 
 from . import checkpoint, memory
 from .ablation import add_baseline_pricing_arg
@@ -95,6 +96,12 @@ def parse_args(argv=None):
     ap.add_argument("--attn-backend", default="auto", choices=list(BACKENDS), help="auto: flash-attn, else varlen, on CUDA")
     ap.add_argument(
         "--shard", default="fsdp", choices=list(SHARDINGS), help="fsdp: FSDP2 over every rank; none: replicated, bucketed all-reduce"
+    )
+    ap.add_argument(
+        "--recompute",
+        default="full",
+        choices=list(RECOMPUTE),
+        help="activation recompute, as the cost model prices it (TrainingConfig.recompute, default full)",
     )
     ap.add_argument("--save-every", type=int, default=0, help="checkpoint every N steps (0: never)")
     ap.add_argument("--ckpt-dir", default="results/checkpoints")
@@ -258,11 +265,11 @@ def set_up(args, rank: int, world: int, device: torch.device) -> Run:
     fp = fingerprint(args, cluster, wl)
     agree_across_ranks(fp, world)
     torch.manual_seed(args.seed)
-    model = HybridMoE(cfg).to(device=device, dtype=torch.float64 if args.dtype == "fp64" else torch.float32)
+    model = HybridMoE(cfg, args.recompute).to(device=device, dtype=torch.float64 if args.dtype == "fp64" else torch.float32)
     if args.shard == "fsdp":
         shard_model(model, device)
     if rank == 0:
-        print(memory.summary(cfg, world, budget, args.shard, device.type == "cuda"), flush=True)
+        print(memory.summary(cfg, world, budget, args.shard, device.type == "cuda", args.recompute), flush=True)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=tuple(args.betas), weight_decay=args.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(args.warmup, args.steps))
     modes = list(MODES) if args.mode == "all" else [args.mode]

@@ -110,8 +110,10 @@ class DistributedContext:
         backend: str = "auto",
         stats: CommStats | None = None,
         device="cpu",
+        recompute_attention: bool = False,
     ):
         self.cfg, self.rank, self.path, self.backend, self.stats = cfg, rank, path, backend, stats
+        self.recompute_attention = recompute_attention  # selective recompute: the kernels re-run in backward
         self.transport = dist_transport(groups)
         parent, child = plan.parent_layout, plan.child_layout
         self.parent_group = parent.group_of(rank)
@@ -135,9 +137,9 @@ class DistributedContext:
         else:
             entry, exit_, p, site = self.sparse_entry, self.sparse_exit, self.child_group.size, "sparse"
         if p == 1:  # a group of one rank holds whole samples in head order: no communication
-            return self.sites[kind](*self._heads(qkv, 1), self.backend)
+            return self.sites[kind](*self._heads(qkv, 1), self.backend, self.recompute_attention)
         y = exchange(qkv, entry, self.transport, self.path, self.stats, f"{site}.entry")
-        o = self.sites[kind](*self._heads(y, p), self.backend)
+        o = self.sites[kind](*self._heads(y, p), self.backend, self.recompute_attention)
         return exchange(o.contiguous(), exit_, self.transport, self.path, self.stats, f"{site}.exit")
 
     def local_batch(self, sample_tokens: dict[int, np.ndarray], device="cpu") -> tuple[torch.Tensor, torch.Tensor]:
@@ -206,7 +208,8 @@ def run_step(
     if check_hash:
         check_same_plan(plan)
     dev = next(model.parameters()).device
-    ctx = DistributedContext(plan, model.cfg, rank, groups, path, backend, stats, dev)
+    selective = getattr(model, "recompute", "none") == "selective"
+    ctx = DistributedContext(plan, model.cfg, rank, groups, path, backend, stats, dev, selective)
     tokens, labels = ctx.local_batch(sample_tokens, dev)
     if autocast_dtype is not None:
         with torch.autocast(dev.type, dtype=autocast_dtype):

@@ -13,8 +13,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
-from solver.config import ModelConfig
+from solver.config import RECOMPUTE, ModelConfig
 
 from .attention import segments, varlen_attention
 from .layers import MoE, Reduce, RMSNorm, Rotary
@@ -35,8 +36,8 @@ class AttentionContext(Protocol):
 class LocalContext:
     """All samples packed on one process: the single-process reference."""
 
-    def __init__(self, lengths, cfg: ModelConfig, backend: str = "auto", device="cpu"):
-        self.cfg, self.backend = cfg, backend
+    def __init__(self, lengths, cfg: ModelConfig, backend: str = "auto", device="cpu", recompute_attention: bool = False):
+        self.cfg, self.backend, self.recompute_attention = cfg, backend, recompute_attention
         lengths = [int(n) for n in lengths]
         cu = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
         self.sites = attention_sites(cu, cu, cfg, device)
@@ -48,7 +49,7 @@ class LocalContext:
     def attend(self, qkv, kind, layer):
         h, hkv = self.cfg.n_heads, self.cfg.n_kv_heads
         q, k, v = qkv[:, :h], qkv[:, h : h + hkv], qkv[:, h + hkv :]
-        return self.sites[kind](q, k, v, self.backend)
+        return self.sites[kind](q, k, v, self.backend, self.recompute_attention)
 
 
 class Site:
@@ -61,7 +62,10 @@ class Site:
         self.params = params if self.kind != "full" else None
         self.cu = torch.as_tensor(cu, dtype=torch.int32, device=device)
 
-    def __call__(self, q, k, v, backend: str):
+    def __call__(self, q, k, v, backend: str, recompute: bool = False):
+        """recompute: keep q, k, v only and re-run the kernel in backward (selective recompute)."""
+        if recompute and torch.is_grad_enabled():
+            return checkpoint(varlen_attention, q, k, v, self.cu, self.max_len, self.kind, self.params, backend, use_reentrant=False)
         return varlen_attention(q, k, v, self.cu, self.max_len, self.kind, self.params, backend)
 
 
@@ -95,7 +99,7 @@ class Block(nn.Module):
 
 
 class HybridMoE(nn.Module):
-    """>>> from solver.config import ModelConfig
+    """>>> from solver.config import RECOMPUTE, ModelConfig
     >>> cfg = ModelConfig.from_name("tiny")
     >>> m = HybridMoE(cfg)
     >>> tokens = torch.randint(0, cfg.vocab, (7,))
@@ -103,9 +107,14 @@ class HybridMoE(nn.Module):
     torch.Size([7, 64])
     """
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, recompute: str = "none"):
+        """recompute (as TrainingConfig.recompute prices it): "full" re-runs each block's forward,
+        exchanges included, in the backward and keeps only its input; "selective" re-runs the
+        attention kernels only; "none" keeps every activation."""
         super().__init__()
-        self.cfg = cfg
+        if recompute not in RECOMPUTE:
+            raise ValueError(f"recompute={recompute!r}; valid: {RECOMPUTE}")
+        self.cfg, self.recompute = cfg, recompute
         self.embed = nn.Embedding(cfg.vocab, cfg.hidden)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.hidden, cfg.norm_eps)
@@ -118,7 +127,10 @@ class HybridMoE(nn.Module):
         x = self.embed(tokens)
         aux = x.new_zeros(())
         for i, (blk, kind) in enumerate(zip(self.blocks, self.cfg.layer_kinds)):
-            x, a = blk(x, ctx, kind, i)
+            if self.recompute == "full" and torch.is_grad_enabled():  # keep the block's input; re-run it in backward
+                x, a = checkpoint(blk, x, ctx, kind, i, use_reentrant=False)
+            else:
+                x, a = blk(x, ctx, kind, i)
             aux = aux + a
         h = self.norm(x)
         if labels is None:

@@ -44,3 +44,19 @@ def test_rotary_tables_rotate_each_pair_by_its_position_angle():
     # fp32 tables are the fp64 angles' cos/sin rounded once (not computed in fp32: large positions)
     r = Rotary(positions, d, theta)
     assert all(torch.equal(a, b.float()) for a, b in zip(r.tables(torch.float32), r.tables(torch.float64)))
+
+
+def test_memory_estimate_counts_the_models_own_parameters():
+    """experiments.memory's parameter bytes are 4 x the parameters the torch model holds, and
+    sharding divides the states over the ranks."""
+    from experiments.memory import estimate
+    from model import HybridMoE
+    from solver import ModelConfig
+
+    for name in ("tiny", "tiny-gqa"):
+        cfg = ModelConfig.from_name(name)
+        n = sum(p.numel() for p in HybridMoE(cfg).parameters())
+        assert estimate(cfg, 1, 1, "none")["parameters (fp32)"] == 4 * n
+        assert estimate(cfg, 8, 1, "fsdp")["AdamW state"] == 8 * n / 8
+    cfg = ModelConfig.from_name("tiny")
+    assert estimate(cfg, 8, 64, recompute="full")["activations"] < estimate(cfg, 8, 64, recompute="none")["activations"]

@@ -42,9 +42,9 @@ def sample_tokens(lengths):
     return {i: rng.integers(0, CFG.vocab, n) for i, n in enumerate(lengths)}
 
 
-def make_model(cfg=CFG):
+def make_model(cfg=CFG, recompute="none"):
     torch.manual_seed(0)
-    return HybridMoE(cfg).double()
+    return HybridMoE(cfg, recompute).double()
 
 
 def hand_plans():
@@ -107,8 +107,11 @@ def _body(rank, world, refs):
                     torch.testing.assert_close(p.grad, ref_grads[n], rtol=1e-9, atol=1e-11, msg=f"{name} {plan.mode} {path} {n}")
                 counts[(plan.hash, path)] = stats
         if name == "mha":  # FSDP2: the same loss, and the gathered gradients, in the paper's three modes
-            for plan in solver_plans(cfg)[:3] + [idle_rank_plan()]:
-                model = shard_model(make_model(cfg), torch.device("cpu"))
+            # with each activation-recompute setting once (recompute re-runs exchanges and kernels:
+            # the same numbers)
+            recomputes = ["full", "selective", "none", "full"]
+            for plan, recompute in zip(solver_plans(cfg)[:3] + [idle_rank_plan()], recomputes):
+                model = shard_model(make_model(cfg, recompute), torch.device("cpu"))
                 loss = run_step(model, plan, sample_tokens(LENGTHS), groups, "torch", "torch")
                 torch.testing.assert_close(loss, ref_loss, rtol=1e-10, atol=1e-12)
                 for n, p in model.named_parameters():
@@ -123,8 +126,11 @@ def _body(rank, world, refs):
         assert r.inter_node_bytes("sparse") == 0
         assert b.inter_node_bytes("sparse") > 0
         # the bytes every rank counted, summed, are the bytes the simulator prices for the same plan
-        # (fp64 elements, no recompute: the driver runs each exchange forward and backward once)
-        for plan, stats in ((base, b), (rep, r)):
+        # (fp64 elements; without recompute each exchange runs forward and backward once, with full
+        # recompute its forward runs again in the backward)
+        recounted = CommStats(gpus_per_node=NODE)
+        run_step(make_model(cfg, "full"), rep, sample_tokens(LENGTHS), groups, "torch", "torch", recounted)
+        for plan, stats, recompute in ((base, b, "none"), (rep, r, "none"), (rep, recounted, "full")):
             counted = torch.tensor(
                 [
                     stats.intra_node_bytes("full"),
@@ -135,7 +141,7 @@ def _body(rank, world, refs):
                 dtype=torch.float64,
             )
             dist.all_reduce(counted)
-            sim_cost = CostModel(cfg, HardwareConfig(bytes_per_element=8), training=TrainingConfig(recompute="none"))
+            sim_cost = CostModel(cfg, HardwareConfig(bytes_per_element=8), training=TrainingConfig(recompute=recompute))
             sim = simulate(plan, sim_cost)
             priced = [sim.full_intra_bytes, sim.full_inter_bytes, sim.sparse_intra_bytes, sim.sparse_inter_bytes]
             assert counted.tolist() == priced, (name, plan.mode, counted.tolist(), priced)
