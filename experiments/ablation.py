@@ -1,12 +1,13 @@
-"""The paper's ablation on the embedded simulator: baseline, repack, repack+solver, and the
-control baseline+solver (the parent solver without repacking).
+"""The paper's ablation on the embedded simulator: baseline, repack, repack+solver, the control
+baseline+solver (the parent solver without repacking), and repack+widths (the width-choosing
+parent solver, beyond the paper: parents change width and share).
 
     python -m experiments.ablation                 # 5 seeds x 200 steps, the steps with SP16/32 parents
     python -m experiments.ablation --seeds 1       # one seed (a mean without its range is not a result)
     python -m experiments.ablation --help
 
 For each workload seed, selects the steps among the first --steps whose baseline plan has a
-parent wider than a node, plans each in the four modes and simulates them. Prints each mode's
+parent wider than a node, plans each in every mode and simulates them. Prints each mode's
 mean change vs baseline with its [min, max] over seeds next to the paper's figures, the time
 breakdown (with the costs every mode pays) and both MFU conventions, and writes
 results/<out>/steps.csv and summary.json (schema: experiments.results), with every setting.

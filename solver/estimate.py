@@ -27,6 +27,10 @@ class PlanEstimate:
         lens = np.array([length_of[s] for s in ids], dtype=np.float64)
         self.linear = dict(zip(ids, cost.linear_cost(lens).tolist()))
         self.full = dict(zip(ids, cost.full_cost(lens).tolist()))
+        # the same terms as arrays, for parent_times
+        self._row = {s: k for k, s in enumerate(ids)}
+        self._len, self._lin = lens, np.array([self.linear[s] for s in ids], dtype=np.float64)
+        self._full = np.array([self.full[s] for s in ids], dtype=np.float64)
 
     def parent_time(self, parent) -> float:
         """Seconds of one ParentPlan: full attention and exchanges over the parent, then its
@@ -41,5 +45,36 @@ class PlanEstimate:
             slowest = max(slowest, rank_time(lin, tok, c.size, self.cost.child_line(c.size, g.size)))
         return self.cost.shared_time(sum(self.full[s] for s in g.samples), g.size) + slowest
 
+    def parent_times(self, parents) -> np.ndarray:
+        """parent_time of every ParentPlan at once (the same arithmetic, summed with numpy)."""
+        parents = list(parents)
+        kid_rows, kid_of, kid_size, kid_parent = [], [], [], []
+        for j, pp in enumerate(parents):
+            for c in pp.children:
+                k = len(kid_size)
+                kid_size.append(c.size)
+                kid_parent.append(j)
+                kid_rows += [self._row[s] for s in c.samples]
+                kid_of += [k] * len(c.samples)
+        if not parents:
+            return np.zeros(0)
+        rows, of = np.array(kid_rows, dtype=np.int64), np.array(kid_of, dtype=np.int64)
+        nk = len(kid_size)
+        lin = np.bincount(of, self._lin[rows], nk)
+        tok = np.bincount(of, self._len[rows], nk)
+        full = np.bincount(of, self._full[rows], nk)
+        sizes, owner = np.array(kid_size), np.array(kid_parent)
+        psize = np.array([pp.group.size for pp in parents])
+        lines = np.array([self.cost.child_line(int(c), int(psize[j])) for c, j in zip(sizes, owner)]).reshape(nk, 2)
+        kid_time = (lin + lines[:, 0] * tok) / sizes + lines[:, 1]  # cost.rank_time
+        slowest = np.full(len(parents), -np.inf)
+        np.maximum.at(slowest, owner, kid_time)
+        pfull = np.bincount(owner, full, len(parents))
+        fixed = np.array([self.cost.parent_fixed(int(p)) for p in psize])
+        times = pfull / psize + fixed + slowest  # cost.shared_time + the slowest child
+        empty = np.array([not pp.group.samples for pp in parents])
+        times[empty] = 0.0
+        return times
+
     def plan_time(self, parents) -> float:
-        return max(self.parent_time(pp) for pp in parents)
+        return float(self.parent_times(parents).max())

@@ -195,12 +195,13 @@ RESOLVE_NEAR_SLOWEST = 0.01
 
 def joint_parents(
     samples: Sequence[Sample], cluster: Cluster, cost: CostModel, est: PlanEstimate, repack: bool = True
-) -> tuple[ParentPlan, ...] | None:
+) -> tuple[tuple[ParentPlan, ...], list[float]] | None:
     """Stages 1 and 2: parents and children filled together (assign_with_children), polished by
     moves and swaps between parents (rebalance) and inside them (polish_children); the slowest
-    parents also get a child solve from scratch, the faster of the two kept. None when the joint
-    fill cannot place the batch (the baseline's fill may still have placed it). repack=False:
-    the same stages with every parent in its own layout (the attribution control)."""
+    parents also get a child solve from scratch, the faster of the two kept. Returns the parents
+    and their PlanEstimate times; None when the joint fill cannot place the batch (the
+    baseline's fill may still have placed it). repack=False: the same stages with every parent
+    in its own layout (the attribution control)."""
     length_of = est.length_of
     try:
         start = assign_with_children(samples, cluster, cost, repack)
@@ -209,15 +210,16 @@ def joint_parents(
     if not repack:
         node = cluster.gpus_per_node
         polished = rebalance(start, length_of, cluster, cost, repack=False)
-        return tuple(ParentPlan(g, (g,), NODE_LOCAL if g.size <= node else DISABLED) for g, _ in polished)
-    parents, times = [], []
+        parents = tuple(ParentPlan(g, (g,), NODE_LOCAL if g.size <= node else DISABLED) for g, _ in polished)
+        return parents, est.parent_times(parents).tolist()
+    parents = []
     for g, kids in rebalance(start, length_of, cluster, cost):
         if kids is None:
             pp = ParentPlan(g, *solve_children(g, length_of, cluster, cost))
         else:
             pp = ParentPlan(g, *polish_children(g, kids, length_of, cluster, cost))
         parents.append(pp)
-        times.append(est.parent_time(pp))
+    times = est.parent_times(parents).tolist()
     slowest = max(times)
     for j, pp in enumerate(parents):
         if pp.group.size > cluster.gpus_per_node and times[j] >= (1 - RESOLVE_NEAR_SLOWEST) * slowest:
@@ -225,7 +227,7 @@ def joint_parents(
             t = est.parent_time(alt)
             if t < times[j]:
                 parents[j], times[j] = alt, t
-    return tuple(parents)
+    return tuple(parents), times
 
 
 def solve_parents(
@@ -238,7 +240,7 @@ def solve_parents(
     cost = cost.for_cluster(cluster)
     est = PlanEstimate({s.id: s.length for s in samples}, cluster, cost)
     start = tuple(start)
-    candidate = joint_parents(samples, cluster, cost, est, repack)
-    if candidate is None or est.plan_time(candidate) > est.plan_time(start):
+    joint = joint_parents(samples, cluster, cost, est, repack)
+    if joint is None or max(joint[1]) > est.plan_time(start):
         return start
-    return candidate
+    return joint[0]

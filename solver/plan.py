@@ -10,8 +10,9 @@ from functools import cached_property
 from .cluster import Cluster, PlanError
 from .layout import Group, TokenLayout
 
-# the paper's three modes, then the attribution control: the parent solver without repacking
-MODES = ("baseline", "repack", "repack+solver", "baseline+solver")
+# the paper's three modes, then the attribution control (the parent solver without repacking),
+# then the width-choosing parent solver (beyond the paper: parents change width and share)
+MODES = ("baseline", "repack", "repack+solver", "baseline+solver", "repack+widths")
 PAPER_MODES = MODES[:3]
 
 # A parent's children before they are laid out: (child size, sample ids) per child, in rank

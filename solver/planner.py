@@ -4,7 +4,8 @@ The planner only dispatches the modes: the baseline assignment (solver.baseline)
 mode its parents; repack adds the child solver's children (solver.children); repack+solver
 hands both to the parent solver (solver.parent_solver); baseline+solver runs the parent solver
 with every parent in its own layout, the control that shows how much of repack+solver is the
-parent solver's doing and how much the repacking's.
+parent solver's doing and how much the repacking's; repack+widths hands repack+solver's plan to
+the width-choosing solver (solver.width_solver), beyond the paper.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from .cost import CostModel
 from .layout import Group
 from .parent_solver import solve_parents
 from .plan import DISABLED, MODES, NODE_LOCAL, ParentPlan, StepPlan
+from .width_solver import solve_widths
 
 
 def _parent_plans(
@@ -58,10 +60,12 @@ def make_plan(
     check_heads(cluster, cost)
     samples = check_samples(samples, cluster)
     groups = assign_parents(samples, cluster, cost, pricing=baseline_pricing)
-    if mode in ("repack+solver", "baseline+solver"):
-        repack = mode == "repack+solver"
+    if mode in ("repack+solver", "baseline+solver", "repack+widths"):
+        repack = mode != "baseline+solver"
         start = _parent_plans(groups, {s.id: s.length for s in samples}, cluster, cost, "repack" if repack else "baseline")
         parents = solve_parents(start, samples, cluster, cost, repack)
+        if mode == "repack+widths":
+            parents = solve_widths(parents, samples, cluster, cost)
         return StepPlan(cluster, tuple((s.id, s.length) for s in samples), parents, mode).validate()
     return plan_from_parents(groups, samples, cluster, cost, mode)
 

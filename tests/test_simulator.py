@@ -107,7 +107,10 @@ def test_ablation_end_to_end_short_run(tmp_path, capsys):
         assert rng["min"] <= rng["mean"] <= rng["max"]
     modes = got["modes"]
     assert modes["repack+solver"]["mean_step_time_s"] <= modes["baseline"]["mean_step_time_s"]
-    assert all(r["widest_parent"] > 8 for r in got_rows)
+    assert modes["repack+widths"]["mean_step_time_s"] <= modes["repack+solver"]["mean_step_time_s"]
+    # the selected steps have parents wider than a node, which every mode keeps but the width-choosing
+    # solver, free to narrow them
+    assert all(r["widest_parent"] > 8 for r in got_rows if r["mode"] != "repack+widths")
     assert all(r["repacked_parents"] == 0 for r in got_rows if r["mode"] in ("baseline", "baseline+solver"))
     json.dumps(got)
 

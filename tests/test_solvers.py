@@ -7,6 +7,7 @@ from hypothesis import strategies as st
 
 import solver.parent_solver
 from solver import (
+    MODES,
     Cluster,
     CostModel,
     Group,
@@ -14,6 +15,7 @@ from solver import (
     ModelConfig,
     PlanError,
     Sample,
+    StepPlan,
     TokenLayout,
     make_plan,
     samples_from_lengths,
@@ -22,7 +24,7 @@ from solver.baseline import assign_parents
 from solver.children import child_problem, polish_children, solve_child_problem, solve_children, solve_sorted
 from solver.cluster import ceil_pow2, ceil_pow2_array
 from solver.estimate import PlanEstimate
-from solver.exact import solve_exact
+from solver.exact import solve_exact, solve_joint_exact
 from solver.parent_solver import assign_with_children
 from solver.plan import DISABLED, NODE_LOCAL, ParentPlan
 from solver.rebalance import rebalance_parents
@@ -234,7 +236,7 @@ def test_planner_keeps_the_repack_plan_when_the_parent_solver_does_worse(monkeyp
     )
     est = PlanEstimate({s.id: s.length for s in samples}, cluster, FULL_HEAVY)
     assert est.plan_time(worse) > est.plan_time(repack.parents)
-    monkeypatch.setattr(solver.parent_solver, "joint_parents", lambda *a: worse)
+    monkeypatch.setattr(solver.parent_solver, "joint_parents", lambda *a: (worse, est.parent_times(worse).tolist()))
     assert make_plan(samples, cluster, FULL_HEAVY, "repack+solver").parents == repack.parents
 
 
@@ -310,3 +312,90 @@ def test_groups_are_never_wider_than_the_model_splits():
     # key/value heads that do not divide the group and are not divided by it cap it too
     odd_kv = CostModel(ModelConfig.from_name("paper", n_heads=24, n_kv_heads=6), HardwareConfig())
     assert odd_kv.widest_group(Cluster(64, 8, 32768)) == 2
+
+
+# ----- the width-choosing parent solver and the exact joint MILP -----------------------------------
+def _estimate(plan_parents, samples, cluster, cost):
+    """PlanEstimate's step time, parent by parent (not its vectorized parent_times)."""
+    est = PlanEstimate({s.id: s.length for s in samples}, cluster, cost)
+    return max(est.parent_time(pp) for pp in plan_parents)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(clusters(max_nodes=6).flatmap(lambda c: batches(c).map(lambda b: (c, b))))
+def test_width_solver_is_never_slower_than_the_paper_solver_and_splits_the_heads(case):
+    cluster, samples = case
+    paper = make_plan(samples, cluster, TINY, "repack+solver")
+    widths = make_plan(samples, cluster, TINY, "repack+widths")  # validated: every sample placed once, in budget
+    assert _estimate(widths.parents, samples, cluster, TINY) <= _estimate(paper.parents, samples, cluster, TINY) * (1 + 1e-12)
+    assert widths.widest_parent <= TINY.widest_group(cluster)
+
+
+def _brute_force_optimum(samples, cluster, cost):
+    """Every plan of a 4-rank cluster in nodes of 2, priced by PlanEstimate: every split of the
+    ranks into parents, every child split of a parent wider than a node (or its own layout), every
+    assignment of samples to the pieces that fit them. The MILP's yardstick."""
+    import itertools
+
+    from solver.layout import Group as G
+    from solver.plan import ParentPlan as PP
+
+    est = PlanEstimate({s.id: s.length for s in samples}, cluster, cost)
+    budget, best = cluster.tokens_per_rank, float("inf")
+    structures = []  # [(parent size, [child sizes] or None)]
+    for sizes in ([4], [2, 2], [2, 1, 1], [1, 1, 1, 1]):
+        if 4 in sizes:
+            structures += [[(4, None)], [(4, [2, 2])], [(4, [2, 1, 1])], [(4, [1, 1, 1, 1])]]
+        else:
+            structures.append([(p, None) for p in sizes])
+    for struct in structures:
+        units = [(k, c) for k, (p, kids) in enumerate(struct) for c in (kids or [p])]
+        for pick in itertools.product(range(len(units)), repeat=len(samples)):
+            ok = all(-(-s.length // units[u][1]) <= budget for s, u in zip(samples, pick))
+            by_parent = {}
+            for s, u in zip(samples, pick):
+                by_parent.setdefault(units[u][0], []).append(s.length)
+            ok = ok and all(sum(-(-n // struct[k][0]) for n in ns) <= budget for k, ns in by_parent.items())
+            ok = ok and all(
+                sum(-(-s.length // units[u][1]) for s, uu in zip(samples, pick) if uu == u) <= budget for u in range(len(units))
+            )
+            if not ok:
+                continue
+            parents, at = [], 0
+            for k, (p, kids) in enumerate(struct):
+                members = tuple(s.id for s, u in zip(samples, pick) if units[u][0] == k)
+                g = G(at, p, members)
+                if kids is None:
+                    parents.append(PP(g, (g,), ""))
+                else:
+                    off, children = at, []
+                    for u, (kk, c) in enumerate(units):
+                        if kk == k:
+                            children.append(G(off, c, tuple(s.id for s, uu in zip(samples, pick) if uu == u)))
+                            off += c
+                    parents.append(PP(g, tuple(children), ""))
+                at += p
+            best = min(best, max(est.parent_time(pp) for pp in parents))
+    return best
+
+
+@pytest.mark.parametrize("lengths", [[300, 40, 17, 9], [129, 100, 64, 3], [250, 200, 5]], ids=str)
+def test_joint_milp_finds_the_brute_force_optimum(lengths):
+    cluster = Cluster(4, 2, 128)
+    samples = samples_from_lengths(lengths)
+    opt = solve_joint_exact(samples, cluster, PAPER)
+    assert opt.proven
+    assert opt.time == pytest.approx(_brute_force_optimum(samples, cluster, PAPER), rel=1e-9)
+
+
+@pytest.mark.parametrize("seed", [3, 7])
+def test_joint_milp_optimum_is_a_valid_plan_that_no_mode_beats(seed):
+    from experiments.solver_bench import joint_instance
+
+    cluster, lengths = joint_instance(seed)
+    samples = samples_from_lengths(lengths)
+    opt = solve_joint_exact(samples, cluster, PAPER)
+    plan = StepPlan(cluster, tuple((s.id, s.length) for s in samples), opt.parents, "repack+widths").validate()
+    assert opt.proven and _estimate(plan.parents, samples, cluster, PAPER) == pytest.approx(opt.time, rel=1e-9)
+    for mode in MODES:
+        assert _estimate(make_plan(samples, cluster, PAPER, mode).parents, samples, cluster, PAPER) >= opt.time * (1 - 1e-9)

@@ -1,0 +1,209 @@
+"""The width-choosing parent solver (mode "repack+widths"): parents may change width and share.
+
+The paper's parent solver (parent_solver) moves and swaps samples between parents whose widths
+the baseline chose: each long sample anchors a parent of the width its cost share asked for.
+This solver starts from its plan and changes the widths too, by a local search on the slowest
+parent S (the step's time is the slowest parent's):
+
+- narrow: S at half its width (the freed half one more parent, or single ranks), when its
+  longest sample's memory floor allows;
+- widen: S at twice its width, taking the ranks of the fastest parents (their samples join);
+- merge: S and another parent of its width with a long sample into one parent of twice the
+  width, each long sample in a node-local child of its own (two long samples sharing a wide
+  parent: their full attention spreads over both halves);
+- refill: S and such a parent keep their widths and share their short samples afresh.
+
+A candidate re-places only the samples of the parents it changes (the parent solver's joint fill,
+parent_solver._BinFill, on those parents alone), then solves each new wide parent's children;
+it is taken only if every parent it makes is faster than S was, so the step estimate never rises
+and the result is never estimated slower than the input. Positions do not enter the prices:
+parents are laid out widest first at the end (power-of-two widths stay aligned), and a wide
+parent's node-local children inside it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from .children import polish_children, solve_children
+from .cluster import Cluster, Sample
+from .cost import CostModel
+from .estimate import PlanEstimate
+from .layout import Group
+from .parent_solver import _anchor_child, _BinFill, _child_pays
+from .plan import DISABLED, NODE_LOCAL, ParentPlan
+
+# local-search rounds at most (each improves the slowest parent, or the search stops)
+MAX_ROUNDS = 64
+# a candidate must beat the slowest parent by this relative margin (float noise is no gain)
+MIN_GAIN = 1e-9
+
+
+@dataclass
+class _Parent:
+    size: int
+    ids: tuple[int, ...]
+    plan: ParentPlan  # laid out at rank 0 (positions are set at the end)
+    time: float
+
+
+class _Search:
+    def __init__(self, samples: Sequence[Sample], cluster: Cluster, cost: CostModel, est: PlanEstimate):
+        self.cluster, self.cost, self.est = cluster, cost, est
+        self.length_of = est.length_of
+        self.node = cluster.gpus_per_node
+        self.widest = cost.widest_group(cluster)
+        self.ids = [s.id for s in samples]
+        lengths = np.array([s.length for s in samples], dtype=np.int64)
+        self.index = {s: i for i, s in enumerate(self.ids)}
+        self.lengths = lengths
+        self.linear = np.asarray(cost.linear_cost(lengths), dtype=np.float64)
+        self.full = np.asarray(cost.full_cost(lengths), dtype=np.float64)
+        self.sample_cost = np.asarray(cost.sample_cost(lengths), dtype=np.float64)
+        self.target = float(self.sample_cost.sum()) / cluster.world_size  # the per-rank share the anchor rules use
+
+    # ----- pricing ----------------------------------------------------------------------------------
+    def parent(self, size: int, ids: Sequence[int], kids=None) -> _Parent:
+        """A parent of `size` holding `ids`, its children polished from `kids` ((size, ids) per
+        child) or solved, priced by PlanEstimate."""
+        g = Group(0, size, tuple(ids))
+        if size <= self.node:
+            pp = ParentPlan(g, (g,), NODE_LOCAL)
+        elif kids is not None:
+            pp = ParentPlan(g, *polish_children(g, kids, self.length_of, self.cluster, self.cost))
+        else:
+            pp = ParentPlan(g, *solve_children(g, self.length_of, self.cluster, self.cost))
+        return _Parent(size, g.samples, pp, self.est.parent_time(pp))
+
+    def floor(self, s: int) -> int:
+        return self.cluster.min_group_size(self.length_of[s])
+
+    def longest(self, p: _Parent) -> int | None:
+        return max(p.ids, key=lambda s: (self.length_of[s], -s)) if p.ids else None
+
+    # ----- a candidate: new parents for a pool of samples -----------------------------------------
+    def refill(self, sizes: list[int], anchors: list[list[int]], pool: Sequence[int]) -> list[_Parent] | None:
+        """Parents of `sizes` with their `anchors` (sample ids per parent) placed first, then the rest
+        of `pool` longest first where it finishes earliest (the joint fill's bins: a wide parent's
+        anchors in node-local children sized by the anchor rules, single ranks for the rest). None
+        when a sample finds no room."""
+        pool = list(pool)
+        local = {s: k for k, s in enumerate(pool)}
+        idx = np.array([self.index[s] for s in pool], dtype=np.int64)
+        fill = _BinFill(self.cluster, self.cost, self.linear[idx], self.full[idx], self.lengths[idx])
+        node_cap = self.node * self.cluster.tokens_per_rank
+        placed = set()
+        for size, anch in zip(sizes, anchors):
+            kids = None
+            if size > self.node and anch and all(self.length_of[s] <= node_cap for s in anch):
+                cs = []
+                for s in anch:
+                    i = self.index[s]
+                    n, lin, full = int(self.lengths[i]), float(self.linear[i]), float(self.full[i])
+                    pays = _child_pays(n, lin, full, size, self.node, self.cost, self.target)
+                    cs.append(_anchor_child(n, lin, full, size, self.cluster, self.cost, self.target) if pays else 0)
+                if all(cs) and sum(cs) <= size:
+                    kids = cs + [1] * (size - sum(cs))
+            bins = fill.add_parent(size, kids)
+            for j, s in enumerate(anch):
+                fill.add(bins[j] if kids is not None else bins[0], local[s])
+                placed.add(s)
+        for s in sorted((s for s in pool if s not in placed), key=lambda s: -self.sample_cost[self.index[s]]):
+            if fill.place(local[s]) < 0:
+                return None
+        out = []
+        for k, size in enumerate(sizes):
+            ids = [pool[i] for i in fill.parent_members[k]]
+            bins = [b for b in range(len(fill.bin_parent)) if fill.bin_parent[b] == k]
+            kids = None
+            if size > self.node and len(bins) > 1:
+                kids = tuple((fill.bin_size[b], tuple(pool[i] for i in fill.bin_members[b])) for b in bins)
+            out.append(self.parent(size, ids, kids))
+        return out
+
+    # ----- moves around the slowest parent -------------------------------------------------------
+    def candidates(self, parents: list[_Parent], si: int):
+        """(indices of the parents replaced, sizes, anchors) of each move on parents[si]."""
+        s = parents[si]
+        a = self.longest(s)
+        if a is None:
+            return
+        w = s.size
+        longs = sorted((x for x in s.ids if self.floor(x) > 1 and x != a), key=lambda x: -self.length_of[x])
+        if w > 1 and self.floor(a) <= w // 2:  # narrow
+            second = [longs[0]] if longs and self.floor(longs[0]) <= w // 2 else []
+            yield [si], [w // 2, w // 2], [[a], second]
+            yield [si], [w // 2] + [1] * (w // 2), [[a]] + [[] for _ in range(w // 2)]
+        others = sorted((k for k in range(len(parents)) if k != si), key=lambda k: parents[k].time)
+        if 2 * w <= self.widest:  # widen, on the fastest parents' ranks
+            need, donors = w, []
+            for k in others:
+                if parents[k].size <= need:
+                    donors.append(k)
+                    need -= parents[k].size
+                    if need == 0:
+                        break
+            if need == 0:
+                yield [si] + donors, [2 * w], [[a] + longs[:1]]
+        partners = [k for k in others if parents[k].size == w and parents[k].ids and self.floor(self.longest(parents[k])) > 1]
+        for k in partners[:2]:  # merge with, or share the short samples of, the fastest parents of its width
+            b = self.longest(parents[k])
+            if 2 * w <= self.widest:
+                yield [si, k], [2 * w], [[a, b]]
+            yield [si, k], [w, w], [[a], [b]]
+
+    def improve(self, parents: list[_Parent]) -> list[_Parent]:
+        for _ in range(MAX_ROUNDS):
+            si = max(range(len(parents)), key=lambda k: parents[k].time)
+            slowest = parents[si].time
+            best, best_t = None, slowest * (1 - MIN_GAIN)
+            for replaced, sizes, anchors in self.candidates(parents, si):
+                pool = [x for k in replaced for x in parents[k].ids]
+                new = self.refill(sizes, anchors, pool)
+                if new is None:
+                    continue
+                t = max(p.time for p in new)
+                if t < best_t:
+                    best, best_t = (replaced, new), t
+            if best is None:
+                break
+            replaced, new = best
+            parents = [p for k, p in enumerate(parents) if k not in replaced] + new
+        return parents
+
+
+def _laid_out(parents: list[_Parent], cluster: Cluster) -> tuple[ParentPlan, ...]:
+    """Parents widest first from rank 0; each one's children shifted with it (a wide parent starts
+    on a node boundary, so its node-local children stay node-local)."""
+    out, at = [], 0
+    for p in sorted(parents, key=lambda p: -p.size):
+        g = Group(at, p.size, p.ids)
+        if p.plan.repacked:
+            kids = tuple(Group(c.start + at, c.size, c.samples) for c in p.plan.children)
+            out.append(ParentPlan(g, kids, p.plan.reason))
+        else:
+            reason = p.plan.reason or (NODE_LOCAL if p.size <= cluster.gpus_per_node else DISABLED)
+            out.append(ParentPlan(g, (g,), reason))
+        at += p.size
+    return tuple(out)
+
+
+def solve_widths(start: Sequence[ParentPlan], samples: Sequence[Sample], cluster: Cluster, cost: CostModel) -> tuple[ParentPlan, ...]:
+    """The width-choosing parent solver from `start` (the paper's parent solver's plan): never
+    estimated slower than it."""
+    cost = cost.for_cluster(cluster)
+    est = PlanEstimate({s.id: s.length for s in samples}, cluster, cost)
+    search = _Search(samples, cluster, cost, est)
+    start, parents = tuple(start), []
+    for pp, t in zip(start, est.parent_times(start).tolist()):
+        g = pp.group
+        kids = tuple(Group(c.start - g.start, c.size, c.samples) for c in pp.children) if pp.repacked else (Group(0, g.size, g.samples),)
+        plan = ParentPlan(Group(0, g.size, g.samples), kids, pp.reason)
+        parents.append(_Parent(g.size, g.samples, plan, t))
+    before = max(p.time for p in parents)
+    improved = search.improve(parents)
+    # the search only takes moves that lower the slowest parent: never slower (checked all the same)
+    return _laid_out(improved, cluster) if max(p.time for p in improved) <= before else tuple(start)
