@@ -41,6 +41,7 @@ class _BinFill:
         self.linear, self.full, self.lengths = linear, full, lengths
         # per parent: size, full-attention seconds, its cost.shared_time, tokens per rank, members
         self.parent_size, self.parent_full, self.parent_shared, self.parent_rank_tokens, self.parent_members = [], [], [], [], []
+        self.parent_fixed = []  # cost.parent_fixed of each parent (shared_time = full / size + fixed)
         # per bin: its parent, size, cost line, linear seconds, tokens, its cost.rank_time, tokens per rank, members
         self.bin_parent, self.bin_size, self.bin_line, self.bin_linear, self.bin_tokens, self.bin_own = [], [], [], [], [], []
         self.bin_rank_tokens, self.bin_members = [], []
@@ -53,6 +54,7 @@ class _BinFill:
         self.parent_size.append(size)
         self.parent_full.append(0.0)
         self.parent_shared.append(self.cost.shared_time(0.0, size))
+        self.parent_fixed.append(self.cost.parent_fixed(size))
         self.parent_rank_tokens.append(0)
         self.parent_members.append([])
         bins = []
@@ -73,12 +75,6 @@ class _BinFill:
     def time(self, b: int) -> float:
         """Bin b's time: its parent's shared time plus its own rank time (both kept up to date by add)."""
         return self.parent_shared[self.bin_parent[b]] + self.bin_own[b]
-
-    def time_with(self, b: int, linear: float, tokens: int, full: float) -> float:
-        """Bin b's time with a sample of `linear` and `full` seconds and `tokens` tokens added."""
-        p = self.bin_parent[b]
-        shared = self.cost.shared_time(self.parent_full[p] + full, self.parent_size[p])
-        return shared + rank_time(self.bin_linear[b] + linear, self.bin_tokens[b] + tokens, self.bin_size[b], self.bin_line[b])
 
     def add(self, b: int, i: int) -> None:
         p, n = self.bin_parent[b], int(self.lengths[i])
@@ -102,6 +98,13 @@ class _BinFill:
             self.parent_rank_tokens,
         )
         bin_size, parent_size = self.bin_size, self.parent_size
+        parent_full, parent_fixed, bin_linear, bin_tokens, bin_line = (
+            self.parent_full,
+            self.parent_fixed,
+            self.bin_linear,
+            self.bin_tokens,
+            self.bin_line,
+        )
         best, best_t = -1, float("inf")
 
         def has_room(b):
@@ -113,7 +116,12 @@ class _BinFill:
                 continue
             b = self.fill.least_loaded(kind, has_room)
             if b >= 0:
-                t = self.time_with(b, lin, n, full)
+                # the bin's time with the sample: cost.shared_time + cost.rank_time, inlined (the fill's innermost loop)
+                p = bin_parent[b]
+                a, fixed = bin_line[b]
+                t = ((parent_full[p] + full) / parent_size[p] + parent_fixed[p]) + (
+                    (bin_linear[b] + lin + a * (bin_tokens[b] + n)) / bin_size[b] + fixed
+                )
                 if t < best_t:
                     best, best_t = b, t
         if best >= 0:

@@ -23,6 +23,7 @@ parent's node-local children inside it.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -137,10 +138,12 @@ class _Search:
             second = [longs[0]] if longs and self.floor(longs[0]) <= w // 2 else []
             yield [si], [w // 2, w // 2], [[a], second]
             yield [si], [w // 2] + [1] * (w // 2), [[a]] + [[] for _ in range(w // 2)]
-        others = sorted((k for k in range(len(parents)) if k != si), key=lambda k: parents[k].time)
-        if 2 * w <= self.widest:  # widen, on the fastest parents' ranks
+        if 2 * w <= self.widest:  # widen, on the fastest parents' ranks (at most w parents of them)
+            fastest = heapq.nsmallest(
+                2 * w, (k for k in range(len(parents)) if k != si and parents[k].size <= w), key=lambda k: parents[k].time
+            )
             need, donors = w, []
-            for k in others:
+            for k in fastest:
                 if parents[k].size <= need:
                     donors.append(k)
                     need -= parents[k].size
@@ -148,8 +151,9 @@ class _Search:
                         break
             if need == 0:
                 yield [si] + donors, [2 * w], [[a] + longs[:1]]
-        partners = [k for k in others if parents[k].size == w and parents[k].ids and self.floor(self.longest(parents[k])) > 1]
-        for k in partners[:2]:  # merge with, or share the short samples of, the fastest parents of its width
+        same = (k for k in range(len(parents)) if k != si and parents[k].size == w and parents[k].ids)
+        partners = heapq.nsmallest(2, (k for k in same if self.floor(self.longest(parents[k])) > 1), key=lambda k: parents[k].time)
+        for k in partners:  # merge with, or share the short samples of, the fastest parents of its width
             b = self.longest(parents[k])
             if 2 * w <= self.widest:
                 yield [si, k], [2 * w], [[a, b]]
@@ -171,7 +175,8 @@ class _Search:
             if best is None:
                 break
             replaced, new = best
-            parents = [p for k, p in enumerate(parents) if k not in replaced] + new
+            gone = set(replaced)
+            parents = [p for k, p in enumerate(parents) if k not in gone] + new
         return parents
 
 
