@@ -152,7 +152,32 @@ class HardwareConfig(_Config):
 
     @staticmethod
     def from_name(name: str, **overrides) -> HardwareConfig:
+        """A preset by name, or a hardware profile written by experiments.calibrate (a .json path)."""
+        if name.endswith(".json"):
+            return HardwareConfig.from_profile(name, **overrides)
         return _preset(HARDWARE_PRESETS, "hardware", name, overrides)
+
+    @staticmethod
+    def from_profile(path: str, **overrides) -> HardwareConfig:
+        """The hardware of a profile (experiments.calibrate): its "hardware" section, checked field
+        by field like any config."""
+        import json  # noqa: PLC0415
+
+        try:
+            with open(path) as f:
+                obj = json.load(f)
+        except OSError as e:
+            raise PlanError(f"hardware profile {path!r} cannot be read: {e.strerror or e}") from None
+        except ValueError as e:
+            raise PlanError(f"hardware profile {path!r} is not JSON: {e}") from None
+        section = obj.get("hardware") if isinstance(obj, dict) else None
+        if not isinstance(section, dict):
+            raise PlanError(f"hardware profile {path!r} has no 'hardware' object (write one with python -m experiments.calibrate)")
+        known = {f.name for f in dataclasses.fields(HardwareConfig)}
+        bad = sorted(set(section) - known)
+        if bad:
+            raise PlanError(f"hardware profile {path!r}: {bad[0]!r} is not a hardware setting; valid: {sorted(known)}")
+        return HardwareConfig(**{**section, **overrides})
 
 
 RATIO_READINGS = ("group", "link")

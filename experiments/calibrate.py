@@ -1,0 +1,330 @@
+"""Calibrate the cost model on the machines at hand: measure, fit, write a hardware profile.
+
+    # this machine: 4 gloo ranks as 2 nodes of 2, the tiny model
+    torchrun --standalone --nproc-per-node 4 -m experiments.calibrate --gpus-per-node 2 --out results/profile.json
+    # a GPU cluster (on every node), for the model it will train
+    torchrun --nnodes 4 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint $HEAD:29500 \\
+        -m experiments.calibrate --model small --out results/profile.json
+    # then plan with it
+    python -m experiments.ablation --hardware results/profile.json
+
+On the process group it is launched on (NCCL on GPUs, gloo on CPU), with every rank busy at
+once as in a training step, it measures:
+1. the all-to-all time against bytes for every aligned group size, every group of that size
+   running at once: groups inside a node and groups across nodes;
+2. the token-wise compute of the model's layers (projections, router and experts, forward and
+   backward) on a step's tokens per rank;
+3. full and sparse attention (the model's sparse kind, the attention backend in use) against
+   sample length, forward and backward;
+4. the device's matmul peak (a large square product) and memory bandwidth (a large copy).
+Each time is the slowest rank's, the median over repeats. It fits the cost model's hardware
+parameters: intra_node_bw and a2a_latency from the groups inside a node; the inter-node rate
+under both readings of the ratio (group: an all-to-all across nodes runs, as a whole, at one
+rate; link: each peer's bytes at its link's rate), the reading with the smaller residual kept;
+gemm_efficiency and attention_efficiency against the measured peak (only peak x efficiency
+enters a step time, so the prediction does not depend on that choice; --peak-flops sets a
+datasheet peak for MFU). It prints every fit with its residuals and writes the profile: JSON with
+the hardware config, the measurements, the fits, and device, world, commit and date.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from kernels.exchange import AlignedGroups
+from model import HybridMoE, varlen_attention
+from model.attention import resolve_backend
+from solver import CostModel, HardwareConfig, ModelConfig, PlanError
+from solver.cost import FLOPS_PER_MAC, FWD_BWD_COMPUTE, attention_flops, causal_keys
+
+from .context import run_context
+from .settings import check_output_dir
+
+QUICK = {"bytes": [1 << 10, 1 << 16, 1 << 20], "repeats": 3, "lengths": [32, 64, 128], "tokens": 64}
+FULL = {"bytes": [1 << 10, 1 << 13, 1 << 16, 1 << 18, 1 << 20], "repeats": 7, "lengths": [64, 256, 1024, 2048], "tokens": None}
+
+
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def timed(fn, device, repeats: int) -> float:
+    """The median over repeats of the slowest rank's seconds for fn() (every rank runs it at once)."""
+    fn()  # warm-up
+    out = []
+    for _ in range(repeats):
+        dist.barrier()
+        _sync(device)
+        t0 = time.perf_counter()
+        fn()
+        _sync(device)
+        t = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        out.append(float(t))
+    return float(np.median(out))
+
+
+# ----- 1. all-to-all --------------------------------------------------------------------------------
+def measure_all_to_all(groups: AlignedGroups, node: int, sizes: list[int], device, repeats: int) -> list[dict]:
+    """Seconds of one all-to-all per (group size, bytes per peer), every aligned group of that size
+    at once; bytes sent per rank exclude its own slice."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    rows, p = [], 2
+    while p <= world:
+        group = groups.get(rank - rank % p, p)
+        for per_peer in sizes:
+            n = max(1, per_peer // 4)
+            send = torch.zeros(p * n, dtype=torch.float32, device=device)
+            recv = torch.empty_like(send)
+            t = timed(lambda: dist.all_to_all_single(recv, send, group=group), device, repeats)  # noqa: B023
+            rows.append({"group_size": p, "spans_nodes": p > node, "bytes_per_peer": 4 * n, "seconds": t})
+        p *= 2
+    return rows
+
+
+def _lstsq(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, float]:
+    """Least squares y ~ x @ coef; (coef, relative RMS residual)."""
+    coef, *_ = np.linalg.lstsq(x, y, rcond=None)
+    pred = x @ coef
+    return coef, float(np.sqrt(np.mean(((pred - y) / y) ** 2)))
+
+
+def fit_all_to_all(rows: list[dict], node: int) -> dict:
+    """intra_node_bw and a2a_latency from the groups inside a node; the inter-node rate under the
+    group and the link reading from the groups across nodes (latency fixed), each with its
+    relative RMS residual."""
+    intra = [r for r in rows if not r["spans_nodes"]]
+    inter = [r for r in rows if r["spans_nodes"]]
+    out: dict = {}
+    if not intra:
+        raise PlanError("no group inside a node to measure: launch at least 2 ranks per node (--gpus-per-node >= 2)")
+    sent = np.array([r["bytes_per_peer"] * (r["group_size"] - 1) for r in intra], dtype=np.float64)
+    t = np.array([r["seconds"] for r in intra])
+    (lat, inv_bw), _ = _lstsq(np.stack([np.ones_like(sent), sent], 1), t)
+    lat = max(float(lat), 0.0)
+    if inv_bw <= 0:  # noise swamps the slope: the rate from the largest transfer over the latency
+        big = int(np.argmax(sent))
+        inv_bw = max(t[big] - lat, 1e-12) / sent[big]
+    res = float(np.sqrt(np.mean(((lat + sent * inv_bw - t) / t) ** 2)))
+    out["intra"] = {"a2a_latency": lat, "intra_node_bw": 1.0 / float(inv_bw), "rel_rms": res, "points": len(intra)}
+    if inter:
+        t = np.array([r["seconds"] for r in inter]) - lat
+        per_peer = np.array([r["bytes_per_peer"] for r in inter], dtype=np.float64)
+        size = np.array([r["group_size"] for r in inter], dtype=np.float64)
+        intra_peers = np.minimum(size, node) - 1
+        inter_peers = size - 1 - intra_peers
+        y = np.array([r["seconds"] for r in inter])
+        # group: the whole exchange at the inter rate; link: intra peers at the intra rate, inter peers at the inter rate
+        g, _ = _lstsq((per_peer * (size - 1))[:, None], t)
+        link_x = (per_peer * inter_peers)[:, None]
+        link_t = t - per_peer * intra_peers / out["intra"]["intra_node_bw"]
+        k, _ = _lstsq(link_x, link_t)
+        fits = {}
+        g0, k0 = max(float(g[0]), 1e-15), max(float(k[0]), 1e-15)  # rates stay finite where a slope is lost in noise
+        for name, inv, pred in (
+            ("group", g0, lat + per_peer * (size - 1) * g0),
+            ("link", k0, lat + per_peer * intra_peers / out["intra"]["intra_node_bw"] + per_peer * inter_peers * k0),
+        ):
+            bw = 1.0 / inv
+            fits[name] = {
+                "inter_node_bw": bw,
+                "ratio": out["intra"]["intra_node_bw"] / bw,
+                "rel_rms": float(np.sqrt(np.mean(((pred - y) / y) ** 2))),
+            }
+        out["inter"] = fits
+        out["reading"] = min(fits, key=lambda k: fits[k]["rel_rms"])
+    return out
+
+
+# ----- 2. and 3. compute -------------------------------------------------------------------------------
+def measure_token_work(cfg: ModelConfig, tokens: int, device, dtype, repeats: int) -> dict:
+    """Seconds of one layer's token-wise work (projections, router, experts), forward + backward,
+    on `tokens` tokens; its model FLOPs as the cost model counts them."""
+    torch.manual_seed(0)
+    block = HybridMoE(cfg).blocks[0].to(device=device, dtype=dtype)
+    x = torch.randn(tokens, cfg.hidden, device=device, dtype=dtype, requires_grad=True)
+    hq = cfg.n_heads * cfg.head_dim
+
+    def step():
+        y = block.wqkv(block.attn_norm(x))
+        z = block.wo(y[:, :hq])
+        m, _ = block.moe(block.moe_norm(z))
+        (m.sum() + y.sum()).backward()
+
+    t = timed(step, device, repeats)
+    cost = CostModel(cfg, HardwareConfig())
+    flops = FWD_BWD_COMPUTE * FLOPS_PER_MAC * cost.layer_params_active * tokens
+    return {"tokens": tokens, "seconds": t, "flops": flops}
+
+
+def measure_attention(cfg: ModelConfig, lengths: list[int], backend: str, device, dtype, repeats: int) -> list[dict]:
+    """Seconds of full and sparse attention of one sample (all heads), forward + backward, against
+    its length; FLOPs as the cost model counts them."""
+    rows = []
+    cost = CostModel(cfg, HardwareConfig())
+    for n in lengths:
+        q = torch.randn(n, cfg.n_heads, cfg.head_dim, device=device, dtype=dtype, requires_grad=True)
+        kv = torch.randn(n, cfg.n_kv_heads, cfg.head_dim, device=device, dtype=dtype, requires_grad=True)
+        cu = torch.tensor([0, n], dtype=torch.int32, device=device)
+        for kind in ("full", cfg.sparse_kind):
+            params = None if kind == "full" else cfg.sparse_params
+
+            def step(kind=kind, params=params, q=q, kv=kv, cu=cu, n=n):
+                varlen_attention(q, kv, kv, cu, n, kind, params, backend).sum().backward()
+
+            t = timed(step, device, repeats)
+            fwd = attention_flops(causal_keys(n), cfg) if kind == "full" else cost.sparse.flops(np.array([n], dtype=np.float64), cfg)[0]
+            rows.append({"kind": kind, "length": n, "seconds": t, "flops": FWD_BWD_COMPUTE * float(fwd)})
+    return rows
+
+
+def measure_device(device, dtype) -> dict:
+    """The device's matmul rate (a large square product) and copy bandwidth, on every rank at once."""
+    n = 4096 if device.type == "cuda" else 768
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    mm = timed(lambda: a @ a, device, 3)
+    big = torch.empty(64 << 20 if device.type == "cuda" else 8 << 20, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(big)
+    cp = timed(lambda: dst.copy_(big), device, 3)
+    return {"matmul_flops": 2 * n**3 / mm, "copy_bytes_per_s": 2 * big.numel() / cp}
+
+
+def fit_efficiency(rows: list[dict], peak: float) -> dict:
+    """One efficiency (achieved / peak) for all rows, FLOP-weighted (total FLOPs / total seconds),
+    with each row's relative error of the time it predicts."""
+    eff = sum(r["flops"] for r in rows) / sum(r["seconds"] for r in rows) / peak
+    errs = [(r["flops"] / (eff * peak) - r["seconds"]) / r["seconds"] for r in rows]
+    return {"efficiency": min(eff, 1.0), "rel_rms": float(np.sqrt(np.mean(np.square(errs)))), "worst_rel": float(np.max(np.abs(errs)))}
+
+
+# ----- the whole calibration --------------------------------------------------------------------------
+def calibrate(
+    cfg: ModelConfig, node: int, tokens_per_rank: int, quick: bool = False, peak_flops: float | None = None, backend: str = "auto"
+) -> dict:
+    """Measure and fit on the current process group; every rank returns the same profile."""
+    world = dist.get_world_size()
+    if world % node:
+        raise PlanError(f"world size {world} is not a multiple of gpus_per_node={node}")
+    device = torch.device(f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu")
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    plan = QUICK if quick else FULL
+    groups = AlignedGroups(world)
+    backend = resolve_backend(backend, device)
+    dev = measure_device(device, dtype)
+    a2a = measure_all_to_all(groups, node, plan["bytes"], device, plan["repeats"])
+    tokens = plan["tokens"] or tokens_per_rank
+    work = measure_token_work(cfg, tokens, device, dtype, plan["repeats"])
+    attn = measure_attention(cfg, plan["lengths"], backend, device, dtype, plan["repeats"])
+    peak = peak_flops or dev["matmul_flops"]
+    net = fit_all_to_all(a2a, node)
+    gemm = fit_efficiency([work], peak)
+    att = fit_efficiency(attn, peak)
+    base = HardwareConfig()
+    reading = net.get("reading", base.ratio_reading)
+    hw = base.replace(
+        name=f"profile:{run_context()['device']}",
+        peak_flops=peak,
+        gemm_efficiency=gemm["efficiency"],
+        attention_efficiency=att["efficiency"],
+        intra_node_bw=net["intra"]["intra_node_bw"],
+        inter_intra_ratio=net["inter"][reading]["ratio"] if "inter" in net else base.inter_intra_ratio,
+        ratio_reading=reading,
+        a2a_latency=net["intra"]["a2a_latency"],
+        bytes_per_element=torch.tensor([], dtype=dtype).element_size(),
+        hbm_bw=dev["copy_bytes_per_s"] / 2,
+    )
+    return {
+        "hardware": hw.to_dict(),
+        "context": {**run_context(), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")},
+        "world_size": world,
+        "gpus_per_node": node,
+        "model": cfg.name,
+        "attention_backend": backend,
+        "fits": {"all_to_all": net, "token_work": gemm, "attention": att, "inter_measured": "inter" in net},
+        "measurements": {"device": dev, "all_to_all": a2a, "token_work": work, "attention": attn},
+    }
+
+
+def report(profile: dict) -> str:
+    hw, fits = profile["hardware"], profile["fits"]
+    net = fits["all_to_all"]
+    lines = [
+        f"hardware profile: {profile['world_size']} ranks in nodes of {profile['gpus_per_node']}, {profile['context']['device']}, "
+        f"commit {profile['context']['commit']}",
+        f"  all-to-all inside a node: {hw['intra_node_bw'] / 1e9:.3f} GB/s per rank, latency {1e6 * hw['a2a_latency']:.0f} us "
+        f"(rel. RMS residual {100 * net['intra']['rel_rms']:.1f}%, {net['intra']['points']} points)",
+    ]
+    if "inter" in net:
+        for name, f in net["inter"].items():
+            kept = " <- kept" if name == net["reading"] else ""
+            lines.append(
+                f"  across nodes, {name} reading: {f['inter_node_bw'] / 1e9:.3f} GB/s, ratio {f['ratio']:.2f}x "
+                f"(rel. RMS residual {100 * f['rel_rms']:.1f}%){kept}"
+            )
+    else:
+        lines.append(f"  across nodes: not measured (one node); ratio kept at {hw['inter_intra_ratio']} ({hw['ratio_reading']} reading)")
+    for key, label in (("token_work", "token-wise work"), ("attention", "attention")):
+        f = fits[key]
+        lines.append(
+            f"  {label}: {100 * f['efficiency']:.1f}% of the peak {hw['peak_flops'] / 1e12:.3f} TFLOP/s "
+            f"(rel. RMS residual {100 * f['rel_rms']:.1f}%, worst {100 * f['worst_rel']:.1f}%)"
+        )
+    lines.append(f"  memory bandwidth {hw['hbm_bw'] / 1e9:.1f} GB/s, {hw['bytes_per_element']} bytes per element")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="tiny", help="model preset whose shapes are measured")
+    ap.add_argument("--gpus-per-node", type=int, default=None, help="default: LOCAL_WORLD_SIZE from the launcher")
+    ap.add_argument("--tokens-per-rank", type=int, default=32768, help="tokens of the token-wise measurement (full mode)")
+    ap.add_argument("--peak-flops", type=float, default=None, help="datasheet peak for MFU (default: the measured matmul rate)")
+    ap.add_argument("--attn-backend", default="auto")
+    ap.add_argument("--quick", action="store_true", help="fewer sizes and repeats: seconds on CPU")
+    ap.add_argument("--out", default="results/profile.json")
+    ap.add_argument("--timeout", type=float, default=600)
+    args = ap.parse_args(argv)
+    rank = int(os.environ.get("RANK", 0))
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    try:
+        cfg = ModelConfig.from_name(args.model)
+        node = args.gpus_per_node or int(os.environ.get("LOCAL_WORLD_SIZE", world))
+        if not (math.isfinite(args.timeout) and args.timeout > 0):
+            raise PlanError(f"--timeout={args.timeout} is invalid: use a number > 0")
+        check_output_dir(os.path.dirname(os.path.abspath(args.out)), "--out")
+    except PlanError as e:
+        if rank == 0:
+            print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    if "MASTER_ADDR" not in os.environ:
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29513")
+    cuda = torch.cuda.is_available()
+    if cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=args.timeout))
+    try:
+        profile = calibrate(cfg, node, args.tokens_per_rank, args.quick, args.peak_flops, args.attn_backend)
+    except Exception as e:  # noqa: BLE001 - every failure ends the job with its rank and reason
+        print(f"[rank {rank}] failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        os._exit(1)
+    if rank == 0:
+        with open(args.out, "w") as f:
+            json.dump(profile, f, indent=1)
+        print(report(profile))
+        print(f"wrote {args.out}")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,54 @@
+"""Calibration (experiments.calibrate) on 4 gloo ranks in 2 emulated nodes: a profile that loads
+wherever a hardware preset does, and whose fits reproduce what it measured."""
+
+import json
+import math
+
+import pytest
+
+from experiments import ablation
+from experiments.calibrate import calibrate, fit_all_to_all
+from solver import HardwareConfig, ModelConfig, PlanError
+from tests.dist_utils import run_distributed
+
+
+def _body(rank, world, path):
+    profile = calibrate(ModelConfig.from_name("tiny"), 2, 32, quick=True)
+    if rank == 0:
+        with open(path, "w") as f:
+            json.dump(profile, f)
+
+
+def test_a_quick_calibration_writes_a_profile_the_planners_accept(tmp_path, capsys):
+    path = str(tmp_path / "profile.json")
+    run_distributed(_body, 4, path)
+    profile = json.load(open(path))
+    assert profile["world_size"] == 4 and profile["gpus_per_node"] == 2 and profile["context"]["commit"]
+    hw = HardwareConfig.from_name(path)
+    assert hw.to_dict() == profile["hardware"]  # round trip
+    assert hw.ratio_reading in ("group", "link") and profile["fits"]["inter_measured"]
+    sizes = {(r["group_size"], r["spans_nodes"]) for r in profile["measurements"]["all_to_all"]}
+    assert sizes == {(2, False), (4, True)}  # every aligned group size, inside and across the emulated nodes
+    for key in ("intra_node_bw", "inter_intra_ratio", "a2a_latency", "peak_flops", "gemm_efficiency", "attention_efficiency"):
+        assert math.isfinite(hw.to_dict()[key]) and hw.to_dict()[key] > 0, key
+    # the planners take it where they take a preset
+    ablation.main(["--hardware", path, "--steps", "20", "--seeds", "1", "--out", str(tmp_path / "abl"), "--no-progress"])
+    assert "commit" in capsys.readouterr().out
+    with pytest.raises(PlanError, match="has no 'hardware' object"):
+        (tmp_path / "bad.json").write_text("{}")
+        HardwareConfig.from_name(str(tmp_path / "bad.json"))
+
+
+def test_the_all_to_all_fit_recovers_the_rates_it_was_given():
+    """Times made from known rates (2 GB/s inside a node, 0.25 GB/s for a group across nodes, 50 us)
+    fit back to them, and the group reading wins over the link reading on them."""
+    lat, intra, inter = 50e-6, 2e9, 0.25e9
+    rows = []
+    for p in (2, 4, 8, 16):
+        for per_peer in (1 << 10, 1 << 16, 1 << 20):
+            rate = intra if p <= 4 else inter
+            rows.append({"group_size": p, "spans_nodes": p > 4, "bytes_per_peer": per_peer, "seconds": lat + per_peer * (p - 1) / rate})
+    fit = fit_all_to_all(rows, node=4)
+    assert fit["intra"]["intra_node_bw"] == pytest.approx(intra, rel=1e-6)
+    assert fit["intra"]["a2a_latency"] == pytest.approx(lat, rel=1e-6)
+    assert fit["reading"] == "group" and fit["inter"]["group"]["ratio"] == pytest.approx(8.0, rel=1e-6)
