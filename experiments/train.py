@@ -36,7 +36,7 @@ from model.attention import BACKENDS
 from model.distributed import run_step
 from model.sharding import SHARDINGS, shard_model
 from solver import MODES, Cluster, CostModel, HardwareConfig, ModelConfig, PlanError, check_setup, make_plan, samples_from_lengths
-from solver.config import RECOMPUTE
+from solver.config import RECOMPUTE, TrainingConfig
 
 from . import checkpoint, memory
 from .ablation import add_baseline_pricing_arg
@@ -252,6 +252,8 @@ def set_up(args, rank: int, world: int, device: torch.device) -> Run:
     if args.replay:
         all_steps, numbers, step_ids, abl_cfg = replay_steps(args.replay)
         args.baseline_pricing = abl_cfg["baseline_pricing"]  # replay what the ablation planned
+        if abl_cfg["model"]["name"] == cfg.name:  # the same model: plan with the ablation's training costs too (the same plans)
+            cost = CostModel(cfg, hw, training=TrainingConfig(**abl_cfg["training"])).for_cluster(cluster)
         source, wl = LengthSource(all_steps, cfg.vocab, args.seed, numbers), None
     else:
         source, wl = build_source(args, cfg, cluster, cost)

@@ -1,0 +1,332 @@
+"""A two-tier cluster on one machine, and the simulator checked against steps measured on it.
+
+    # as root: 4 emulated nodes x 2 gloo ranks, 800 Mbit/s between nodes: calibrate, replay, compare
+    python -m experiments.emulate --nodes 4 --ranks-per-node 2 --compare --out results/emulated
+    # or any module, launched as on a multi-node cluster
+    python -m experiments.emulate --nodes 2 --ranks-per-node 2 -- -m experiments.calibrate --quick --out /tmp/p.json
+
+One network namespace per node, each joined by a veth link to a bridge in a hub namespace; `tc`
+(a token-bucket filter) limits each link to --inter-mbit in both directions, so ranks inside a
+namespace talk over its loopback and ranks in different namespaces over the limited links: two
+tiers, like NVLink inside a node and the network across nodes. torchrun runs once per namespace
+with c10d rendezvous on node 0's address, as on a real multi-node cluster (its `--local-addr` and
+GLOO_SOCKET_IFNAME name the node's link); the driver's node-local groups come from
+LOCAL_WORLD_SIZE. The addresses (10.213.0.0/24) exist only inside the namespaces this script
+creates; no traffic leaves the machine. Every run has a timeout; the namespaces and links are
+removed on exit, on failure and on Ctrl-C.
+
+--compare: (1) calibrates on the emulated cluster (experiments.calibrate); (2) runs the ablation
+with the tiny model on the cluster's shape and the calibrated profile, on a trace of the tiny
+workload (the simulator's prediction of every selected step in every mode); (3) replays those
+steps through the driver on the emulated cluster in every mode (train --replay --mode all: no
+optimizer step, so the ablation leaves the optimizer out, and the experts' all-to-all, which the
+runtime does not run); (4) compares each step's measured time with the prediction: per mode the
+median and worst relative error, and the measured against the predicted change vs baseline.
+Writes <out>/compare.csv (a row per step and mode) and compare.json (the summary, with context).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+from solver import MODES, PlanError
+
+from .context import run_context
+from .results import read_run
+from .settings import check_output_dir
+
+SUBNET = "10.213.0"
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def unavailable() -> str | None:
+    """Why namespaces cannot be made here (None: they can)."""
+    if os.geteuid() != 0:
+        return "needs root (ip netns, tc)"
+    for tool in ("ip", "tc"):
+        if shutil.which(tool) is None:
+            return f"needs the {tool!r} command (iproute2)"
+    probe = f"lrprobe{os.getpid()}"
+    p = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
+    if p.returncode:
+        return f"'ip netns add' fails: {p.stderr.strip()}"
+    subprocess.run(["ip", "netns", "del", probe], capture_output=True)
+    return None
+
+
+def _sh(*cmd: str) -> None:
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode:
+        raise RuntimeError(f"{' '.join(cmd)}: {p.stderr.strip()}")
+
+
+class EmulatedCluster:
+    """Namespaces and links for `nodes` nodes; a context manager that always removes them."""
+
+    def __init__(self, nodes: int, inter_mbit: float):
+        if not 2 <= nodes <= 32:
+            raise PlanError(f"--nodes={nodes}: use 2 to 32 emulated nodes")
+        if not inter_mbit > 0:
+            raise PlanError(f"--inter-mbit={inter_mbit}: use a rate > 0")
+        self.nodes, self.mbit = nodes, inter_mbit
+        tag = f"{os.getpid() % 100000}"
+        self.hub = f"lrhub{tag}"
+        self.names = [f"lrn{tag}x{k}" for k in range(nodes)]
+
+    def address(self, k: int) -> str:
+        return f"{SUBNET}.{k + 1}"
+
+    def __enter__(self):
+        try:
+            _sh("ip", "netns", "add", self.hub)
+            _sh("ip", "-n", self.hub, "link", "add", "br0", "type", "bridge")
+            _sh("ip", "-n", self.hub, "link", "set", "br0", "up")
+            for k, ns in enumerate(self.names):
+                _sh("ip", "netns", "add", ns)
+                a, b = f"lra{k}x{os.getpid() % 10000}", f"lrb{k}x{os.getpid() % 10000}"
+                _sh("ip", "link", "add", a, "type", "veth", "peer", "name", b)
+                _sh("ip", "link", "set", a, "netns", ns)
+                _sh("ip", "link", "set", b, "netns", self.hub)
+                _sh("ip", "-n", ns, "link", "set", a, "name", "eth0")
+                _sh("ip", "-n", ns, "addr", "add", f"{self.address(k)}/24", "dev", "eth0")
+                _sh("ip", "-n", ns, "link", "set", "eth0", "up")
+                _sh("ip", "-n", ns, "link", "set", "lo", "up")
+                _sh("ip", "-n", self.hub, "link", "set", b, "master", "br0")
+                _sh("ip", "-n", self.hub, "link", "set", b, "up")
+                rate = f"{self.mbit}mbit"
+                for where, dev in ((ns, "eth0"), (self.hub, b)):  # both directions of the node's link
+                    _sh(
+                        "ip",
+                        "netns",
+                        "exec",
+                        where,
+                        "tc",
+                        "qdisc",
+                        "add",
+                        "dev",
+                        dev,
+                        "root",
+                        "tbf",
+                        "rate",
+                        rate,
+                        "burst",
+                        "256kb",
+                        "latency",
+                        "100ms",
+                    )
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *exc):
+        for ns in [*self.names, self.hub]:  # deleting a namespace deletes its links
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+        return False
+
+    def run(self, module_args: list[str], ranks_per_node: int, timeout: float, log_dir: str) -> list[int]:
+        """torchrun once per namespace with c10d rendezvous; (return code per node). Logs go to
+        log_dir/node<k>.log. Every node's launcher is killed at the timeout."""
+        port = 29400 + os.getpid() % 500
+        procs = []
+        for k, ns in enumerate(self.names):
+            cmd = [
+                "ip", "netns", "exec", ns, "env", "GLOO_SOCKET_IFNAME=eth0", f"PYTHONPATH={ROOT}",
+                sys.executable, "-m", "torch.distributed.run",
+                f"--nnodes={self.nodes}", f"--nproc-per-node={ranks_per_node}",
+                "--rdzv-backend=c10d", f"--rdzv-endpoint={self.address(0)}:{port}", f"--rdzv-id=lr{port}",
+                f"--rdzv-conf=is_host={1 if k == 0 else 0}", f"--local-addr={self.address(k)}",
+                *module_args,
+            ]  # fmt: skip
+            log = open(os.path.join(log_dir, f"node{k}.log"), "w")  # noqa: SIM115 - closed below
+            procs.append((subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True), log))
+        deadline = time.monotonic() + timeout
+        codes = []
+        for p, log in procs:
+            try:
+                codes.append(p.wait(timeout=max(1.0, deadline - time.monotonic())))
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                codes.append(124)
+            log.close()
+        for p, _ in procs:  # no launcher outlives the run
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+        return codes
+
+
+def _run_or_fail(cluster: EmulatedCluster, args: list[str], rpn: int, timeout: float, log_dir: str, what: str) -> None:
+    os.makedirs(log_dir, exist_ok=True)
+    codes = cluster.run(args, rpn, timeout, log_dir)
+    if any(codes):
+        tail = open(os.path.join(log_dir, "node0.log")).read()[-2000:]
+        raise RuntimeError(f"{what} failed on the emulated cluster (return codes {codes}); node 0's log ends:\n{tail}")
+
+
+def compare(sim_dir: str, measured_dir: str) -> tuple[list[dict], dict]:
+    """Rows per (step, mode) with the predicted and measured step time, and per mode the errors and
+    the changes vs baseline (means over the steps both have)."""
+    sim_rows, _ = read_run(sim_dir)
+    meas_rows, _ = read_run(measured_dir)
+    sim = {(r["step"], r["mode"]): r for r in sim_rows}
+    rows = []
+    for r in meas_rows:
+        s = sim.get((r["step"], r["mode"]))
+        if s is None:
+            continue
+        rows.append(
+            {
+                "step": r["step"],
+                "mode": r["mode"],
+                "predicted_s": s["step_time_s"],
+                "measured_s": r["step_time_s"],
+                "rel_error": s["step_time_s"] / r["step_time_s"] - 1,
+                "same_plan": s["plan_hash"] == r["plan_hash"],
+            }
+        )
+    summary = {}
+    base = {(r["step"]): r for r in rows if r["mode"] == "baseline"}
+    for mode in MODES:
+        mine = [r for r in rows if r["mode"] == mode and r["step"] in base]
+        if not mine:
+            continue
+        err = np.array([r["rel_error"] for r in mine])
+        pred = np.mean([r["predicted_s"] / base[r["step"]]["predicted_s"] - 1 for r in mine])
+        meas = np.mean([r["measured_s"] / base[r["step"]]["measured_s"] - 1 for r in mine])
+        summary[mode] = {
+            "steps": len(mine),
+            "median_abs_rel_error_pct": 100 * float(np.median(np.abs(err))),
+            "worst_abs_rel_error_pct": 100 * float(np.max(np.abs(err))),
+            "predicted_change_pct": 100 * float(pred),
+            "measured_change_pct": 100 * float(meas),
+            "change_gap_pp": 100 * float(pred - meas),
+            "same_plans": all(r["same_plan"] for r in mine),
+        }
+    return rows, summary
+
+
+def run_compare(args) -> None:
+    out = os.path.abspath(args.out)
+    check_output_dir(out)
+    world = args.nodes * args.ranks_per_node
+    profile = os.path.join(out, "profile.json")
+    trace = os.path.join(out, "trace.csv")
+    with EmulatedCluster(args.nodes, args.inter_mbit) as cluster:
+        print(
+            f"emulated cluster: {args.nodes} nodes x {args.ranks_per_node} gloo ranks, {args.inter_mbit:g} Mbit/s between nodes", flush=True
+        )
+        _run_or_fail(
+            cluster,
+            ["-m", "experiments.calibrate", "--quick", "--out", profile],
+            args.ranks_per_node,
+            args.timeout,
+            os.path.join(out, "logs", "calibrate"),
+            "calibration",
+        )
+        print(open(os.path.join(out, "logs", "calibrate", "node0.log")).read().split("hardware profile:", 1)[-1][:1500], flush=True)
+        # the tiny workload, sized to the cluster as the driver sizes it, as a trace both sides read
+        from .train import TINY_TOKENS_PER_RANK, tiny_workload  # noqa: PLC0415
+        from .workload import WorkloadConfig, generate_steps  # noqa: PLC0415
+
+        budget = TINY_TOKENS_PER_RANK
+        wl = WorkloadConfig(**{**tiny_workload(world, budget, world * budget), "steps": args.steps, "seed": args.seed})
+        with open(trace, "w") as f:
+            f.write("step,length\n")
+            for k, lengths in enumerate(generate_steps(wl)):
+                f.writelines(f"{k},{n}\n" for n in lengths)
+        common = ["--model", "tiny", "--gpus-per-node", str(args.ranks_per_node), "--tokens-per-rank", str(budget), "--hardware", profile]
+        abl = [
+            sys.executable, "-m", "experiments.ablation", *common, "--world-size", str(world), "--trace", trace, "--seeds", "1",
+            "--no-moe-all-to-all", "--no-optimizer", "--out", os.path.join(out, "predicted"), "--no-progress",
+        ]  # fmt: skip
+        p = subprocess.run(abl, cwd=ROOT, capture_output=True, text=True, timeout=args.timeout)
+        if p.returncode:
+            raise RuntimeError(f"the ablation failed: {p.stderr[-2000:]}")
+        _run_or_fail(
+            cluster,
+            [
+                "-m",
+                "experiments.train",
+                *common,
+                "--replay",
+                os.path.join(out, "predicted"),
+                "--mode",
+                "all",
+                "--out",
+                os.path.join(out, "measured"),
+            ],
+            args.ranks_per_node,
+            args.timeout,
+            os.path.join(out, "logs", "replay"),
+            "the replay",
+        )
+    rows, summary = compare(os.path.join(out, "predicted"), os.path.join(out, "measured"))
+    with open(os.path.join(out, "compare.csv"), "w") as f:
+        f.write(",".join(rows[0]) + "\n")
+        f.writelines(",".join(str(v) for v in r.values()) + "\n" for r in rows)
+    result = {
+        "context": run_context(),
+        "cluster": {"nodes": args.nodes, "ranks_per_node": args.ranks_per_node, "inter_mbit": args.inter_mbit},
+        "modes": summary,
+    }
+    with open(os.path.join(out, "compare.json"), "w") as f:
+        json.dump(result, f, indent=1)
+    print(f"\nsimulated against measured ({len(rows)} step x mode pairs; predicted under the calibrated profile):")
+    print(f"{'mode':>15} {'steps':>5} {'median |err|':>13} {'worst |err|':>12} {'predicted':>10} {'measured':>9} {'gap pp':>7} same plans")
+    for mode, e in summary.items():
+        print(
+            f"{mode:>15} {e['steps']:5d} {e['median_abs_rel_error_pct']:12.1f}% {e['worst_abs_rel_error_pct']:11.1f}% "
+            f"{e['predicted_change_pct']:+9.1f}% {e['measured_change_pct']:+8.1f}% {e['change_gap_pp']:+7.1f} {e['same_plans']}"
+        )
+    print(f"wrote {out}/compare.csv and compare.json (commit {result['context']['commit']})")
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    module_args = []
+    if "--" in argv:
+        i = argv.index("--")
+        argv, module_args = argv[:i], argv[i + 1 :]
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--nodes", type=int, default=4)
+    ap.add_argument("--ranks-per-node", type=int, default=2)
+    ap.add_argument("--inter-mbit", type=float, default=800.0, help="rate of each node's link, both ways (Mbit/s)")
+    ap.add_argument("--timeout", type=float, default=900.0, help="seconds before every launcher is killed")
+    ap.add_argument("--compare", action="store_true", help="calibrate, replay the ablation's steps, compare")
+    ap.add_argument("--steps", type=int, default=40, help="tiny-workload steps the ablation scans (--compare)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default="results/emulated")
+    args = ap.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a terminated run still removes its namespaces
+    why = unavailable()
+    if why:
+        print(f"emulated cluster unavailable: {why}", file=sys.stderr)
+        sys.exit(3)
+    try:
+        if args.compare:
+            run_compare(args)
+            return
+        if not module_args:
+            sys.exit("error: give --compare or a module to run after '--' (e.g. -- -m experiments.calibrate --quick)")
+        with EmulatedCluster(args.nodes, args.inter_mbit) as cluster:
+            log_dir = os.path.join(os.path.abspath(args.out), "logs")
+            os.makedirs(log_dir, exist_ok=True)
+            codes = cluster.run(module_args, args.ranks_per_node, args.timeout, log_dir)
+            print(open(os.path.join(log_dir, "node0.log")).read()[-4000:])
+            print(f"return codes per node: {codes}; logs in {log_dir}")
+            sys.exit(max(codes))
+    except (PlanError, RuntimeError) as e:
+        sys.exit(f"error: {e}")
+
+
+if __name__ == "__main__":
+    main()

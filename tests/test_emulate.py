@@ -1,0 +1,49 @@
+"""The emulated two-tier cluster (experiments.emulate): namespaces made and always removed; the
+simulated-vs-measured comparison. The full --compare run is a benchmark (README), not a test."""
+
+import subprocess
+
+import pytest
+
+from experiments.emulate import EmulatedCluster, compare, unavailable
+from experiments.results import write_run
+
+WHY = unavailable()
+
+
+@pytest.mark.skipif(WHY is not None, reason=f"emulated cluster unavailable here: {WHY}")
+def test_namespaces_and_links_are_removed_even_when_the_run_fails():
+    def ours():
+        out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+        return [line.split()[0] for line in out.splitlines() if line.startswith(("lrhub", "lrn"))]
+
+    before = ours()
+    with pytest.raises(RuntimeError, match="boom"):
+        with EmulatedCluster(2, 100) as cluster:
+            made = ours()
+            assert set(cluster.names) | {cluster.hub} <= set(made)
+            # the link is rate-limited both ways
+            qd = subprocess.run(
+                ["ip", "netns", "exec", cluster.names[0], "tc", "qdisc", "show", "dev", "eth0"], capture_output=True, text=True
+            )
+            assert "tbf" in qd.stdout and "100Mbit" in qd.stdout
+            raise RuntimeError("boom")
+    assert ours() == before
+
+
+def test_the_comparison_joins_steps_and_modes_and_reports_changes(tmp_path):
+    def run(folder, engine, times):
+        rows = [
+            {"engine": engine, "mode": m, "step": s, "step_time_s": t, "mfu": 0.1, "plan_hash": f"{m}{s}"} for (s, m), t in times.items()
+        ]
+        write_run(str(tmp_path / folder), rows, {"modes": {}})
+
+    run("sim", "sim", {(0, "baseline"): 1.0, (0, "repack"): 0.8, (1, "baseline"): 2.0, (1, "repack"): 1.8})
+    run("meas", "torch", {(0, "baseline"): 2.0, (0, "repack"): 1.0, (1, "baseline"): 4.0, (1, "repack"): 4.0})
+    rows, summary = compare(str(tmp_path / "sim"), str(tmp_path / "meas"))
+    assert len(rows) == 4 and all(r["same_plan"] for r in rows)
+    assert summary["baseline"]["median_abs_rel_error_pct"] == pytest.approx(50.0)
+    r = summary["repack"]
+    assert r["predicted_change_pct"] == pytest.approx(-15.0)  # mean of -20% and -10%
+    assert r["measured_change_pct"] == pytest.approx(-25.0)  # mean of -50% and 0%
+    assert r["change_gap_pp"] == pytest.approx(10.0) and r["worst_abs_rel_error_pct"] == pytest.approx(55.0)
