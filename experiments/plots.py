@@ -137,6 +137,24 @@ def plot_sweep(path: str | None = None, axes=None):
     return axes
 
 
+def plot_predicted_vs_measured(path: str | None = None, ax=None):
+    """Each step's measured time on the emulated cluster against the simulator's prediction under
+    the calibrated profile (experiments.emulate --compare), by mode, with the y = x line."""
+    path = path or os.path.join(RESULTS, "emulated", "compare.csv")
+    if not os.path.exists(path):
+        print(f"no comparison at {path}: run `python -m experiments.emulate --compare` (as root) to add it", file=sys.stderr)
+        return None
+    df = pd.read_csv(path)
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6, 5.5))
+    sns.scatterplot(data=df, x="predicted_s", y="measured_s", hue="mode", hue_order=[m for m in MODES if m in set(df["mode"])], ax=ax)
+    hi = float(max(df["predicted_s"].max(), df["measured_s"].max())) * 1.05
+    ax.plot([0, hi], [0, hi], color="grey", lw=0.8, ls="--", label="y = x")
+    ax.set(xlim=(0, hi), ylim=(0, hi), xlabel="predicted step time (s)", ylabel="measured step time (s)", title="Simulated vs measured")
+    ax.legend(fontsize=8)
+    return ax
+
+
 def plot_layouts(plan: StepPlan, axes=None):
     """Which samples sit on which ranks, in the parent and the child layout (node boundaries marked)."""
     if axes is None:
