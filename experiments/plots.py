@@ -165,22 +165,24 @@ def plot_layouts(plan: StepPlan, axes=None):
         (axes[0], plan.parent_layout, "parent layout (full attention)"),
         (axes[1], plan.child_layout, "child layout (sparse layers, token-wise work)"),
     ):
+        longest = max(plan.length_of.values())
+        # one bar per sample and group, as wide as the group (each of its ranks holds 1/size of
+        # the sample), every bar of the layout drawn in one call
+        x, width, height, bottom, color, edge = [], [], [], [], [], []
         for grp in layout.groups:
-            tokens = [layout.lengths[s] for s in grp.samples]
             base = 0.0
-            for s, n in zip(grp.samples, tokens):
-                per_rank = n / grp.size
-                ax.bar(
-                    np.arange(grp.start, grp.stop),
-                    per_rank,
-                    bottom=base,
-                    width=0.9,
-                    color=colors(s % 20),
-                    edgecolor="black" if n == max(plan.length_of.values()) else "none",
-                    linewidth=0.6,
-                )
-                base += per_rank
+            for s in grp.samples:
+                n = layout.lengths[s]
+                x.append(grp.start - 0.45)
+                width.append(grp.size - 0.1)
+                height.append(n / grp.size)
+                bottom.append(base)
+                color.append(colors(s % 20))
+                edge.append("black" if n == longest else "none")
+                base += n / grp.size
             ax.add_patch(plt.Rectangle((grp.start - 0.45, 0), grp.size - 0.1, base, fill=False, lw=1.2))
+        if x:
+            ax.bar(x, height, width=width, bottom=bottom, align="edge", color=color, edgecolor=edge, linewidth=0.6)
         for n in range(1, world // g):
             ax.axvline(n * g - 0.5, color="red", ls="--", lw=1)
         ax.set(title=title, ylabel="tokens per rank")

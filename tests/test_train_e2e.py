@@ -40,17 +40,17 @@ def losses(folder):
 
 
 def test_three_modes_same_losses_results_parse_and_resume_matches(tmp_path):
-    # every step in every mode (no optimizer updates between them): the same losses. 4 ranks in
+    # one step in every mode (no optimizer updates between them): the same losses. 4 ranks in
     # nodes of 1 (half the start-up of 8): step 0's SP2 parent spans two nodes and is repacked
-    p = torchrun(4, "--gpus-per-node", "1", "--tokens-per-rank", "64", "--mode", "all", "--steps", "2", "--out", str(tmp_path / "all"))
+    p = torchrun(4, "--gpus-per-node", "1", "--tokens-per-rank", "64", "--mode", "all", "--steps", "1", "--out", str(tmp_path / "all"))
     assert p.returncode == 0, p.stderr[-3000:]
     assert "loss" in p.stdout and "MFU" in p.stdout
     rows, summary = read_run(str(tmp_path / "all"))
     assert summary["engine"] == "torch" and summary["context"]["commit"]
-    assert sorted({r["mode"] for r in rows}) == sorted(MODES) and len(rows) == 2 * len(MODES)
+    assert sorted({r["mode"] for r in rows}) == sorted(MODES) and len(rows) == len(MODES)
     assert all(r["engine"] == "torch" for r in rows)
     by = {(r["step"], r["mode"]): r["loss"] for r in rows}
-    for step in range(2):
+    for step in range(1):
         for mode in MODES[1:]:
             np.testing.assert_allclose(by[(step, mode)], by[(step, "baseline")], rtol=1e-5)
     assert any(r["wide_parents"] > 0 for r in rows), "some step must have a parent across emulated nodes"
