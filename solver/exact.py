@@ -23,6 +23,36 @@ def candidate_blocks(parent_size: int, node_size: int) -> list[tuple[int, int]]:
     return out
 
 
+class _MinMakespan:
+    """A MILP of binaries and one continuous makespan z (the last variable), minimized: rows are
+    added as (coefficients, lower, upper)."""
+
+    def __init__(self, nvar: int):
+        self.nvar, self.z = nvar, nvar - 1
+        self.rows, self.lo, self.hi = [], [], []
+
+    def add(self, coeffs, lb, ub) -> None:
+        r = np.zeros(self.nvar)
+        for j, v in coeffs:
+            r[j] += v
+        self.rows.append(r)
+        self.lo.append(lb)
+        self.hi.append(ub)
+
+    def solve(self, time_limit: float):
+        obj = np.zeros(self.nvar)
+        obj[self.z] = 1.0
+        integrality = np.ones(self.nvar)
+        integrality[self.z] = 0
+        return milp(
+            obj,
+            constraints=LinearConstraint(np.array(self.rows), self.lo, self.hi),
+            integrality=integrality,
+            bounds=Bounds(np.zeros(self.nvar), np.r_[np.ones(self.nvar - 1), np.inf]),
+            options={"time_limit": time_limit, "mip_rel_gap": 1e-6},
+        )
+
+
 def solve_exact(p: ChildProblem, time_limit: float = 20.0) -> float:
     """Optimal slowest-child time over all node-local children and assignments.
 
@@ -38,16 +68,8 @@ def solve_exact(p: ChildProblem, time_limit: float = 20.0) -> float:
     def xi(i, b):
         return nb + i * nb + b
 
-    rows, lo, hi = [], [], []
-
-    def add(coeffs, lb, ub):
-        r = np.zeros(nvar)
-        for j, v in coeffs:
-            r[j] += v
-        rows.append(r)
-        lo.append(lb)
-        hi.append(ub)
-
+    m = _MinMakespan(nvar)
+    add = m.add
     for r in range(p.parent_size):  # every rank in exactly one child
         add([(b, 1.0) for b, (o, c) in enumerate(blocks) if o <= r < o + c], 1, 1)
     for i in range(n):  # every sample in exactly one child
@@ -61,17 +83,7 @@ def solve_exact(p: ChildProblem, time_limit: float = 20.0) -> float:
         # makespan: load / c + fixed <= z   (only binding when the block is used)
         coeffs = [(xi(i, b), (float(p.linear[i]) + p.per_token[c] * float(p.lengths[i])) / c) for i in range(n)]
         add(coeffs + [(b, p.fixed[c] + big), (zi, -1.0)], -np.inf, big)
-    cost = np.zeros(nvar)
-    cost[zi] = 1.0
-    integrality = np.ones(nvar)
-    integrality[zi] = 0
-    res = milp(
-        cost,
-        constraints=LinearConstraint(np.array(rows), lo, hi),
-        integrality=integrality,
-        bounds=Bounds(np.zeros(nvar), np.r_[np.ones(nvar - 1), np.inf]),
-        options={"time_limit": time_limit, "mip_rel_gap": 1e-6},
-    )
+    res = m.solve(time_limit)
     if res.x is None:
         return float("inf")
     return float(res.x[zi])
@@ -141,15 +153,8 @@ def solve_joint_exact(samples, cluster: Cluster, cost: CostModel, time_limit: fl
         return npar + u
 
     xi = {pair: npar + nw + k for k, pair in enumerate(pairs)}
-    rows, lo, hi = [], [], []
-
-    def add(coeffs, lb, ub):
-        r = np.zeros(nvar)
-        for j, v in coeffs:
-            r[j] += v
-        rows.append(r)
-        lo.append(lb)
-        hi.append(ub)
+    m = _MinMakespan(nvar)
+    add = m.add
 
     add([(yi(pi), float(p)) for pi, (p, _) in enumerate(parents)], world, world)  # the parents cover every rank
     by_parent: dict[int, list[int]] = {}
@@ -198,17 +203,7 @@ def solve_joint_exact(samples, cluster: Cluster, cost: CostModel, time_limit: fl
             tok = [(xi[(i, u)], float(lengths[i])) for i in x_of_unit.get(u, [])]
             tok += [(xi[(i, u + 1)], -float(lengths[i])) for i in x_of_unit.get(u + 1, [])]
             add(tok, 0, np.inf)
-    obj = np.zeros(nvar)
-    obj[zi] = 1.0
-    integrality = np.ones(nvar)
-    integrality[zi] = 0
-    res = milp(
-        obj,
-        constraints=LinearConstraint(np.array(rows), lo, hi),
-        integrality=integrality,
-        bounds=Bounds(np.zeros(nvar), np.r_[np.ones(nvar - 1), np.inf]),
-        options={"time_limit": time_limit, "mip_rel_gap": 1e-6},
-    )
+    res = m.solve(time_limit)
     if res.x is None:
         raise PlanError(f"the joint MILP found no plan within {time_limit} s ({res.message})")
     sol = np.round(res.x).astype(int)
