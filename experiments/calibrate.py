@@ -69,7 +69,7 @@ def timed(fn, device, repeats: int) -> float:
         t0 = time.perf_counter()
         fn()
         _sync(device)
-        t = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+        t = torch.tensor([time.perf_counter() - t0], dtype=torch.float64, device=device)  # NCCL reduces device tensors
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         out.append(float(t))
     return float(np.median(out))

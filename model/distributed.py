@@ -46,11 +46,12 @@ def validate(plan: StepPlan, cfg: ModelConfig, world_size: int) -> None:
             )
 
 
-def check_same_plan(plan: StepPlan) -> None:
+def check_same_plan(plan: StepPlan, device="cpu") -> None:
     """Every rank must run the same plan: one all-reduce of the hash (and its negation, so MAX
-    gives both the largest and the smallest) per step, instead of gathering Python objects."""
+    gives both the largest and the smallest) per step, instead of gathering Python objects.
+    `device`: where the backend's collectives run (CUDA for NCCL)."""
     h = int(plan.hash[:15], 16)  # 60 bits: fits int64
-    t = torch.tensor([h, -h], dtype=torch.int64)
+    t = torch.tensor([h, -h], dtype=torch.int64, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     if int(t[0]) != -int(t[1]):
         raise LayoutError(
@@ -205,9 +206,9 @@ def run_step(
     scattered into the shards (FSDP2). autocast_dtype (bf16 on CUDA, replicated) wraps the forward."""
     rank, world = dist.get_rank(), dist.get_world_size()
     validate(plan, model.cfg, world)
-    if check_hash:
-        check_same_plan(plan)
     dev = next(model.parameters()).device
+    if check_hash:
+        check_same_plan(plan, dev)
     selective = getattr(model, "recompute", "none") == "selective"
     ctx = DistributedContext(plan, model.cfg, rank, groups, path, backend, stats, dev, selective)
     tokens, labels = ctx.local_batch(sample_tokens, dev)
