@@ -83,6 +83,7 @@ def _body(rank, world, root):
     assert sorted(os.listdir(ck)) == ["latest", "step_0000002", "step_0000004"]
 
     # a crash while writing step 6 leaves a .tmp folder: the last complete one still loads
+    dist.barrier()  # every rank has listed the folder before rank 0 adds to it
     if rank == 0:
         os.makedirs(os.path.join(ck, "step_0000006.tmp"))
         with open(os.path.join(ck, "step_0000006.tmp", "__0_0.distcp"), "wb") as fh:
@@ -116,16 +117,17 @@ def _body(rank, world, root):
 
     # a crafted metadata file whose unpickling would run a command, with a manifest to match:
     # refused, and the command never runs
-    marker = os.path.join(root, f"pwned{rank}")
+    marker = os.path.join(root, "pwned")  # what the payload would create, were it run on any rank
     dist.barrier()
     if rank == 0:
         bad = os.path.join(ck, "step_0000002")
         with open(os.path.join(bad, ".metadata"), "wb") as fh:
-            pickle.dump(Boom(os.path.join(root, "pwned0")), fh)
+            pickle.dump(Boom(marker), fh)
         _rewrite_manifest(bad)
     dist.barrier()
     with pytest.raises(CheckpointError, match=r"refers to (posix|os)\.system, which DCP metadata never holds"):
         checkpoint.load(ck, *_model_and_opt(), expect, step=2)
+    dist.barrier()
     assert not os.path.exists(marker)
 
     # `latest` may only name a checkpoint folder inside ckpt_dir
