@@ -16,7 +16,9 @@ once as in a training step, it measures:
    backward) on a step's tokens per rank;
 3. full and sparse attention (the model's sparse kind, the attention backend in use) against
    sample length, forward and backward;
-4. the device's matmul peak (a large square product) and memory bandwidth (a large copy).
+4. the device's matmul peak (a large square product) and memory bandwidth (a large copy);
+5. fixed costs: a whole layer forward and backward on one token, and one small all-reduce of
+   the world (what the gradient sync's collectives pay whatever their size).
 Each time is the slowest rank's, the median over repeats. It fits the cost model's hardware
 parameters: intra_node_bw and a2a_latency from the groups inside a node; the inter-node rate
 under both readings of the ratio (group: an all-to-all across nodes runs, as a whole, at one
@@ -148,24 +150,45 @@ def fit_all_to_all(rows: list[dict], node: int) -> dict:
 
 
 # ----- 2. and 3. compute -------------------------------------------------------------------------------
-def measure_token_work(cfg: ModelConfig, tokens: int, device, dtype, repeats: int) -> dict:
+def measure_token_work(cfg: ModelConfig, tokens: int, device, dtype, repeats: int) -> list[dict]:
     """Seconds of one layer's token-wise work (projections, router, experts), forward + backward,
-    on `tokens` tokens; its model FLOPs as the cost model counts them."""
+    on 1 token and on `tokens` tokens (the difference is the per-token rate, the rest a fixed
+    cost); its model FLOPs as the cost model counts them."""
     torch.manual_seed(0)
     block = HybridMoE(cfg).blocks[0].to(device=device, dtype=dtype)
-    x = torch.randn(tokens, cfg.hidden, device=device, dtype=dtype, requires_grad=True)
     hq = cfg.n_heads * cfg.head_dim
+    cost = CostModel(cfg, HardwareConfig())
+    rows = []
+    for n in sorted({1, tokens}):
+        x = torch.randn(n, cfg.hidden, device=device, dtype=dtype, requires_grad=True)
+
+        def step(x=x):
+            y = block.wqkv(block.attn_norm(x))
+            z = block.wo(y[:, :hq])
+            m, _ = block.moe(block.moe_norm(z))
+            (m.sum() + y.sum()).backward()
+
+        rows.append(
+            {"tokens": n, "seconds": timed(step, device, repeats), "flops": FWD_BWD_COMPUTE * FLOPS_PER_MAC * cost.layer_params_active * n}
+        )
+    return rows
+
+
+def measure_layer_overhead(cfg: ModelConfig, backend: str, device, dtype, repeats: int) -> float:
+    """Seconds of one whole layer (norms, projections, rotary, attention, experts), forward +
+    backward, on a single token: its fixed cost, whatever the tokens."""
+    from model import LocalContext  # noqa: PLC0415
+
+    torch.manual_seed(0)
+    model = HybridMoE(cfg).to(device=device, dtype=dtype)
+    ctx = LocalContext([1], cfg, backend, device)
+    x = torch.randn(1, cfg.hidden, device=device, dtype=dtype, requires_grad=True)
 
     def step():
-        y = block.wqkv(block.attn_norm(x))
-        z = block.wo(y[:, :hq])
-        m, _ = block.moe(block.moe_norm(z))
-        (m.sum() + y.sum()).backward()
+        y, aux = model.blocks[1](x, ctx, cfg.layer_kinds[1], 1)
+        (y.sum() + aux).backward()
 
-    t = timed(step, device, repeats)
-    cost = CostModel(cfg, HardwareConfig())
-    flops = FWD_BWD_COMPUTE * FLOPS_PER_MAC * cost.layer_params_active * tokens
-    return {"tokens": tokens, "seconds": t, "flops": flops}
+    return timed(step, device, repeats)
 
 
 def measure_attention(cfg: ModelConfig, lengths: list[int], backend: str, device, dtype, repeats: int) -> list[dict]:
@@ -201,11 +224,23 @@ def measure_device(device, dtype) -> dict:
 
 
 def fit_efficiency(rows: list[dict], peak: float) -> dict:
-    """One efficiency (achieved / peak) for all rows, FLOP-weighted (total FLOPs / total seconds),
-    with each row's relative error of the time it predicts."""
-    eff = sum(r["flops"] for r in rows) / sum(r["seconds"] for r in rows) / peak
-    errs = [(r["flops"] / (eff * peak) - r["seconds"]) / r["seconds"] for r in rows]
-    return {"efficiency": min(eff, 1.0), "rel_rms": float(np.sqrt(np.mean(np.square(errs)))), "worst_rel": float(np.max(np.abs(errs)))}
+    """seconds = fixed + FLOPs / (efficiency x peak), least squares over the rows (the fixed part is
+    the layer overhead's, measured whole); each row's relative error of the time it predicts."""
+    f = np.array([r["flops"] for r in rows])
+    t = np.array([r["seconds"] for r in rows])
+    (fixed, inv_rate), _ = _lstsq(np.stack([np.ones_like(f), f], 1), t)
+    if inv_rate <= 0:  # the FLOP-dependent part is lost in noise: all of it at the largest size
+        big = int(np.argmax(f))
+        inv_rate = max(t[big] - max(fixed, 0.0), 1e-12) / f[big]
+    fixed = max(float(fixed), 0.0)
+    eff = 1.0 / (inv_rate * peak)
+    errs = (fixed + f * inv_rate - t) / t
+    return {
+        "efficiency": float(min(eff, 1.0)),
+        "fixed_s": fixed,
+        "rel_rms": float(np.sqrt(np.mean(errs**2))),
+        "worst_rel": float(np.max(np.abs(errs))),
+    }
 
 
 # ----- the whole calibration --------------------------------------------------------------------------
@@ -223,12 +258,15 @@ def calibrate(
     backend = resolve_backend(backend, device)
     dev = measure_device(device, dtype)
     a2a = measure_all_to_all(groups, node, plan["bytes"], device, plan["repeats"])
+    one = torch.zeros(1, device=device)
+    collective = timed(lambda: dist.all_reduce(one, group=groups.get(0, world) if world > 1 else None), device, plan["repeats"])
     tokens = plan["tokens"] or tokens_per_rank
     work = measure_token_work(cfg, tokens, device, dtype, plan["repeats"])
     attn = measure_attention(cfg, plan["lengths"], backend, device, dtype, plan["repeats"])
+    layer = measure_layer_overhead(cfg, backend, device, dtype, plan["repeats"])
     peak = peak_flops or dev["matmul_flops"]
     net = fit_all_to_all(a2a, node)
-    gemm = fit_efficiency([work], peak)
+    gemm = fit_efficiency(work, peak)
     att = fit_efficiency(attn, peak)
     base = HardwareConfig()
     reading = net.get("reading", base.ratio_reading)
@@ -243,6 +281,8 @@ def calibrate(
         a2a_latency=net["intra"]["a2a_latency"],
         bytes_per_element=torch.tensor([], dtype=dtype).element_size(),
         hbm_bw=dev["copy_bytes_per_s"] / 2,
+        layer_overhead=layer / FWD_BWD_COMPUTE,  # one forward's share of a layer's forward + backward
+        collective_latency=collective,
     )
     return {
         "hardware": hw.to_dict(),
@@ -252,7 +292,14 @@ def calibrate(
         "model": cfg.name,
         "attention_backend": backend,
         "fits": {"all_to_all": net, "token_work": gemm, "attention": att, "inter_measured": "inter" in net},
-        "measurements": {"device": dev, "all_to_all": a2a, "token_work": work, "attention": attn},
+        "measurements": {
+            "device": dev,
+            "all_to_all": a2a,
+            "collective_s": collective,
+            "layer_1_token_s": layer,
+            "token_work": work,
+            "attention": attn,
+        },
     }
 
 
@@ -280,6 +327,10 @@ def report(profile: dict) -> str:
             f"  {label}: {100 * f['efficiency']:.1f}% of the peak {hw['peak_flops'] / 1e12:.3f} TFLOP/s "
             f"(rel. RMS residual {100 * f['rel_rms']:.1f}%, worst {100 * f['worst_rel']:.1f}%)"
         )
+    lines.append(
+        f"  fixed costs: {1e3 * hw['layer_overhead']:.2f} ms per layer and forward pass (a whole layer on one token), "
+        f"{1e3 * hw['collective_latency']:.2f} ms per collective of the world"
+    )
     lines.append(f"  memory bandwidth {hw['hbm_bw'] / 1e9:.1f} GB/s, {hw['bytes_per_element']} bytes per element")
     return "\n".join(lines)
 

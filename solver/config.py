@@ -136,11 +136,18 @@ class HardwareConfig(_Config):
     a2a_latency: float = 25e-6  # fixed cost of one all-to-all call (launch + sync), seconds
     bytes_per_element: int = 2  # bf16 activations
     hbm_bw: float = 3.35e12  # device memory bytes/s, H100 SXM datasheet (the optimizer step is memory-bound)
+    # Fixed costs that FLOPs and bytes do not show, 0 unless measured (experiments.calibrate fits
+    # them): seconds of one layer's forward on every rank whatever its tokens (kernel launches,
+    # host dispatch; the backward counts twice), and the latency of one collective of the
+    # parameters' gather and gradients' reduction (three per sharded block and step).
+    layer_overhead: float = 0.0
+    collective_latency: float = 0.0
 
     def __post_init__(self):
         for f in ("peak_flops", "gemm_efficiency", "attention_efficiency", "intra_node_bw", "inter_intra_ratio", "hbm_bw"):
             check_positive(f, getattr(self, f))
-        check_non_negative("a2a_latency", self.a2a_latency)
+        for f in ("a2a_latency", "layer_overhead", "collective_latency"):
+            check_non_negative(f, getattr(self, f))
         if self.gemm_efficiency > 1 or self.attention_efficiency > 1:
             raise PlanError("efficiencies are fractions of peak: use values in (0, 1]")
         if self.ratio_reading not in RATIO_READINGS:

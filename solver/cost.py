@@ -22,6 +22,7 @@ FWD_COMPUTE = 1.0
 BWD_COMPUTE = 2.0
 FWD_BWD_COMPUTE = FWD_COMPUTE + BWD_COMPUTE
 FWD_BWD_EXCHANGES = 2  # every exchange runs once forward and once (its inverse) backward
+COLLECTIVES_PER_SHARD = 3  # per sharded module and step: gather forward, gather backward, reduce gradients
 FLOPS_PER_MAC = 2.0  # a multiply-accumulate is two FLOPs: a [n, k] x [k, m] matmul costs 2 n k m
 
 
@@ -215,7 +216,10 @@ class CostModel:
         expert_bytes = experts / ep * per_param * (replicas - 1) / replicas
         g = self.gpus_per_node
         bw = self.hw.intra_node_bw if g is not None and world_size <= g else self.hw.inter_node_bw
-        return (1 - tr.grad_sync_overlap) * (dense_bytes + expert_bytes) / bw
+        # each block and the root: a parameter gather forward and backward, a gradient reduction;
+        # their latency is not hidden (a latency-bound collective has nothing to overlap)
+        latency = COLLECTIVES_PER_SHARD * (self.model.n_layers + 1) * self.hw.collective_latency
+        return (1 - tr.grad_sync_overlap) * (dense_bytes + expert_bytes) / bw + latency
 
     def optimizer_time(self, world_size: int) -> float:
         """Seconds of the optimizer step on this rank's shard of the parameters (memory-bound)."""

@@ -10,7 +10,9 @@ its group: it starts when the group's last rank arrives and lasts as long as its
 member's transfers (intra-node and inter-node phases added, a conservative no-overlap model; a
 group across nodes under the "group" ratio reading moves all its bytes at the cross-node rate).
 The step ends at the slowest rank, then every rank pays the exposed gradient sync and the
-optimizer step. The same CostModel prices the solvers' estimates.
+optimizer step. A layer's fixed cost (HardwareConfig.layer_overhead, measured by the
+calibration) is paid by every rank in every pass. The same CostModel prices the solvers'
+estimates, which leave out the terms every rank pays alike.
 """
 
 from __future__ import annotations
@@ -205,6 +207,7 @@ def simulate(plan: StepPlan, cost: CostModel) -> StepResult:
         if factor != FWD_COMPUTE:
             order = order[::-1]
         key = "full" if kind == "F" else "sparse"
+        tl.work(np.full(world, cost.hw.layer_overhead * factor))  # the layer's fixed cost, every rank
         for op, val in order:
             if op == "work":
                 tl.work(val * factor)
