@@ -10,8 +10,9 @@
 
 On the process group it is launched on (NCCL on GPUs, gloo on CPU), with every rank busy at
 once as in a training step, it measures:
-1. the all-to-all time against bytes for every aligned group size, every group of that size
-   running at once: groups inside a node and groups across nodes;
+1. the exchange time (pack, all-to-all, unpack, as the runtime runs it) against bytes for every
+   aligned group size, every group of that size running at once: groups inside a node and
+   groups across nodes;
 2. the token-wise compute of the model's layers (projections, router and experts, forward and
    backward) on a step's tokens per rank;
 3. full and sparse attention (the model's sparse kind, the attention backend in use) against
@@ -78,19 +79,27 @@ def timed(fn, device, repeats: int) -> float:
 
 
 # ----- 1. all-to-all --------------------------------------------------------------------------------
-def measure_all_to_all(groups: AlignedGroups, node: int, sizes: list[int], device, repeats: int) -> list[dict]:
-    """Seconds of one all-to-all per (group size, bytes per peer), every aligned group of that size
-    at once; bytes sent per rank exclude its own slice."""
+def measure_all_to_all(groups: AlignedGroups, node: int, sizes: list[int], cfg: ModelConfig, device, dtype, repeats: int) -> list[dict]:
+    """Seconds of one entry exchange as the runtime runs it (pack, all_to_all_single, unpack:
+    kernels.exchange) of the model's Q, K and V heads, per (group size, bytes per peer), every
+    aligned group of that size at once; bytes per peer exclude a rank's own slice. Each group holds
+    one sample, a chunk of it on each rank."""
+    from kernels.exchange import dist_transport, exchange, exchange_args  # noqa: PLC0415
+    from solver import Group, TokenLayout, token_to_head_rank  # noqa: PLC0415
+
     rank, world = dist.get_rank(), dist.get_world_size()
+    segments = [cfg.n_heads, cfg.n_kv_heads, cfg.n_kv_heads]
+    row = sum(segments) * cfg.head_dim * torch.tensor([], dtype=dtype).element_size()  # one token's Q, K and V
+    transport = dist_transport(groups)
     rows, p = [], 2
     while p <= world:
-        group = groups.get(rank - rank % p, p)
         for per_peer in sizes:
-            n = max(1, per_peer // 4)
-            send = torch.zeros(p * n, dtype=torch.float32, device=device)
-            recv = torch.empty_like(send)
-            t = timed(lambda: dist.all_to_all_single(recv, send, group=group), device, repeats)  # noqa: B023
-            rows.append({"group_size": p, "spans_nodes": p > node, "bytes_per_peer": 4 * n, "seconds": t})
+            n = max(1, per_peer * p // row)  # tokens per rank: each peer gets 1/p of every token's heads
+            layout = TokenLayout(tuple(Group(s, p, (s,)) for s in range(0, world, p)), {s: n * p for s in range(0, world, p)})
+            args = exchange_args(token_to_head_rank(layout, layout, rank), segments, device)
+            x = torch.zeros(n, sum(segments), cfg.head_dim, device=device, dtype=dtype)
+            t = timed(lambda: exchange(x, args, transport, "torch"), device, repeats)  # noqa: B023
+            rows.append({"group_size": p, "spans_nodes": p > node, "bytes_per_peer": n * row // p, "seconds": t})
         p *= 2
     return rows
 
@@ -257,7 +266,7 @@ def calibrate(
     groups = AlignedGroups(world)
     backend = resolve_backend(backend, device)
     dev = measure_device(device, dtype)
-    a2a = measure_all_to_all(groups, node, plan["bytes"], device, plan["repeats"])
+    a2a = measure_all_to_all(groups, node, plan["bytes"], cfg, device, dtype, plan["repeats"])
     one = torch.zeros(1, device=device)
     collective = timed(lambda: dist.all_reduce(one, group=groups.get(0, world) if world > 1 else None), device, plan["repeats"])
     tokens = plan["tokens"] or tokens_per_rank
