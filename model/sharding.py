@@ -25,8 +25,7 @@ def shard_model(model: nn.Module, device: torch.device, mixed_precision: bool | 
 
     # a process group of its own: FSDP's collectives never share a queue with the step's own
     # collectives on the world group (the aux loss's all-reduce, forward and backward)
-    group = dist.new_group(list(range(dist.get_world_size())))
-    mesh = DeviceMesh.from_group(group, device.type, mesh_dim_names=("shard",))
+    mesh = DeviceMesh.from_group(_shard_group(), device.type, mesh_dim_names=("shard",))
     if mixed_precision is None:
         mixed_precision = device.type == "cuda"
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if mixed_precision else MixedPrecisionPolicy()
@@ -38,6 +37,18 @@ def shard_model(model: nn.Module, device: torch.device, mixed_precision: bool | 
             m.set_gradient_divide_factor(1.0)  # sum over ranks: each rank's loss is its share of the global sum
             m.set_force_sum_reduction_for_comms(True)  # a plain SUM (gloo has no PREMUL_SUM; NCCL's is not zero-copy)
     return model
+
+
+_GROUPS: dict = {}
+
+
+def _shard_group():
+    """FSDP's process group of every rank, made once per default group (every rank shards the same
+    models in the same order, so every rank finds it made, or makes it, at the same call)."""
+    key = id(dist.distributed_c10d._get_default_group())
+    if key not in _GROUPS:
+        _GROUPS[key] = dist.new_group(list(range(dist.get_world_size())))
+    return _GROUPS[key]
 
 
 def is_sharded(model: nn.Module) -> bool:

@@ -32,7 +32,7 @@ def test_a_quick_calibration_writes_a_profile_the_planners_accept(tmp_path, caps
     for key in ("intra_node_bw", "inter_intra_ratio", "a2a_latency", "peak_flops", "gemm_efficiency", "attention_efficiency"):
         assert math.isfinite(hw.to_dict()[key]) and hw.to_dict()[key] > 0, key
     # the planners take it where they take a preset
-    ablation.main(["--hardware", path, "--steps", "20", "--seeds", "1", "--out", str(tmp_path / "abl"), "--no-progress"])
+    ablation.main(["--hardware", path, "--steps", "10", "--seeds", "1", "--out", str(tmp_path / "abl"), "--no-progress"])
     assert "commit" in capsys.readouterr().out
     with pytest.raises(PlanError, match="has no 'hardware' object"):
         (tmp_path / "bad.json").write_text("{}")
