@@ -260,14 +260,11 @@ def check_compatible(meta: dict, expect: dict, folder: str) -> None:
             f"{folder!r} was written by {meta['world_size']} ranks and this run has {expect['world_size']}: resume on "
             f"{meta['world_size']} ranks (plans, data and results are per world size)"
         )
-    a, b = meta["model"], expect["model"]
-    diff = [f"{k}={a.get(k)!r} there, {b.get(k)!r} here" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
-    if diff:
-        raise CheckpointError(f"{folder!r} holds another model: {'; '.join(diff[:4])}")
-    a, b = meta["fingerprint"], expect["fingerprint"]
-    diff = [f"{k}={a.get(k)!r} there, {b.get(k)!r} here" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
-    if diff:
-        raise CheckpointError(f"{folder!r} is of another run: {'; '.join(diff[:4])}")
+    for key, what in (("model", "holds another model"), ("fingerprint", "is of another run")):
+        a, b = meta[key], expect[key]
+        diff = [f"{k}={a.get(k)!r} there, {b.get(k)!r} here" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+        if diff:
+            raise CheckpointError(f"{folder!r} {what}: {'; '.join(diff[:4])}")
 
 
 def load(ckpt_dir: str, model, opt, expect: dict, step: int | None = None) -> dict:

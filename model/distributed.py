@@ -177,11 +177,15 @@ def allreduce_grads(model: torch.nn.Module, bucket_bytes: int | None = None) -> 
         if p.grad is None:
             p.grad = torch.zeros_like(p)
     buckets: dict[tuple, list[list[torch.Tensor]]] = {}
+    filled: dict[tuple, int] = {}  # bytes in each kind's last bucket
     for p in model.parameters():
-        bs = buckets.setdefault((p.grad.dtype, p.grad.device), [[]])
-        if bs[-1] and sum(g.numel() for g in bs[-1]) * p.grad.element_size() + p.grad.nbytes > bucket_bytes:
+        key = (p.grad.dtype, p.grad.device)
+        bs = buckets.setdefault(key, [[]])
+        if bs[-1] and filled[key] + p.grad.nbytes > bucket_bytes:
             bs.append([])
+            filled[key] = 0
         bs[-1].append(p.grad)
+        filled[key] = filled.get(key, 0) + p.grad.nbytes
     for bs in buckets.values():
         for grads in bs:
             flat = torch.cat([g.reshape(-1) for g in grads])

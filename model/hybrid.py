@@ -57,8 +57,8 @@ class Site:
     (cu_seqlens on the device and the longest segment, from the host: no device sync per layer)."""
 
     def __init__(self, cu: np.ndarray, kind: str, params: dict | None, device):
-        self.max_len = int(np.diff(cu).max()) if len(cu) > 1 else 0
-        cu, self.max_len, self.kind = segments(cu, self.max_len, kind, params)
+        longest = int(np.diff(cu).max()) if len(cu) > 1 else 0
+        cu, self.max_len, self.kind = segments(cu, longest, kind, params)
         self.params = params if self.kind != "full" else None
         self.cu = torch.as_tensor(cu, dtype=torch.int32, device=device)
 
@@ -99,7 +99,7 @@ class Block(nn.Module):
 
 
 class HybridMoE(nn.Module):
-    """>>> from solver.config import RECOMPUTE, ModelConfig
+    """>>> from solver.config import ModelConfig
     >>> cfg = ModelConfig.from_name("tiny")
     >>> m = HybridMoE(cfg)
     >>> tokens = torch.randint(0, cfg.vocab, (7,))

@@ -1,4 +1,4 @@
-"""Token-wise layers: RMSNorm, rotary embeddings with per-sample positions, top-k MoE."""
+"""Token-wise layers: RMSNorm, rotary embeddings with per-sample positions (Rotary), top-k MoE."""
 
 from __future__ import annotations
 
@@ -19,15 +19,6 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [T, dim] -> [T, dim]"""
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
-
-
-def apply_rotary(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
-    """Rotate x [T, H, D] by each token's position inside its own sample (positions [T]).
-
-    >>> apply_rotary(torch.randn(3, 2, 4), torch.tensor([0, 1, 0]), 1e4).shape
-    torch.Size([3, 2, 4])
-    """
-    return Rotary(positions, x.shape[-1], theta)(x)
 
 
 class Rotary:

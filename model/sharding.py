@@ -60,8 +60,3 @@ def is_sharded(model: nn.Module) -> bool:
 def full_tensor(t: torch.Tensor) -> torch.Tensor:
     """A sharded (DTensor) parameter or gradient gathered whole; a plain tensor as it is."""
     return t.full_tensor() if hasattr(t, "full_tensor") else t
-
-
-def shard_bytes(model: nn.Module) -> int:
-    """Bytes of parameters this rank holds (its shards when sharded)."""
-    return sum((p.to_local() if hasattr(p, "to_local") else p).nbytes for p in model.parameters())

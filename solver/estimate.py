@@ -25,12 +25,13 @@ class PlanEstimate:
         self.length_of, self.cluster, self.cost = length_of, cluster, cost
         ids = list(length_of)
         lens = np.array([length_of[s] for s in ids], dtype=np.float64)
-        self.linear = dict(zip(ids, cost.linear_cost(lens).tolist()))
-        self.full = dict(zip(ids, cost.full_cost(lens).tolist()))
-        # the same terms as arrays, for parent_times
+        # per-sample terms as arrays (parent_times) and by id (parent_time)
         self._row = {s: k for k, s in enumerate(ids)}
-        self._len, self._lin = lens, np.array([self.linear[s] for s in ids], dtype=np.float64)
-        self._full = np.array([self.full[s] for s in ids], dtype=np.float64)
+        self._len = lens
+        self._lin = np.asarray(cost.linear_cost(lens), dtype=np.float64)
+        self._full = np.asarray(cost.full_cost(lens), dtype=np.float64)
+        self.linear = dict(zip(ids, self._lin.tolist()))
+        self.full = dict(zip(ids, self._full.tolist()))
 
     def parent_time(self, parent) -> float:
         """Seconds of one ParentPlan: full attention and exchanges over the parent, then its
