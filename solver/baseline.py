@@ -74,18 +74,25 @@ class _GroupFill:
         self.members[i].append(item)
 
     def place(self, item: int, cost: float, length: int) -> int:
+        """Put the item in the group whose per-rank load stays lowest; -1 if none has room. Per
+        width, the heap's top is the answer when its key is fresh and it has room (the common
+        case, checked inline); otherwise LeastLoaded.least_loaded re-keys and skips."""
         best, best_key = -1, float("inf")
-        tokens, budget = self.tokens, self.budget
-        for w in self.fill.kinds():
-            need = ceil_div(length, w)
-            i = self.fill.least_loaded(w, lambda i, need=need: tokens[i] + need <= budget)
-            if i >= 0:
-                key = self.load[i] + (cost + self.comm_per_token[w] * length) / w
-                if key < best_key:
-                    best, best_key = i, key
+        tokens, budget, load, comm = self.tokens, self.budget, self.load, self.comm_per_token
+        for w, heap in self.fill.heaps.items():
+            need = -(-length // w)
+            key, i = heap[0]
+            if key != load[i] or tokens[i] + need > budget:
+                i = self.fill.least_loaded(w, lambda i, need=need: tokens[i] + need <= budget)
+                if i < 0:
+                    continue
+            key = load[i] + (cost + comm[w] * length) / w
+            if key < best_key:
+                best, best_key = i, key
         if best < 0:
             return -1
-        self.add(best, item, cost, length)  # its heap entry is stale now and is re-keyed when it surfaces
+        self.add(best, item, cost, length)
+        self.fill.rekey(self.size[best], best)
         return best
 
 

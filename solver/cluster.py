@@ -122,12 +122,39 @@ def check_samples(samples: Iterable[Sample], cluster: Cluster | None = None) -> 
     out = tuple(samples)
     if not out:
         raise PlanError("the step has no samples; a step needs at least one sample")
-    seen: set[int] = set()
+    ids = [s.id for s in out]
+    lengths = [s.length for s in out]
     longest = cluster.max_sample_length() if cluster is not None else None
-    for s in out:
-        if not isinstance(s.length, int) or isinstance(s.length, bool) or s.length < 1:
+    # one pass over the whole step at C speed; the sample-by-sample loop below runs only to name
+    # what is wrong (type(x) is int: True for ints, False for bools and every other type)
+    ok = (
+        all(type(n) is int for n in lengths)
+        and all(type(i) is int for i in ids)
+        and min(lengths) >= 1
+        and min(ids) >= 0
+        and len(set(ids)) == len(ids)
+        and (longest is None or max(lengths) <= longest)
+    )
+    if not ok:
+        _name_bad_sample(out, longest, cluster)
+    if cluster is not None:
+        total = sum(lengths)
+        cap = cluster.world_size * cluster.tokens_per_rank
+        if total > cap:
+            raise PlanError(
+                f"the batch has {total} tokens but the cluster holds at most {cap} "
+                f"({cluster.world_size} ranks x tokens_per_rank={cluster.tokens_per_rank})"
+            )
+    return out
+
+
+def _name_bad_sample(samples: tuple[Sample, ...], longest: int | None, cluster: Cluster | None) -> None:
+    """Raise PlanError naming the first bad sample of a step that failed check_samples' fast checks."""
+    seen: set[int] = set()
+    for s in samples:
+        if type(s.length) is not int or s.length < 1:
             raise PlanError(f"sample id={s.id} has length={s.length!r}; lengths must be integers >= 1")
-        if not isinstance(s.id, int) or isinstance(s.id, bool) or s.id < 0:
+        if type(s.id) is not int or s.id < 0:
             raise PlanError(f"sample id={s.id!r} is invalid; ids must be integers >= 0")
         if s.id in seen:
             raise PlanError(f"duplicate sample id={s.id}; every sample id in a step must be unique")
@@ -138,15 +165,7 @@ def check_samples(samples: Iterable[Sample], cluster: Cluster | None = None) -> 
                 f"of this cluster (world_size={cluster.world_size}, tokens_per_rank="
                 f"{cluster.tokens_per_rank}) holds at most {longest} tokens"
             )
-    if cluster is not None:
-        total = sum(s.length for s in out)
-        cap = cluster.world_size * cluster.tokens_per_rank
-        if total > cap:
-            raise PlanError(
-                f"the batch has {total} tokens but the cluster holds at most {cap} "
-                f"({cluster.world_size} ranks x tokens_per_rank={cluster.tokens_per_rank})"
-            )
-    return out
+    raise AssertionError("check_samples' fast checks failed but no sample is bad")
 
 
 def samples_from_lengths(lengths: Sequence[int]) -> tuple[Sample, ...]:

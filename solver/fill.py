@@ -7,7 +7,10 @@ that kind an item needs to look at: a placement looks at one bin per kind, not a
 
 Loads only grow. A bin whose load rose keeps its old, smaller key until it reaches the top of its
 heap, where it is re-keyed (lazy re-keying): a placement costs O(log bins), with no heap rebuild.
-The bin found is the same as with exact keys: the smallest (load, bin) among bins with room.
+The bin found is the same as with exact keys: the smallest (load, bin) among bins with room (a
+fresh top's key is at most every other entry's key, and no entry's key exceeds its bin's load).
+So a caller may re-key a bin early (rekey), and may take a heap's top itself, without a call,
+when its key is fresh and it has room: what least_loaded would return.
 """
 
 from __future__ import annotations
@@ -28,6 +31,13 @@ class LeastLoaded:
 
     def kinds(self):
         return self.heaps.keys()
+
+    def rekey(self, kind: Hashable, b: int) -> None:
+        """Bin b's load rose: re-key it now if it is its heap's top (the bin a placement just
+        chose usually is), sparing the next placement the stale entry."""
+        heap = self.heaps[kind]
+        if heap[0][1] == b:
+            heapq.heapreplace(heap, (self.load(b), b))
 
     def least_loaded(self, kind: Hashable, has_room: Callable[[int], bool]) -> int:
         """The least-loaded bin of `kind` for which has_room(bin) holds, or -1."""

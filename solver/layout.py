@@ -99,14 +99,16 @@ class TokenLayout:
     def tokens_per_rank(self) -> dict[int, int]:
         counts = {}
         for g in self.groups:
-            if g.size == 1:
-                counts[g.start] = sum(self.lengths[s] for s in g.samples)
-                continue
-            # chunk_bounds of every sample at once: [n_samples, size + 1]
-            lens = np.array([self.lengths[s] for s in g.samples], dtype=np.int64).reshape(-1, 1)
-            tot = np.diff(lens * np.arange(g.size + 1, dtype=np.int64) // g.size, axis=1).sum(axis=0)
-            counts.update(zip(g.ranks, tot.tolist()))
+            counts.update(zip(g.ranks, self._group_rank_tokens(g)))
         return counts
+
+    def _group_rank_tokens(self, g: Group) -> list[int]:
+        """Tokens on each of g's ranks, in rank order."""
+        if g.size == 1:
+            return [sum(self.lengths[s] for s in g.samples)]
+        # chunk_bounds of every sample at once: [n_samples, size + 1]
+        lens = np.array([self.lengths[s] for s in g.samples], dtype=np.int64).reshape(-1, 1)
+        return np.diff(lens * np.arange(g.size + 1, dtype=np.int64) // g.size, axis=1).sum(axis=0).tolist()
 
     def group_tokens(self, g: Group) -> int:
         return sum(self.lengths[s] for s in g.samples)
@@ -114,29 +116,58 @@ class TokenLayout:
     # ----- validation ----------------------------------------------------------------------
     def validate(self, cluster: Cluster, ranks: range | None = None, name: str = "layout") -> None:
         """Raise PlanError unless groups tile `ranks` (default: all), every sample sits in exactly
-        one group, and no rank holds more than tokens_per_rank."""
+        one group, and no rank holds more than tokens_per_rank.
+
+        Each check runs over whole arrays first; only a layout that fails one is walked group by
+        group, to name the first bad group, sample or rank."""
         ranks = range(cluster.world_size) if ranks is None else ranks
-        covered: list[int] = []
+        groups = self.groups
+        starts = np.fromiter((g.start for g in groups), dtype=np.int64, count=len(groups))
+        sizes = np.fromiter((g.size for g in groups), dtype=np.int64, count=len(groups))
+        pow2 = (sizes >= 1) & ((sizes & (sizes - 1)) == 0)
+        if not (
+            pow2.all()
+            and (starts % np.where(pow2, sizes, 1) == 0).all()
+            and (starts >= 0).all()
+            and (starts + sizes <= cluster.world_size).all()
+        ):
+            for g in groups:
+                check_group_shape(g.start, g.size, cluster)
+        order = np.argsort(starts, kind="stable")
+        s, z = starts[order], sizes[order]
+        if not (len(s) and s[0] == ranks.start and (s[1:] == s[:-1] + z[:-1]).all() and s[-1] + z[-1] == ranks.stop):
+            covered = sorted(r for g in groups for r in g.ranks)
+            raise PlanError(f"{name}: groups cover ranks {covered} but must cover each of [{ranks.start}, {ranks.stop}) exactly once")
+        flat = [sid for g in groups for sid in g.samples]
+        placed = set(flat)
+        if len(placed) != len(flat) or not placed <= self.lengths.keys():
+            self._name_misplaced(name)
+        missing = sorted(set(self.lengths) - placed)
+        if missing:
+            raise PlanError(f"{name}: samples {missing[:8]} are not placed in any group")
+        # no rank holds more than the sum of its group's ceil(L / P) chunks: only a group whose sum
+        # passes the budget can have a rank over it
+        lens = np.fromiter(map(self.lengths.__getitem__, flat), dtype=np.int64, count=len(flat))
+        per_group = np.fromiter((len(g.samples) for g in groups), dtype=np.int64, count=len(groups))
+        bound = np.bincount(
+            np.repeat(np.arange(len(groups)), per_group), weights=-(-lens // np.repeat(sizes, per_group)), minlength=len(groups)
+        )
+        for k in np.nonzero(bound > cluster.tokens_per_rank)[0].tolist():
+            for r, n in zip(groups[k].ranks, self._group_rank_tokens(groups[k])):
+                if n > cluster.tokens_per_rank:
+                    raise PlanError(f"{name}: rank {r} holds {n} tokens, over tokens_per_rank={cluster.tokens_per_rank}")
+
+    def _name_misplaced(self, name: str) -> None:
+        """Raise PlanError naming the first unknown or twice-placed sample (validate found one)."""
         placed: dict[int, int] = {}
         for g in self.groups:
-            check_group_shape(g.start, g.size, cluster)
-            covered.extend(g.ranks)
             for s in g.samples:
                 if s not in self.lengths:
                     raise PlanError(f"{name}: group at rank {g.start} names unknown sample id={s}")
                 if s in placed:
                     raise PlanError(f"{name}: sample id={s} is placed twice (groups at ranks {placed[s]} and {g.start})")
                 placed[s] = g.start
-        if sorted(covered) != list(ranks):
-            raise PlanError(
-                f"{name}: groups cover ranks {sorted(covered)} but must cover each of [{ranks.start}, {ranks.stop}) exactly once"
-            )
-        missing = sorted(set(self.lengths) - set(placed))
-        if missing:
-            raise PlanError(f"{name}: samples {missing[:8]} are not placed in any group")
-        for r, n in self.tokens_per_rank().items():
-            if n > cluster.tokens_per_rank:
-                raise PlanError(f"{name}: rank {r} holds {n} tokens, over tokens_per_rank={cluster.tokens_per_rank}")
+        raise AssertionError("validate found a misplaced sample but none is")
 
 
 def head_cu_seqlens(layout: TokenLayout, g: Group) -> np.ndarray:

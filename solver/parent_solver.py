@@ -18,7 +18,7 @@ import numpy as np
 
 from .baseline import anchor_groups, unplaceable
 from .children import polish_children, solve_children
-from .cluster import Cluster, PlanError, Sample, ceil_div, check_samples
+from .cluster import Cluster, PlanError, Sample, check_samples
 from .cost import CostModel, rank_time
 from .estimate import PlanEstimate
 from .fill import LeastLoaded
@@ -38,7 +38,8 @@ class _BinFill:
 
     def __init__(self, cluster: Cluster, cost: CostModel, linear: np.ndarray, full: np.ndarray, lengths: np.ndarray):
         self.cost, self.budget = cost, cluster.tokens_per_rank
-        self.linear, self.full, self.lengths = linear, full, lengths
+        # plain lists: the fill reads one item at a time (numpy scalars would cost a conversion each)
+        self.linear, self.full, self.lengths = np.asarray(linear).tolist(), np.asarray(full).tolist(), np.asarray(lengths).tolist()
         # per parent: size, full-attention seconds, its cost.shared_time, tokens per rank, members
         self.parent_size, self.parent_full, self.parent_shared, self.parent_rank_tokens, self.parent_members = [], [], [], [], []
         self.parent_fixed = []  # cost.parent_fixed of each parent (shared_time = full / size + fixed)
@@ -77,55 +78,67 @@ class _BinFill:
         return self.parent_shared[self.bin_parent[b]] + self.bin_own[b]
 
     def add(self, b: int, i: int) -> None:
-        p, n = self.bin_parent[b], int(self.lengths[i])
-        self.parent_full[p] += float(self.full[i])
-        self.parent_shared[p] = self.cost.shared_time(self.parent_full[p], self.parent_size[p])
-        self.parent_rank_tokens[p] += ceil_div(n, self.parent_size[p])
+        p, n = self.bin_parent[b], self.lengths[i]
+        size, c = self.parent_size[p], self.bin_size[b]
+        full = self.parent_full[p] = self.parent_full[p] + self.full[i]
+        self.parent_shared[p] = full / size + self.parent_fixed[p]  # cost.shared_time, inlined
+        self.parent_rank_tokens[p] += -(-n // size)
         self.parent_members[p].append(i)
-        self.bin_linear[b] += float(self.linear[i])
-        self.bin_tokens[b] += n
-        self.bin_own[b] = rank_time(self.bin_linear[b], self.bin_tokens[b], self.bin_size[b], self.bin_line[b])
-        self.bin_rank_tokens[b] += ceil_div(n, self.bin_size[b])
+        linear = self.bin_linear[b] = self.bin_linear[b] + self.linear[i]
+        tokens = self.bin_tokens[b] = self.bin_tokens[b] + n
+        a, fixed = self.bin_line[b]
+        self.bin_own[b] = (linear + a * tokens) / c + fixed  # cost.rank_time, inlined
+        self.bin_rank_tokens[b] += -(-n // c)
         self.bin_members[b].append(i)
 
     def place(self, i: int) -> int:
-        """Put sample i where the bin it joins finishes earliest; -1 if no bin has room."""
-        n, lin, full = int(self.lengths[i]), float(self.linear[i]), float(self.full[i])
+        """Put sample i where the bin it joins finishes earliest; -1 if no bin has room.
+
+        Per kind of bin, the heap's top is the answer when its key is fresh and it has room (the
+        common case, checked inline); otherwise LeastLoaded.least_loaded re-keys and skips."""
+        n, lin, full = self.lengths[i], self.linear[i], self.full[i]
         budget, bin_rank_tokens, bin_parent, parent_rank_tokens = (
             self.budget,
             self.bin_rank_tokens,
             self.bin_parent,
             self.parent_rank_tokens,
         )
-        bin_size, parent_size = self.bin_size, self.parent_size
-        parent_full, parent_fixed, bin_linear, bin_tokens, bin_line = (
+        parent_full, parent_fixed, parent_shared, bin_linear, bin_tokens, bin_line, bin_own = (
             self.parent_full,
             self.parent_fixed,
+            self.parent_shared,
             self.bin_linear,
             self.bin_tokens,
             self.bin_line,
+            self.bin_own,
         )
-        best, best_t = -1, float("inf")
-
-        def has_room(b):
-            p = bin_parent[b]
-            return bin_rank_tokens[b] - (-n // bin_size[b]) <= budget and parent_rank_tokens[p] - (-n // parent_size[p]) <= budget
-
-        for kind in self.fill.kinds():
-            if -(-n // kind[1]) > budget:
+        best, best_t, best_kind = -1, float("inf"), None
+        for kind, heap in self.fill.heaps.items():
+            size, c = kind[0], kind[1]
+            need = -(-n // c)
+            if need > budget:
                 continue
-            b = self.fill.least_loaded(kind, has_room)
-            if b >= 0:
-                # the bin's time with the sample: cost.shared_time + cost.rank_time, inlined (the fill's innermost loop)
-                p = bin_parent[b]
-                a, fixed = bin_line[b]
-                t = ((parent_full[p] + full) / parent_size[p] + parent_fixed[p]) + (
-                    (bin_linear[b] + lin + a * (bin_tokens[b] + n)) / bin_size[b] + fixed
+            need_parent = -(-n // size)
+            key, b = heap[0]
+            p = bin_parent[b]
+            if key != parent_shared[p] + bin_own[b] or bin_rank_tokens[b] + need > budget or parent_rank_tokens[p] + need_parent > budget:
+                b = self.fill.least_loaded(
+                    kind,
+                    lambda b, need=need, need_parent=need_parent: (
+                        bin_rank_tokens[b] + need <= budget and parent_rank_tokens[bin_parent[b]] + need_parent <= budget
+                    ),
                 )
-                if t < best_t:
-                    best, best_t = b, t
+                if b < 0:
+                    continue
+                p = bin_parent[b]
+            # the bin's time with the sample: cost.shared_time + cost.rank_time, inlined (the fill's innermost loop)
+            a, fixed = bin_line[b]
+            t = ((parent_full[p] + full) / size + parent_fixed[p]) + ((bin_linear[b] + lin + a * (bin_tokens[b] + n)) / c + fixed)
+            if t < best_t:
+                best, best_t, best_kind = b, t, kind
         if best >= 0:
-            self.add(best, i)  # its heap entry is stale now and is re-keyed when it surfaces
+            self.add(best, i)
+            self.fill.rekey(best_kind, best)  # its siblings' entries (if any) are re-keyed when they surface
         return best
 
 
