@@ -134,13 +134,16 @@ def anchor_groups(samples, cluster: Cluster, cost: CostModel, narrowings: int = 
         if len(can) == 0:
             return None
         widths[can[np.argmax(widths[can])]] //= 2
-    anchors = sorted(np.nonzero(widths > 1)[0], key=lambda i: (-widths[i], -costs[i]))
+    # widest first, then costliest, then by index (stable sorts of the ascending indices)
+    anchored = np.nonzero(widths > 1)[0]
+    anchors = anchored[np.lexsort((-costs[anchored], -widths[anchored]))].tolist()
     groups, at = [], 0
     for i in anchors:
         groups.append((at, int(widths[i])))
         at += int(widths[i])
     groups += [(r, 1) for r in range(at, cluster.world_size)]
-    rest = sorted(np.nonzero(widths == 1)[0], key=lambda i: -costs[i])
+    others = np.nonzero(widths == 1)[0]
+    rest = others[np.argsort(-costs[others], kind="stable")].tolist()  # costliest first
     return lengths, costs, anchors, groups, rest
 
 
@@ -179,9 +182,10 @@ def assign_parents(samples: Sequence[Sample], cluster: Cluster, cost: CostModel,
             break
         lengths, costs, anchors, groups, rest = start
         fill = _GroupFill(groups, cluster.tokens_per_rank, comm)
+        cost_of, length_of = costs.tolist(), lengths.tolist()  # plain numbers: the fill reads one at a time
         for gi, i in enumerate(anchors):
-            fill.add(gi, int(i), float(costs[i]), int(lengths[i]))
-        failed = next((i for i in rest if fill.place(int(i), float(costs[i]), int(lengths[i])) < 0), None)
+            fill.add(gi, i, cost_of[i], length_of[i])
+        failed = next((i for i in rest if fill.place(i, cost_of[i], length_of[i]) < 0), None)
         if failed is None:
             return tuple(Group(fill.start[k], fill.size[k], tuple(samples[i].id for i in fill.members[k])) for k in range(len(groups)))
     raise unplaceable(samples, failed, lengths, cluster)

@@ -59,24 +59,9 @@ class _GroupState:
         c, size = self.ctx, self.size
         kids = None
         if kids_members is not None:
-            kids = [
-                _Kid(
-                    kid_size,
-                    list(m),
-                    sum(c.linear[s] for s in m),
-                    sum(c.length_of[s] for s in m),
-                    sum(ceil_div(c.length_of[s], kid_size) for s in m),
-                )
-                for kid_size, m in kids_members
-            ]
-        return _Config(
-            list(ids),
-            sum(c.length_of[s] for s in ids),
-            sum(c.linear[s] for s in ids),
-            sum(c.full[s] for s in ids),
-            sum(ceil_div(c.length_of[s], size) for s in ids),
-            kids,
-        )
+            kids = [_Kid(kid_size, list(m), *c.sums(m, kid_size)[1:]) for kid_size, m in kids_members]
+        full, linear, tokens, rank_tokens = c.sums(ids, size)
+        return _Config(list(ids), tokens, linear, full, rank_tokens, kids)
 
     def set(self, ids: list[int], hint: _Config | None = None) -> None:
         """New members. A trial move's configuration (`hint`) is taken as it is: its children are
@@ -86,8 +71,8 @@ class _GroupState:
             self.config, self.time = hint, self.price(hint)
             return
         kids = None
-        ids = sorted(ids, key=lambda s: (-self.ctx.length_of[s], s))
-        lens = tuple(self.ctx.length_of[s] for s in ids)
+        ids = sorted(ids, key=self.ctx.order.__getitem__)  # longest first, then by id
+        lens = tuple(map(self.ctx.length_of.__getitem__, ids))
         if self.wide and ids and lens[0] <= self.ctx.node_cap:
             sol = solve_sorted(lens, self.size, self.ctx.cluster, self.ctx.cost, True)
             if sol is not None:
@@ -163,6 +148,17 @@ class _Context:
         self.full = dict(zip(ids, map(float, cost.full_cost(lens))))
         self.sample_cost = dict(zip(ids, map(float, cost.sample_cost(lens))))
         self._children_problems: dict[int, ChildProblem] = {}
+        # each sample's place in (longest first, then by id) order: a sort key without a tuple per sample
+        by_length = np.lexsort((np.array(ids, dtype=np.int64), -lens))
+        self.order = dict(zip((ids[i] for i in by_length.tolist()), range(len(ids))))
+
+    def sums(self, ids, size: int) -> tuple[float, float, int, int]:
+        """Full-attention and linear seconds, tokens, and tokens per rank (chunks of ceil(L / size))
+        of `ids` on `size` ranks, each summed in the order of `ids`."""
+        lens = list(map(self.length_of.__getitem__, ids))
+        tokens = sum(lens)
+        rank_tokens = tokens if size == 1 else sum(-(-n // size) for n in lens)
+        return sum(map(self.full.__getitem__, ids)), sum(map(self.linear.__getitem__, ids)), tokens, rank_tokens
 
     def children_problem(self, parent_size: int) -> ChildProblem:
         """An empty child problem of a parent of `parent_size`: its child_time prices children."""

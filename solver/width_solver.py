@@ -47,8 +47,9 @@ MIN_GAIN = 1e-9
 class _Parent:
     size: int
     ids: tuple[int, ...]
-    plan: ParentPlan  # laid out at rank 0 (positions are set at the end)
+    plan: ParentPlan  # laid out from rank `origin` (positions are set at the end)
     time: float
+    origin: int = 0
 
 
 class _Search:
@@ -182,16 +183,21 @@ class _Search:
 
 def _laid_out(parents: list[_Parent], cluster: Cluster) -> tuple[ParentPlan, ...]:
     """Parents widest first from rank 0; each one's children shifted with it (a wide parent starts
-    on a node boundary, so its node-local children stay node-local)."""
+    on a node boundary, so its node-local children stay node-local). A parent that lands where its
+    plan lies already is kept as it is."""
     out, at = [], 0
     for p in sorted(parents, key=lambda p: -p.size):
-        g = Group(at, p.size, p.ids)
-        if p.plan.repacked:
-            kids = tuple(Group(c.start + at, c.size, c.samples) for c in p.plan.children)
-            out.append(ParentPlan(g, kids, p.plan.reason))
+        if at == p.origin and (p.plan.repacked or p.plan.reason):
+            out.append(p.plan)
         else:
-            reason = p.plan.reason or (NODE_LOCAL if p.size <= cluster.gpus_per_node else DISABLED)
-            out.append(ParentPlan(g, (g,), reason))
+            shift = at - p.origin
+            g = Group(at, p.size, p.ids)
+            if p.plan.repacked:
+                kids = tuple(Group(c.start + shift, c.size, c.samples) for c in p.plan.children)
+                out.append(ParentPlan(g, kids, p.plan.reason))
+            else:
+                reason = p.plan.reason or (NODE_LOCAL if p.size <= cluster.gpus_per_node else DISABLED)
+                out.append(ParentPlan(g, (g,), reason))
         at += p.size
     return tuple(out)
 
@@ -202,12 +208,8 @@ def solve_widths(start: Sequence[ParentPlan], samples: Sequence[Sample], cluster
     cost = cost.for_cluster(cluster)
     est = PlanEstimate({s.id: s.length for s in samples}, cluster, cost)
     search = _Search(samples, cluster, cost, est)
-    start, parents = tuple(start), []
-    for pp, t in zip(start, est.parent_times(start).tolist()):
-        g = pp.group
-        kids = tuple(Group(c.start - g.start, c.size, c.samples) for c in pp.children) if pp.repacked else (Group(0, g.size, g.samples),)
-        plan = ParentPlan(Group(0, g.size, g.samples), kids, pp.reason)
-        parents.append(_Parent(g.size, g.samples, plan, t))
+    start = tuple(start)
+    parents = [_Parent(pp.group.size, pp.group.samples, pp, t, pp.group.start) for pp, t in zip(start, est.parent_times(start).tolist())]
     before = max(p.time for p in parents)
     improved = search.improve(parents)
     # the search only takes moves that lower the slowest parent: never slower (checked all the same)
