@@ -12,6 +12,7 @@ bins that know their real cost: node-local groups, and the children of parents w
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Sequence
 
 import numpy as np
@@ -92,7 +93,9 @@ class _GroupFill:
         if best < 0:
             return -1
         self.add(best, item, cost, length)
-        self.fill.rekey(self.size[best], best)
+        heap = self.fill.heaps[self.size[best]]
+        if heap[0][1] == best:  # LeastLoaded.rekey, inlined
+            heapq.heapreplace(heap, (load[best], best))
         return best
 
 

@@ -436,6 +436,8 @@ def _sorted_members(parent: Group, length_of: dict[int, int], cluster: Cluster) 
 
 def solve_children(parent: Group, length_of: dict[int, int], cluster: Cluster, cost: CostModel) -> tuple[tuple[Group, ...], str]:
     """Children for `parent`, or ((parent,), reason) when it keeps its own layout."""
+    if parent.size <= cluster.gpus_per_node:  # most parents: nothing to solve
+        return (parent,), NODE_LOCAL
     cost = cost.for_cluster(cluster)
     ids, lengths, reason = _sorted_members(parent, length_of, cluster)
     if reason:

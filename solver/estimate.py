@@ -49,29 +49,28 @@ class PlanEstimate:
     def parent_times(self, parents) -> np.ndarray:
         """parent_time of every ParentPlan at once (the same arithmetic, summed with numpy)."""
         parents = list(parents)
-        kid_rows, kid_of, kid_size, kid_parent = [], [], [], []
-        for j, pp in enumerate(parents):
-            for c in pp.children:
-                k = len(kid_size)
-                kid_size.append(c.size)
-                kid_parent.append(j)
-                kid_rows += [self._row[s] for s in c.samples]
-                kid_of += [k] * len(c.samples)
         if not parents:
             return np.zeros(0)
-        rows, of = np.array(kid_rows, dtype=np.int64), np.array(kid_of, dtype=np.int64)
-        nk = len(kid_size)
+        kids = [(j, c) for j, pp in enumerate(parents) for c in pp.children]
+        nk = len(kids)
+        row = self._row.__getitem__
+        rows = np.fromiter((row(s) for _, c in kids for s in c.samples), dtype=np.int64)
+        counts = np.fromiter((len(c.samples) for _, c in kids), dtype=np.int64, count=nk)
+        of = np.repeat(np.arange(nk), counts)
+        parent_size = [pp.group.size for pp in parents]
+        line, fixed_of = self.cost.child_line, self.cost.parent_fixed
         lin = np.bincount(of, self._lin[rows], nk)
         tok = np.bincount(of, self._len[rows], nk)
         full = np.bincount(of, self._full[rows], nk)
-        sizes, owner = np.array(kid_size), np.array(kid_parent)
-        psize = np.array([pp.group.size for pp in parents])
-        lines = np.array([self.cost.child_line(int(c), int(psize[j])) for c, j in zip(sizes, owner)]).reshape(nk, 2)
+        sizes = np.fromiter((c.size for _, c in kids), dtype=np.int64, count=nk)
+        owner = np.fromiter((j for j, _ in kids), dtype=np.int64, count=nk)
+        psize = np.array(parent_size)
+        lines = np.array([line(c.size, parent_size[j]) for j, c in kids]).reshape(nk, 2)
         kid_time = (lin + lines[:, 0] * tok) / sizes + lines[:, 1]  # cost.rank_time
         slowest = np.full(len(parents), -np.inf)
         np.maximum.at(slowest, owner, kid_time)
         pfull = np.bincount(owner, full, len(parents))
-        fixed = np.array([self.cost.parent_fixed(int(p)) for p in psize])
+        fixed = np.array([fixed_of(p) for p in parent_size])
         times = pfull / psize + fixed + slowest  # cost.shared_time + the slowest child
         empty = np.array([not pp.group.samples for pp in parents])
         times[empty] = 0.0

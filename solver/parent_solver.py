@@ -12,6 +12,7 @@ Three stages, each never slower than the last:
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Sequence
 
 import numpy as np
@@ -138,7 +139,9 @@ class _BinFill:
                 best, best_t, best_kind = b, t, kind
         if best >= 0:
             self.add(best, i)
-            self.fill.rekey(best_kind, best)  # its siblings' entries (if any) are re-keyed when they surface
+            heap = self.fill.heaps[best_kind]
+            if heap[0][1] == best:  # LeastLoaded.rekey, inlined; its siblings' entries are re-keyed when they surface
+                heapq.heapreplace(heap, (parent_shared[bin_parent[best]] + bin_own[best], best))
         return best
 
 

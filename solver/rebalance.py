@@ -144,9 +144,9 @@ class _Context:
         self.node_cap = cluster.gpus_per_node * cluster.tokens_per_rank
         ids = list(length_of)
         lens = np.array([length_of[s] for s in ids], dtype=np.float64)
-        self.linear = dict(zip(ids, map(float, cost.linear_cost(lens))))
-        self.full = dict(zip(ids, map(float, cost.full_cost(lens))))
-        self.sample_cost = dict(zip(ids, map(float, cost.sample_cost(lens))))
+        self.linear = dict(zip(ids, np.asarray(cost.linear_cost(lens), dtype=np.float64).tolist()))
+        self.full = dict(zip(ids, np.asarray(cost.full_cost(lens), dtype=np.float64).tolist()))
+        self.sample_cost = dict(zip(ids, np.asarray(cost.sample_cost(lens), dtype=np.float64).tolist()))
         self._children_problems: dict[int, ChildProblem] = {}
         # each sample's place in (longest first, then by id) order: a sort key without a tuple per sample
         by_length = np.lexsort((np.array(ids, dtype=np.int64), -lens))
