@@ -117,8 +117,16 @@ class Sample:
     length: int
 
 
+# the last step check_samples passed, and its cluster: the planner's stages each check the step
+# they are handed, and all of them are handed the same tuple (a tuple of frozen Samples cannot
+# change; holding it keeps its id from being reused)
+_last_checked: list = [None, None]
+
+
 def check_samples(samples: Iterable[Sample], cluster: Cluster | None = None) -> tuple[Sample, ...]:
     """Validate ids and lengths; return the samples as a tuple. Raises PlanError naming the value."""
+    if samples is _last_checked[0] and cluster == _last_checked[1]:
+        return samples
     out = tuple(samples)
     if not out:
         raise PlanError("the step has no samples; a step needs at least one sample")
@@ -145,6 +153,8 @@ def check_samples(samples: Iterable[Sample], cluster: Cluster | None = None) -> 
                 f"the batch has {total} tokens but the cluster holds at most {cap} "
                 f"({cluster.world_size} ranks x tokens_per_rank={cluster.tokens_per_rank})"
             )
+    if samples is out and all(type(x) is Sample for x in out):  # a tuple of frozen Samples: it cannot change
+        _last_checked[:] = [out, cluster]
     return out
 
 

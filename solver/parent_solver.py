@@ -255,16 +255,35 @@ def joint_parents(
 
 
 def solve_parents(
-    start: Sequence[ParentPlan], samples: Sequence[Sample], cluster: Cluster, cost: CostModel, repack: bool = True
+    start: Sequence[ParentPlan],
+    samples: Sequence[Sample],
+    cluster: Cluster,
+    cost: CostModel,
+    repack: bool = True,
+    est: PlanEstimate | None = None,
 ) -> tuple[ParentPlan, ...]:
     """The parent solver: joint_parents, kept only if PlanEstimate prices it no slower than
     `start` (the repack plan: the baseline parents with solved children; without repacking, the
     baseline plan), which is returned otherwise, so the result is never estimated slower than
-    its input."""
+    its input. `est`: the step's PlanEstimate, if the caller has one."""
+    return solve_parents_timed(start, samples, cluster, cost, repack, est)[0]
+
+
+def solve_parents_timed(
+    start: Sequence[ParentPlan],
+    samples: Sequence[Sample],
+    cluster: Cluster,
+    cost: CostModel,
+    repack: bool = True,
+    est: PlanEstimate | None = None,
+) -> tuple[tuple[ParentPlan, ...], list[float]]:
+    """solve_parents, with the PlanEstimate time of each parent it returns (the width solver
+    starts from them)."""
     cost = cost.for_cluster(cluster)
-    est = PlanEstimate({s.id: s.length for s in samples}, cluster, cost)
+    est = est or PlanEstimate({s.id: s.length for s in samples}, cluster, cost)
     start = tuple(start)
     joint = joint_parents(samples, cluster, cost, est, repack)
-    if joint is None or max(joint[1]) > est.plan_time(start):
-        return start
-    return joint[0]
+    start_times = est.parent_times(start).tolist()
+    if joint is None or max(joint[1]) > max(start_times):
+        return start, start_times
+    return joint

@@ -18,8 +18,9 @@ from .baseline import assign_parents
 from .children import solve_children
 from .cluster import Cluster, PlanError, Sample, ceil_pow2, check_samples
 from .cost import CostModel
+from .estimate import PlanEstimate
 from .layout import Group
-from .parent_solver import solve_parents
+from .parent_solver import solve_parents_timed
 from .plan import DISABLED, MODES, NODE_LOCAL, ParentPlan, StepPlan
 from .width_solver import solve_widths
 
@@ -62,10 +63,12 @@ def make_plan(
     groups = assign_parents(samples, cluster, cost, pricing=baseline_pricing)
     if mode in ("repack+solver", "baseline+solver", "repack+widths"):
         repack = mode != "baseline+solver"
-        start = _parent_plans(groups, {s.id: s.length for s in samples}, cluster, cost, "repack" if repack else "baseline")
-        parents = solve_parents(start, samples, cluster, cost, repack)
+        length_of = {s.id: s.length for s in samples}
+        start = _parent_plans(groups, length_of, cluster, cost, "repack" if repack else "baseline")
+        est = PlanEstimate(length_of, cluster, cost)  # one per step, shared by the solvers
+        parents, times = solve_parents_timed(start, samples, cluster, cost, repack, est)
         if mode == "repack+widths":
-            parents = solve_widths(parents, samples, cluster, cost)
+            parents = solve_widths(parents, samples, cluster, cost, est, times)
         return StepPlan(cluster, tuple((s.id, s.length) for s in samples), parents, mode).validate()
     return plan_from_parents(groups, samples, cluster, cost, mode)
 

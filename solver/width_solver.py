@@ -202,14 +202,23 @@ def _laid_out(parents: list[_Parent], cluster: Cluster) -> tuple[ParentPlan, ...
     return tuple(out)
 
 
-def solve_widths(start: Sequence[ParentPlan], samples: Sequence[Sample], cluster: Cluster, cost: CostModel) -> tuple[ParentPlan, ...]:
+def solve_widths(
+    start: Sequence[ParentPlan],
+    samples: Sequence[Sample],
+    cluster: Cluster,
+    cost: CostModel,
+    est: PlanEstimate | None = None,
+    times: Sequence[float] | None = None,
+) -> tuple[ParentPlan, ...]:
     """The width-choosing parent solver from `start` (the paper's parent solver's plan): never
-    estimated slower than it."""
+    estimated slower than it. `est` and `times` (start's parent times under it): the step's
+    PlanEstimate and start's times, if the caller has them."""
     cost = cost.for_cluster(cluster)
-    est = PlanEstimate({s.id: s.length for s in samples}, cluster, cost)
+    est = est or PlanEstimate({s.id: s.length for s in samples}, cluster, cost)
     search = _Search(samples, cluster, cost, est)
     start = tuple(start)
-    parents = [_Parent(pp.group.size, pp.group.samples, pp, t, pp.group.start) for pp, t in zip(start, est.parent_times(start).tolist())]
+    times = est.parent_times(start).tolist() if times is None else list(times)
+    parents = [_Parent(pp.group.size, pp.group.samples, pp, t, pp.group.start) for pp, t in zip(start, times)]
     before = max(p.time for p in parents)
     improved = search.improve(parents)
     # the search only takes moves that lower the slowest parent: never slower (checked all the same)
