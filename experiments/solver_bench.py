@@ -40,14 +40,16 @@ from .workload import DEFAULT_TOKENS_PER_RANK, WorkloadConfig, default_tokens_pe
 
 def time_plan(samples, cluster: Cluster, cost: CostModel, mode: str, repeats: int) -> float:
     """Best of `repeats` plans of one step (timeit's practice against a busy machine). Each
-    starts cold: the child-solution memo is cleared and garbage collected first, so no run
-    profits from another's solves or pays for another's garbage."""
+    starts cold: the child-solution memo is cleared and garbage collected first, and each plan
+    gets a fresh tuple of the samples (so it checks them once, as a new step would), so no run
+    profits from another's work or pays for another's garbage."""
     best = float("inf")
     for _ in range(repeats):
         solve_sorted.cache_clear()
+        fresh = tuple(list(samples))  # a new tuple object (tuple() of a tuple returns it)
         gc.collect()
         t0 = time.perf_counter()
-        make_plan(samples, cluster, cost, mode)
+        make_plan(fresh, cluster, cost, mode)
         best = min(best, time.perf_counter() - t0)
     return best
 
