@@ -263,6 +263,7 @@ def run_compare(args) -> None:
                 "all",
                 "--out",
                 os.path.join(out, "measured"),
+                "--timers",
             ],
             args.ranks_per_node,
             args.timeout,
@@ -273,10 +274,12 @@ def run_compare(args) -> None:
     with open(os.path.join(out, "compare.csv"), "w") as f:
         f.write(",".join(rows[0]) + "\n")
         f.writelines(",".join(str(v) for v in r.values()) + "\n" for r in rows)
+    parts = breakdown(os.path.join(out, "predicted"), os.path.join(out, "measured"))
     result = {
         "context": run_context(),
         "cluster": {"nodes": args.nodes, "ranks_per_node": args.ranks_per_node, "inter_mbit": args.inter_mbit},
         "modes": summary,
+        "breakdown": parts,
     }
     with open(os.path.join(out, "compare.json"), "w") as f:
         json.dump(result, f, indent=1)
@@ -287,7 +290,48 @@ def run_compare(args) -> None:
             f"{mode:>15} {e['steps']:5d} {e['median_abs_rel_error_pct']:12.1f}% {e['worst_abs_rel_error_pct']:11.1f}% "
             f"{e['predicted_change_pct']:+9.1f}% {e['measured_change_pct']:+8.1f}% {e['change_gap_pp']:+7.1f} {e['same_plans']}"
         )
+    print("\nwhere the time goes, mean seconds per step and rank (predicted: the simulator's terms; measured: --timers):")
+    measured_head = f"{'host':>6} {'fwd':>6} {'bwd':>6} {'grads':>6} {'xchg F':>7} {'xchg S':>7} {'a2a':>6}"
+    print(f"{'mode':>15} | {'compute':>8} {'exchange':>8} {'wait':>6} {'grads':>6} | {measured_head}")
+    for mode, e in parts.items():
+        p, m = e["predicted"], e["measured"]
+        print(
+            f"{mode:>15} | {p['compute_s']:8.3f} {p['exchange_s']:8.3f} {p['imbalance_wait_s']:6.3f} {p['grad_sync_s']:6.3f} | "
+            f"{m['host_s']:6.3f} {m['forward_s']:6.3f} {m['backward_s']:6.3f} {m['grad_sync_s']:6.3f} "
+            f"{m['exchange_full_s']:7.3f} {m['exchange_sparse_s']:7.3f} {m['exchange_a2a_s']:6.3f}"
+        )
     print(f"wrote {out}/compare.csv and compare.json (commit {result['context']['commit']})")
+
+
+PREDICTED_PARTS = ("step_time_s", "compute_s", "imbalance_wait_s", "grad_sync_s")
+MEASURED_PARTS = (
+    "step_time_s",
+    "host_s",
+    "forward_s",
+    "backward_s",
+    "grad_sync_s",
+    "exchange_full_s",
+    "exchange_sparse_s",
+    "exchange_a2a_s",
+)
+
+
+def breakdown(sim_dir: str, measured_dir: str) -> dict[str, dict]:
+    """Per mode, the mean of each predicted term (the simulator's, exchanges = intra + inter) and
+    each measured phase (the driver's --timers columns) over the steps both sides ran."""
+    sim_rows, _ = read_run(sim_dir)
+    meas_rows, _ = read_run(measured_dir)
+    sim = {(r["step"], r["mode"]): r for r in sim_rows}
+    out = {}
+    for mode in MODES:
+        pairs = [(sim[(r["step"], mode)], r) for r in meas_rows if r["mode"] == mode and (r["step"], mode) in sim]
+        if not pairs:
+            continue
+        pred = {k: float(np.mean([s[k] for s, _ in pairs])) for k in PREDICTED_PARTS}
+        pred["exchange_s"] = float(np.mean([s["intra_comm_s"] + s["inter_comm_s"] for s, _ in pairs]))
+        meas = {k: float(np.mean([m[k] for _, m in pairs])) for k in MEASURED_PARTS}
+        out[mode] = {"steps": len(pairs), "predicted": pred, "measured": meas}
+    return out
 
 
 def main(argv=None):

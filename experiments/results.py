@@ -49,6 +49,13 @@ STEP_COLUMN_TYPES = {
     "sparse_intra_bytes": float,
     "sparse_inter_bytes": float,
     "model_flops": float,
+    # measured by the driver with --timers (mean over ranks; the device synchronized around each)
+    "host_s": float,  # the plan's checks, the rank's context and its local batch
+    "forward_s": float,  # forward pass, exchanges and FSDP2's gathers included
+    "backward_s": float,  # backward pass (recompute and FSDP2's reductions included)
+    "exchange_full_s": float,  # full-attention sites' exchanges (pack + all-to-all + unpack), both passes
+    "exchange_sparse_s": float,  # sparse sites' exchanges, both passes
+    "exchange_a2a_s": float,  # the all-to-all calls alone, every site
     "plan_hash": str,
     "plan_ms": float,
     "loss": float,

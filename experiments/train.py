@@ -110,6 +110,11 @@ def parse_args(argv=None):
     ap.add_argument("--stop-after", type=int, default=None, help="stop (as if interrupted) after this many steps of the run")
     ap.add_argument("--out", default="results/train", help="results folder")
     ap.add_argument("--timeout", type=float, default=300, help="seconds before a stuck collective fails the job")
+    ap.add_argument(
+        "--timers",
+        action="store_true",
+        help="time each step's phases and exchanges (device synchronized around each: a measurement run)",
+    )
     args = ap.parse_args(argv)
     if args.resume_step is not None:
         args.resume = True
@@ -349,11 +354,14 @@ def plan_step(run: Run, k: int):
 def one_step(run: Run, plan, batch, mode: str) -> dict:
     """Forward, backward and (unless replaying every mode) the optimizer step; the measured row.
     Time is the slowest rank's; bytes are summed over ranks."""
-    stats = CommStats(gpus_per_node=run.cluster.gpus_per_node)
+    stats = CommStats(gpus_per_node=run.cluster.gpus_per_node, timed=run.args.timers)
+    timers = {} if run.args.timers else None
     autocast = torch.bfloat16 if run.device.type == "cuda" and run.args.shard == "none" else None  # fsdp: bf16 parameters
     _sync(run.device)
     t0 = time.perf_counter()
-    loss = run_step(run.model, plan, batch.tokens, run.groups, run.args.pack_path, run.args.attn_backend, stats, autocast_dtype=autocast)
+    loss = run_step(
+        run.model, plan, batch.tokens, run.groups, run.args.pack_path, run.args.attn_backend, stats, autocast_dtype=autocast, timers=timers
+    )
     if run.args.mode != "all":
         run.opt.step()
         run.sched.step()
@@ -366,7 +374,22 @@ def one_step(run: Run, plan, batch, mode: str) -> dict:
     dist.all_reduce(b[4:], op=dist.ReduceOp.MAX)
     dt = float(b[4])
     flops = run.cost.model_flops(batch.lengths)
+    measured = {}
+    if timers is not None:
+        parts = {
+            "host_s": timers["host"],
+            "forward_s": timers["forward"],
+            "backward_s": timers["backward"],
+            "grad_sync_s": timers["grad_sync"],
+            "exchange_full_s": stats.exchange_seconds("full"),
+            "exchange_sparse_s": stats.exchange_seconds("sparse"),
+            "exchange_a2a_s": stats.exchange_seconds("", part=1),
+        }
+        t = torch.tensor(list(parts.values()), dtype=torch.float64, device=run.device)
+        dist.all_reduce(t)
+        measured = dict(zip(parts, (t / run.world).tolist()))  # means over ranks
     return {
+        **measured,
         "engine": "torch",
         "mode": mode,
         "step": batch.step,

@@ -11,6 +11,7 @@ segment, so Q, K and V travel in one all-to-all. The backward of an exchange is 
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -188,9 +189,13 @@ def exchange_args(plan, segments: Sequence[int], device: torch.device | str = "c
 # ----- communication ---------------------------------------------------------------------------
 @dataclass
 class CommStats:
-    """Counts every exchange: all-to-all calls per site, bytes per (src, dst) rank, bytes across nodes."""
+    """Counts every exchange: all-to-all calls per site, bytes per (src, dst) rank, bytes across nodes.
+    timed: also the wall seconds of each exchange's pack, all-to-all and unpack per site (the
+    device synchronized around each part, so only for measurement runs)."""
 
     gpus_per_node: int = 8
+    timed: bool = False
+    seconds: dict = field(default_factory=lambda: defaultdict(lambda: [0.0, 0.0, 0.0]))  # site -> [pack, all-to-all, unpack]
     calls: dict = field(default_factory=lambda: defaultdict(int))
     bytes_to_peer: dict = field(default_factory=lambda: defaultdict(lambda: defaultdict(int)))  # site -> (src, dst) -> bytes
     bytes_by_site: dict = field(default_factory=lambda: defaultdict(lambda: [0, 0]))  # site -> [intra, inter]
@@ -205,6 +210,11 @@ class CommStats:
             b = c * row_bytes
             self.bytes_to_peer[site][(args.rank, dst)] += b
             self.bytes_by_site[site][0 if dst // self.gpus_per_node == src_node else 1] += b
+
+    def exchange_seconds(self, site_prefix: str = "", part: int | None = None) -> float:
+        """Timed seconds of the sites starting with `site_prefix`: one part (0 pack, 1 all-to-all,
+        2 unpack) or all three."""
+        return sum(sum(v) if part is None else v[part] for k, v in self.seconds.items() if k.startswith(site_prefix))
 
     def inter_node_bytes(self, site_prefix: str = "") -> int:
         return sum(v[1] for k, v in self.bytes_by_site.items() if k.startswith(site_prefix))
@@ -289,11 +299,37 @@ class _Exchange(torch.autograd.Function):
 
 
 def _run(x, args, transport, path, stats, site):
+    if stats is not None and stats.timed:
+        return _run_timed(x, args, transport, path, stats, site)
     send = pack(x, args, path)
     if stats is not None:
         stats.record(site, args, send.shape[1] * send.shape[2] * send.element_size())
     recv = transport(send, args)
     return unpack(recv, args, path)
+
+
+def _run_timed(x, args, transport, path, stats, site):
+    """_run with each part's wall seconds added to stats.seconds[site]."""
+
+    def now():
+        if x.is_cuda:
+            torch.cuda.synchronize(x.device)
+        return time.perf_counter()
+
+    t0 = now()
+    send = pack(x, args, path)
+    t1 = now()
+    stats.record(site, args, send.shape[1] * send.shape[2] * send.element_size())
+    t2 = now()
+    recv = transport(send, args)
+    t3 = now()
+    out = unpack(recv, args, path)
+    t4 = now()
+    acc = stats.seconds[site]
+    acc[0] += t1 - t0
+    acc[1] += t3 - t2
+    acc[2] += t4 - t3
+    return out
 
 
 def exchange(

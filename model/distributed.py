@@ -11,6 +11,8 @@ every rank's, as in a single-process step over the whole batch.
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import torch
 import torch.distributed as dist
@@ -204,29 +206,58 @@ def run_step(
     stats: CommStats | None = None,
     check_hash: bool = True,
     autocast_dtype: torch.dtype | None = None,
+    timers: dict | None = None,
 ) -> torch.Tensor:
     """Forward + backward of one step on this rank; returns the global loss (summed over ranks).
     Gradients are summed over the world: all-reduced in place (replicated parameters) or reduce-
-    scattered into the shards (FSDP2). autocast_dtype (bf16 on CUDA, replicated) wraps the forward."""
+    scattered into the shards (FSDP2). autocast_dtype (bf16 on CUDA, replicated) wraps the forward.
+    timers: if given, gets this rank's wall seconds of each phase ("host": the plan's checks, the
+    context and the local batch; "forward"; "backward", FSDP2's reductions included; "grad_sync":
+    the replicated gradients' all-reduce; "loss_sum"), the device synchronized between phases."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    validate(plan, model.cfg, world)
     dev = next(model.parameters()).device
+    clock = _PhaseClock(timers, dev)
+    validate(plan, model.cfg, world)
     if check_hash:
         check_same_plan(plan, dev)
     selective = getattr(model, "recompute", "none") == "selective"
     ctx = DistributedContext(plan, model.cfg, rank, groups, path, backend, stats, dev, selective)
     tokens, labels = ctx.local_batch(sample_tokens, dev)
+    clock.lap("host")
     if autocast_dtype is not None:
         with torch.autocast(dev.type, dtype=autocast_dtype):
             loss = model.loss(tokens, labels, ctx, label_count(plan), world)
     else:
         loss = model.loss(tokens, labels, ctx, label_count(plan), world)
+    clock.lap("forward")
     loss.backward()
+    clock.lap("backward")
     if not is_sharded(model):  # FSDP2 reduce-scatters (sums) in the backward
         allreduce_grads(model)
+    clock.lap("grad_sync")
     total = loss.detach().clone()
     dist.all_reduce(total)
+    clock.lap("loss_sum")
     return total
+
+
+class _PhaseClock:
+    """Wall seconds between laps into a dict (nothing, not even a sync, without one)."""
+
+    def __init__(self, timers: dict | None, device: torch.device):
+        self.timers, self.device = timers, device
+        self.t = self._now() if timers is not None else 0.0
+
+    def _now(self) -> float:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        if self.timers is not None:
+            t = self._now()
+            self.timers[name] = self.timers.get(name, 0.0) + t - self.t
+            self.t = t
 
 
 __all__ = [

@@ -42,7 +42,10 @@ def losses(folder):
 def test_three_modes_same_losses_results_parse_and_resume_matches(tmp_path):
     # one step in every mode (no optimizer updates between them): the same losses. 4 ranks in
     # nodes of 1 (half the start-up of 8): step 0's SP2 parent spans two nodes and is repacked
-    p = torchrun(4, "--gpus-per-node", "1", "--tokens-per-rank", "64", "--mode", "all", "--steps", "1", "--out", str(tmp_path / "all"))
+    # --timers: the phases and exchanges timed (results unchanged)
+    p = torchrun(
+        4, "--gpus-per-node", "1", "--tokens-per-rank", "64", "--mode", "all", "--steps", "1", "--timers", "--out", str(tmp_path / "all")
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     assert "loss" in p.stdout and "MFU" in p.stdout
     rows, summary = read_run(str(tmp_path / "all"))
@@ -55,6 +58,12 @@ def test_three_modes_same_losses_results_parse_and_resume_matches(tmp_path):
             np.testing.assert_allclose(by[(step, mode)], by[(step, "baseline")], rtol=1e-5)
     assert any(r["wide_parents"] > 0 for r in rows), "some step must have a parent across emulated nodes"
     assert any(r["repacked_parents"] > 0 for r in rows if r["mode"] == "repack"), "and repack must repack it"
+    for r in rows:  # each rank's phases lie inside its step, timed apart: their means fit in the slowest step
+        phases = r["host_s"] + r["forward_s"] + r["backward_s"] + r["grad_sync_s"]
+        assert 0 < r["forward_s"] and 0 < r["backward_s"] and phases <= r["step_time_s"], r
+        exchanges = r["exchange_full_s"] + r["exchange_sparse_s"]
+        assert r["exchange_a2a_s"] <= exchanges <= r["forward_s"] + r["backward_s"], r
+        assert (r["exchange_a2a_s"] > 0) == (r["widest_parent"] > 1), r  # a plan of single ranks exchanges nothing
 
     # training with updates, checkpointed every 2 steps; then resumed from the step-2 checkpoint
     # (as after an interruption there): exactly the uninterrupted losses of steps 3 and 4 on CPU.
