@@ -104,6 +104,9 @@ def add_common_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--no-grad-sync", action="store_true", help="leave out the gradient reduce-scatter / all-gather")
     ap.add_argument("--no-optimizer", action="store_true", help="leave out the optimizer step")
     ap.add_argument(
+        "--no-router-sync", action="store_true", help="leave out the router statistics' world all-reduce (a barrier per MoE layer)"
+    )
+    ap.add_argument(
         "--config", default=None, help="JSON file with 'model', 'hardware', 'training', 'cluster', 'workload' overrides (flags win)"
     )
     ap.add_argument("--trace", default=None, help="length trace (.csv step,length rows / .jsonl / .npy) instead of the generator")
@@ -157,7 +160,13 @@ def build(args):
     training = TrainingConfig.from_name(args.training, **over.get("training", {}))
     flags = {"recompute": args.recompute, "ep_degree": args.ep_degree, "ep_placement": args.ep_placement, "moe_overlap": args.moe_overlap}
     training = training.replace(**{k: v for k, v in flags.items() if v is not None})
-    for flag, field_name in (("no_moe_all_to_all", "moe_all_to_all"), ("no_grad_sync", "grad_sync"), ("no_optimizer", "optimizer")):
+    switches = (
+        ("no_moe_all_to_all", "moe_all_to_all"),
+        ("no_grad_sync", "grad_sync"),
+        ("no_optimizer", "optimizer"),
+        ("no_router_sync", "router_sync"),
+    )
+    for flag, field_name in switches:
         if getattr(args, flag):
             training = training.replace(**{field_name: False})
 
@@ -336,7 +345,8 @@ def print_tables(rows, summary, out=None):
     grad = f"{100 * tr['grad_sync_overlap']:.0f}% hidden" if tr["grad_sync"] else "off"
     p(
         f"costs every mode pays: recompute {tr['recompute']}, experts' all-to-all {experts}, gradient sync {grad}, "
-        f"optimizer {'on' if tr['optimizer'] else 'off'}"
+        f"optimizer {'on' if tr['optimizer'] else 'off'}, router statistics "
+        f"{'a world barrier per MoE layer' if tr.get('router_sync', False) else 'off'}"
     )
     p(
         f"seeds {seeds}: {sum(n_selected.values())} selected steps with SP16/32 parents "

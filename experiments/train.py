@@ -471,7 +471,11 @@ def write_results(run: Run) -> None:
 
 def train(args, rank: int, world: int, device: torch.device) -> None:
     """Set up, then for every step: its plans (made one step ahead), one measured step per mode,
-    a log line each, a checkpoint every --save-every steps; then the results."""
+    a log line each, a checkpoint every --save-every steps; then the results.
+
+    With --timers (a measurement run) the next step's plans are made before this step's, not
+    beside it: on shared CPU cores the planning thread would slow whichever mode runs first. With
+    --mode all the modes take turns running first, so no mode always pays what a step's start costs."""
     run = set_up(args, rank, world, device)
     bar = tqdm(
         total=len(run.step_ids) * len(run.modes), initial=run.start * len(run.modes), disable=rank != 0, desc="train", file=sys.stderr
@@ -481,7 +485,10 @@ def train(args, rank: int, world: int, device: torch.device) -> None:
         for k in range(run.start, run.stop):
             batch, plans = pending.result()
             pending = ahead.submit(plan_step, run, k + 1) if k + 1 < run.stop else None
-            for mode in run.modes:
+            if pending is not None and run.args.timers:
+                pending.result()  # made now, so it does not run beside the timed steps
+            turn = k % len(run.modes)
+            for mode in run.modes[turn:] + run.modes[:turn]:
                 row = one_step(run, plans[mode], batch, mode)
                 run.rows.append(row)
                 log_row(run, row)

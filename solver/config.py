@@ -221,6 +221,12 @@ class TrainingConfig(_Config):
     # copy written).
     optimizer: bool = True
     optimizer_bytes_per_param: float = 30.0
+    # The router's load-balancing statistics (per-expert token counts and probability mass) summed
+    # over the world at every MoE layer, as the runtime does for a loss equal to one process's
+    # (model.layers.MoE): two all-reduces in each forward (and in full recompute's), one in the
+    # backward. Each is a world barrier: a rank waits there for the slowest, layer by layer, so
+    # imbalance is paid per layer and not once per step. Each costs HardwareConfig.collective_latency.
+    router_sync: bool = True
 
     def __post_init__(self):
         if self.recompute not in RECOMPUTE:
@@ -241,7 +247,7 @@ class TrainingConfig(_Config):
 TRAINING_PRESETS: dict[str, TrainingConfig] = {
     "default": TrainingConfig(),
     # the first simulator's accounting: no recompute, no expert all-to-all, no gradient sync or optimizer
-    "bare": TrainingConfig(recompute="none", moe_all_to_all=False, grad_sync=False, optimizer=False),
+    "bare": TrainingConfig(recompute="none", moe_all_to_all=False, grad_sync=False, optimizer=False, router_sync=False),
 }
 
 

@@ -36,7 +36,7 @@ class StepResult:
     compute: float  # mean over ranks, seconds (these seven parts add up to step_time)
     intra_comm: float  # Ulysses exchanges inside a node (and every exchange's latency)
     inter_comm: float  # Ulysses exchanges across nodes
-    moe_comm: float  # the experts' dispatch and combine all-to-all, the part not hidden
+    moe_comm: float  # the experts' dispatch and combine all-to-all (the part not hidden) and the router's all-reduces
     grad_sync: float  # gradient reduce-scatter and parameter all-gather, the part not hidden
     optimizer: float
     imbalance_wait: float
@@ -49,6 +49,11 @@ class StepResult:
 
     def to_dict(self):
         return asdict(self)
+
+
+# all-reduces of the router's statistics per MoE layer (model.layers.MoE): the token counts and
+# the probability mass forward; the mass's gradient backward
+ROUTER_FWD_COLLECTIVES, ROUTER_BWD_COLLECTIVES = 2, 1
 
 
 class _Layout:
@@ -94,6 +99,13 @@ class _Timeline:
 
     def moe_exchange(self, dt: np.ndarray):
         self.t += dt
+        self.moe += dt
+
+    def world_barrier(self, dt: float):
+        """A collective of every rank (the router's statistics): all wait for the slowest, then dt."""
+        top = self.t.max()
+        self.wait += top - self.t
+        self.t[:] = top + dt
         self.moe += dt
 
     def sync_exchange(self, layout: _Layout, intra_s: np.ndarray, inter_s: np.ndarray):
@@ -221,15 +233,25 @@ def simulate(plan: StepPlan, cost: CostModel) -> StepResult:
     moe = tokens * cost.moe_token_time  # a layer's exposed expert all-to-all, every pass
     recompute = cost.training.recompute
     kinds = m.layer_kinds
+    router = cost.training.router_sync and world > 1
+
+    def router_sync(n: int):
+        """The MoE layer's n all-reduces of its router statistics over the world (TrainingConfig.router_sync)."""
+        if router:
+            tl.world_barrier(n * cost.hw.collective_latency)
+
     for kind in kinds:
         attention_layer(kind, FWD_COMPUTE)
         tl.moe_exchange(moe)
+        router_sync(ROUTER_FWD_COLLECTIVES)
     tl.work(t_head * FWD_BWD_COMPUTE)  # LM head forward + backward
     for kind in reversed(kinds):
-        if recompute == "full":  # the layer's forward again, exchanges included
+        if recompute == "full":  # the layer's forward again, exchanges and router statistics included
             attention_layer(kind, FWD_COMPUTE)
+            router_sync(ROUTER_FWD_COLLECTIVES)
         elif recompute == "selective":  # attention again, from saved inputs in its layout
             tl.work(parent.full_attn if kind == "F" else child.sparse_attn)
+        router_sync(ROUTER_BWD_COLLECTIVES)  # the MoE's backward comes before its attention's
         attention_layer(kind, BWD_COMPUTE)
     slowest = float(tl.t.max())
     tl.wait += slowest - tl.t
