@@ -197,3 +197,35 @@ def test_fixed_costs_add_exactly_what_every_rank_pays(recompute, passes):
         want = model.n_layers * passes * overhead + 3 * (model.n_layers + 1) * latency
         assert b.step_time - a.step_time == pytest.approx(want, rel=1e-9)
         assert b.grad_sync - a.grad_sync == pytest.approx(3 * (model.n_layers + 1) * latency, rel=1e-9)
+
+
+def _two_kinds_plan(long: int, short: int) -> StepPlan:
+    """16 ranks: one sample of `long` tokens on an SP8 group, eight of `short` tokens on single ranks."""
+    lengths = ((0, long),) + tuple((i + 1, short) for i in range(8))
+    groups = (Group(0, 8, (0,)),) + tuple(Group(8 + i, 1, (i + 1,)) for i in range(8))
+    return StepPlan(Cluster(16, 8, 32768), lengths, tuple(ParentPlan(g, (g,), NODE_LOCAL) for g in groups), "baseline").validate()
+
+
+def test_the_routers_world_barrier_makes_imbalance_paid_layer_by_layer():
+    off = CostModel(PAPER.model, PAPER.hw, training=PAPER.training.replace(router_sync=False))
+    # the single ranks are the slowest at every layer: waiting for them layer by layer costs what
+    # waiting once at the end costs
+    same = _two_kinds_plan(60_000, 20_000)
+    assert simulate(same, PAPER).step_time == pytest.approx(simulate(same, off).step_time, rel=1e-12)
+    # the SP8 group is the slowest at full attention (120K^2 / 8 against 25K^2), the single ranks at
+    # every other layer (25K tokens each against 15K): with a barrier per layer each kind of layer
+    # waits for its own slowest rank
+    crossed = _two_kinds_plan(120_000, 25_000)
+    on, plain = simulate(crossed, PAPER), simulate(crossed, off)
+    assert on.step_time > plain.step_time * 1.05 and on.imbalance_wait > plain.imbalance_wait
+
+
+def test_each_router_all_reduce_costs_one_collective_latency():
+    # forward 2 (counts and mass), full recompute's forward 2, backward 1 (the mass's gradient),
+    # per MoE layer; a plan of one balanced parent waits for nobody at the barriers
+    latency = 1e-3
+    hw = PAPER.hw.replace(collective_latency=latency)
+    plan = make_plan(samples_from_lengths([16 * 8192]), Cluster(16, 8, 32768), PAPER, "baseline")
+    with_sync = simulate(plan, CostModel(PAPER.model, hw, training=PAPER.training))
+    without = simulate(plan, CostModel(PAPER.model, hw, training=PAPER.training.replace(router_sync=False)))
+    assert with_sync.step_time - without.step_time == pytest.approx(PAPER.model.n_layers * 5 * latency, rel=1e-9)
