@@ -264,6 +264,8 @@ def run_compare(args) -> None:
                 "--out",
                 os.path.join(out, "measured"),
                 "--timers",
+                "--repeats",
+                str(args.repeats),
             ],
             args.ranks_per_node,
             args.timeout,
@@ -348,8 +350,13 @@ def main(argv=None):
     ap.add_argument("--compare", action="store_true", help="calibrate, replay the ablation's steps, compare")
     ap.add_argument("--steps", type=int, default=40, help="tiny-workload steps the ablation scans (--compare)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--repeats", type=int, default=3, help="runs of each step in each mode; the fastest counts (--compare; the CPU is noisy)"
+    )
     ap.add_argument("--out", default="results/emulated")
     args = ap.parse_args(argv)
+    if args.repeats < 1:
+        sys.exit(f"error: --repeats={args.repeats} is invalid: use an integer >= 1")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a terminated run still removes its namespaces
     why = unavailable()
     if why:

@@ -111,6 +111,12 @@ def parse_args(argv=None):
     ap.add_argument("--out", default="results/train", help="results folder")
     ap.add_argument("--timeout", type=float, default=300, help="seconds before a stuck collective fails the job")
     ap.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="with --mode all: run each step in each mode this many times and keep the fastest (a measurement run)",
+    )
+    ap.add_argument(
         "--timers",
         action="store_true",
         help="time each step's phases and exchanges (device synchronized around each: a measurement run)",
@@ -123,7 +129,7 @@ def parse_args(argv=None):
 
 def check_args(args) -> None:
     """The driver's own flags, before any process group or work: one PlanError naming the value."""
-    ints = {"--steps": (args.steps, 1), "--save-every": (args.save_every, 0), "--warmup": (args.warmup, 0)}
+    ints = {"--steps": (args.steps, 1), "--save-every": (args.save_every, 0), "--warmup": (args.warmup, 0), "--repeats": (args.repeats, 1)}
     ints |= {f: (v, 1) for f, v in (("--stop-after", args.stop_after), ("--tokens-per-rank", args.tokens_per_rank)) if v is not None}
     ints |= {f: (v, 1) for f, v in (("--tokens-per-step", args.tokens_per_step), ("--gpus-per-node", args.gpus_per_node)) if v is not None}
     if args.resume_step is not None:
@@ -134,6 +140,8 @@ def check_args(args) -> None:
     for flag, v in (("--timeout", args.timeout), ("--lr", args.lr)):
         if not (math.isfinite(v) and v > 0):
             raise PlanError(f"{flag}={v} is invalid: use a number > 0")
+    if args.repeats > 1 and args.mode != "all":
+        raise PlanError(f"--repeats={args.repeats} needs --mode all (no optimizer step between repeats); got --mode {args.mode}")
     check_output_dir(args.out, "--out")
     if args.save_every or args.resume:
         check_output_dir(args.ckpt_dir, "--ckpt-dir")
@@ -489,7 +497,8 @@ def train(args, rank: int, world: int, device: torch.device) -> None:
                 pending.result()  # made now, so it does not run beside the timed steps
             turn = k % len(run.modes)
             for mode in run.modes[turn:] + run.modes[:turn]:
-                row = one_step(run, plans[mode], batch, mode)
+                # the fastest of --repeats runs (every rank agrees: step times are the slowest rank's)
+                row = min((one_step(run, plans[mode], batch, mode) for _ in range(run.args.repeats)), key=lambda r: r["step_time_s"])
                 run.rows.append(row)
                 log_row(run, row)
                 bar.update(1)

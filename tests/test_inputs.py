@@ -197,6 +197,8 @@ def test_the_model_and_every_step_are_checked_against_the_cluster_before_step_1(
         (["--lr", "nan"], "--lr=nan is invalid"),
         (["--resume-step", "-2"], "--resume-step=-2 is invalid"),
         (["--tokens-per-rank", "0"], "--tokens-per-rank=0 is invalid"),
+        (["--repeats", "0", "--mode", "all"], "--repeats=0 is invalid: use an integer >= 1"),
+        (["--repeats", "2"], "--repeats=2 needs --mode all"),
     ],
     ids=lambda v: " ".join(v) if isinstance(v, list) else None,
 )
