@@ -18,8 +18,12 @@ once as in a training step, it measures:
 3. full and sparse attention (the model's sparse kind, the attention backend in use) against
    sample length, forward and backward;
 4. the device's matmul peak (a large square product) and memory bandwidth (a large copy);
-5. fixed costs: a whole layer forward and backward on one token, and one small all-reduce of
-   the world (what the gradient sync's collectives pay whatever their size).
+5. fixed costs: a whole layer forward and backward on one token, one small all-reduce of the
+   world (what the gradient sync's and the router's collectives pay whatever their size), and
+   the driver's whole step (FSDP2, full recompute) on a plan of single ranks with 2 tokens each:
+   the layer's fixed cost per pass is the larger of the bare layer's and the one that makes the
+   simulator's price of that step equal its measured time (the sharding and recompute hooks are
+   fixed costs the bare layer leaves out).
 Each time is the slowest rank's, the median over repeats. It fits the cost model's hardware
 parameters: intra_node_bw and a2a_latency from the groups inside a node; the inter-node rate
 under both readings of the ratio (group: an all-to-all across nodes runs, as a whole, at one
@@ -200,6 +204,60 @@ def measure_layer_overhead(cfg: ModelConfig, backend: str, device, dtype, repeat
     return timed(step, device, repeats)
 
 
+# tokens of each rank's one sample in the runtime step that measures the fixed costs (2: one label)
+STEP_SAMPLE_TOKENS = 2
+
+
+def runtime_step_plan(world: int, node: int):
+    """The plan measure_runtime_step runs: every rank a group of its own with one 2-token sample."""
+    from solver import Cluster, Group, StepPlan  # noqa: PLC0415
+    from solver.plan import NODE_LOCAL, ParentPlan  # noqa: PLC0415
+
+    lengths = tuple((r, STEP_SAMPLE_TOKENS) for r in range(world))
+    parents = tuple(ParentPlan(Group(r, 1, (r,)), (Group(r, 1, (r,)),), NODE_LOCAL) for r in range(world))
+    return StepPlan(Cluster(world, node, STEP_SAMPLE_TOKENS), lengths, parents, "baseline").validate()
+
+
+def measure_runtime_step(cfg: ModelConfig, groups: AlignedGroups, node: int, device, dtype, repeats: int) -> float:
+    """Seconds of the driver's whole step (model.distributed.run_step: FSDP2 over every rank, full
+    recompute, the router's statistics summed over the world) on runtime_step_plan: no exchange
+    and next to no work, so what it takes is the runtime's fixed costs as the step pays them
+    (layers, sharding and recompute hooks, collectives)."""
+    from model.distributed import run_step  # noqa: PLC0415
+    from model.sharding import shard_model  # noqa: PLC0415
+
+    world = dist.get_world_size()
+    torch.manual_seed(0)
+    model = HybridMoE(cfg, "full").to(device=device, dtype=dtype)
+    if world > 1:
+        shard_model(model, device)
+    plan = runtime_step_plan(world, node)
+    gen = np.random.default_rng(0)
+    tokens = {r: gen.integers(0, cfg.vocab, STEP_SAMPLE_TOKENS) for r in range(world)}
+
+    def step():
+        run_step(model, plan, tokens, groups)
+        model.zero_grad(set_to_none=True)
+
+    return timed(step, device, repeats)
+
+
+def fit_layer_overhead(step_s: float, cfg: ModelConfig, hw: HardwareConfig, world: int, node: int) -> float:
+    """A layer's fixed seconds per forward pass that make the simulator's price of the runtime step
+    (runtime_step_plan, as measure_runtime_step runs it: full recompute, no optimizer, no experts'
+    all-to-all) equal `step_s`: the step's price without it, the rest spread over the passes the
+    simulator charges it (forward, recompute, backward x BWD_COMPUTE, every layer). 0 if the
+    price without it is already as long."""
+    from solver import TrainingConfig  # noqa: PLC0415
+    from solver.simulator import simulate  # noqa: PLC0415
+
+    plan = runtime_step_plan(world, node)
+    training = TrainingConfig(recompute="full", moe_all_to_all=False, optimizer=False)
+    without = simulate(plan, CostModel(cfg, hw.replace(layer_overhead=0.0), training=training)).step_time
+    per_second = simulate(plan, CostModel(cfg, hw.replace(layer_overhead=1.0), training=training)).step_time - without
+    return max(step_s - without, 0.0) / per_second
+
+
 def measure_attention(cfg: ModelConfig, lengths: list[int], backend: str, device, dtype, repeats: int) -> list[dict]:
     """Seconds of full and sparse attention of one sample (all heads), forward + backward, against
     its length; FLOPs as the cost model counts them."""
@@ -273,6 +331,7 @@ def calibrate(
     work = measure_token_work(cfg, tokens, device, dtype, plan["repeats"])
     attn = measure_attention(cfg, plan["lengths"], backend, device, dtype, plan["repeats"])
     layer = measure_layer_overhead(cfg, backend, device, dtype, plan["repeats"])
+    runtime_step = measure_runtime_step(cfg, groups, node, device, dtype, plan["repeats"])
     peak = peak_flops or dev["matmul_flops"]
     net = fit_all_to_all(a2a, node)
     gemm = fit_efficiency(work, peak)
@@ -293,6 +352,10 @@ def calibrate(
         layer_overhead=layer / FWD_BWD_COMPUTE,  # one forward's share of a layer's forward + backward
         collective_latency=collective,
     )
+    # the runtime's own step on a trivial plan: its fixed costs as it pays them (a bare layer's
+    # forward and backward leave out the sharding and recompute hooks); never below the bare layer's
+    step_overhead = fit_layer_overhead(runtime_step, cfg, hw, world, node)
+    hw = hw.replace(layer_overhead=max(hw.layer_overhead, step_overhead))
     return {
         "hardware": hw.to_dict(),
         "context": {**run_context(), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")},
@@ -306,6 +369,8 @@ def calibrate(
             "all_to_all": a2a,
             "collective_s": collective,
             "layer_1_token_s": layer,
+            "runtime_step_s": runtime_step,
+            "layer_overhead_from_step_s": step_overhead,
             "token_work": work,
             "attention": attn,
         },
@@ -336,9 +401,12 @@ def report(profile: dict) -> str:
             f"  {label}: {100 * f['efficiency']:.1f}% of the peak {hw['peak_flops'] / 1e12:.3f} TFLOP/s "
             f"(rel. RMS residual {100 * f['rel_rms']:.1f}%, worst {100 * f['worst_rel']:.1f}%)"
         )
+    m = profile["measurements"]
+    bare = m["layer_1_token_s"] / FWD_BWD_COMPUTE
     lines.append(
-        f"  fixed costs: {1e3 * hw['layer_overhead']:.2f} ms per layer and forward pass (a whole layer on one token), "
-        f"{1e3 * hw['collective_latency']:.2f} ms per collective of the world"
+        f"  fixed costs: {1e3 * hw['layer_overhead']:.2f} ms per layer and forward pass (a bare layer on one token: "
+        f"{1e3 * bare:.2f} ms; fitted to the runtime's step on 2 tokens per rank, {1e3 * m['runtime_step_s']:.1f} ms: "
+        f"{1e3 * m['layer_overhead_from_step_s']:.2f} ms), {1e3 * hw['collective_latency']:.2f} ms per collective of the world"
     )
     lines.append(f"  memory bandwidth {hw['hbm_bw'] / 1e9:.1f} GB/s, {hw['bytes_per_element']} bytes per element")
     return "\n".join(lines)

@@ -7,8 +7,9 @@ import math
 import pytest
 
 from experiments import ablation
-from experiments.calibrate import calibrate, fit_all_to_all
-from solver import HardwareConfig, ModelConfig, PlanError
+from experiments.calibrate import calibrate, fit_all_to_all, fit_layer_overhead, runtime_step_plan
+from solver import CostModel, HardwareConfig, ModelConfig, PlanError, TrainingConfig
+from solver.simulator import simulate
 from tests.dist_utils import run_distributed
 
 
@@ -31,6 +32,9 @@ def test_a_quick_calibration_writes_a_profile_the_planners_accept(tmp_path, caps
     assert sizes == {(2, False), (4, True)}  # every aligned group size, inside and across the emulated nodes
     for key in ("intra_node_bw", "inter_intra_ratio", "a2a_latency", "peak_flops", "gemm_efficiency", "attention_efficiency"):
         assert math.isfinite(hw.to_dict()[key]) and hw.to_dict()[key] > 0, key
+    # the layer's fixed cost: the larger of the bare layer's and the runtime step's fit
+    m = profile["measurements"]
+    assert m["runtime_step_s"] > 0 and hw.layer_overhead == pytest.approx(max(m["layer_1_token_s"] / 3, m["layer_overhead_from_step_s"]))
     # the planners take it where they take a preset
     ablation.main(["--hardware", path, "--steps", "10", "--seeds", "1", "--out", str(tmp_path / "abl"), "--no-progress"])
     assert "commit" in capsys.readouterr().out
@@ -52,3 +56,15 @@ def test_the_all_to_all_fit_recovers_the_rates_it_was_given():
     assert fit["intra"]["intra_node_bw"] == pytest.approx(intra, rel=1e-6)
     assert fit["intra"]["a2a_latency"] == pytest.approx(lat, rel=1e-6)
     assert fit["reading"] == "group" and fit["inter"]["group"]["ratio"] == pytest.approx(8.0, rel=1e-6)
+
+
+def test_the_layer_overhead_fit_recovers_the_overhead_a_step_was_priced_with():
+    """A runtime step priced by the simulator with a known per-pass layer overhead fits back to it
+    (from a profile that had another), and a step faster than the price without any overhead
+    fits to none."""
+    cfg, known = ModelConfig.from_name("tiny"), 3.7e-3
+    hw = HardwareConfig(collective_latency=2e-3, layer_overhead=1e-3)
+    training = TrainingConfig(recompute="full", moe_all_to_all=False, optimizer=False)
+    step = simulate(runtime_step_plan(8, 2), CostModel(cfg, hw.replace(layer_overhead=known), training=training)).step_time
+    assert fit_layer_overhead(step, cfg, hw, 8, 2) == pytest.approx(known, rel=1e-9)
+    assert fit_layer_overhead(1e-9, cfg, hw, 8, 2) == 0.0
