@@ -268,7 +268,7 @@ def run_compare(args) -> None:
                 str(args.repeats),
             ],
             args.ranks_per_node,
-            args.timeout,
+            args.timeout * args.repeats,  # each repeat is a whole replay's work
             os.path.join(out, "logs", "replay"),
             "the replay",
         )
@@ -346,7 +346,7 @@ def main(argv=None):
     ap.add_argument("--nodes", type=int, default=4)
     ap.add_argument("--ranks-per-node", type=int, default=2)
     ap.add_argument("--inter-mbit", type=float, default=800.0, help="rate of each node's link, both ways (Mbit/s)")
-    ap.add_argument("--timeout", type=float, default=900.0, help="seconds before every launcher is killed")
+    ap.add_argument("--timeout", type=float, default=900.0, help="seconds before every launcher is killed (the replay's: x --repeats)")
     ap.add_argument("--compare", action="store_true", help="calibrate, replay the ablation's steps, compare")
     ap.add_argument("--steps", type=int, default=40, help="tiny-workload steps the ablation scans (--compare)")
     ap.add_argument("--seed", type=int, default=0)
