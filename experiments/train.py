@@ -391,7 +391,7 @@ def one_step(run: Run, plan, batch, mode: str) -> dict:
             "grad_sync_s": timers["grad_sync"],
             "exchange_full_s": stats.exchange_seconds("full"),
             "exchange_sparse_s": stats.exchange_seconds("sparse"),
-            "exchange_a2a_s": stats.exchange_seconds("", part=1),
+            "exchange_a2a_s": stats.exchange_seconds("", part="all_to_all"),
         }
         t = torch.tensor(list(parts.values()), dtype=torch.float64, device=run.device)
         dist.all_reduce(t)

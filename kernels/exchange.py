@@ -195,7 +195,7 @@ class CommStats:
 
     gpus_per_node: int = 8
     timed: bool = False
-    seconds: dict = field(default_factory=lambda: defaultdict(lambda: [0.0, 0.0, 0.0]))  # site -> [pack, all-to-all, unpack]
+    seconds: dict = field(default_factory=lambda: defaultdict(dict))  # site -> {"pack", "all_to_all", "unpack", "record"}: seconds
     calls: dict = field(default_factory=lambda: defaultdict(int))
     bytes_to_peer: dict = field(default_factory=lambda: defaultdict(lambda: defaultdict(int)))  # site -> (src, dst) -> bytes
     bytes_by_site: dict = field(default_factory=lambda: defaultdict(lambda: [0, 0]))  # site -> [intra, inter]
@@ -211,10 +211,11 @@ class CommStats:
             self.bytes_to_peer[site][(args.rank, dst)] += b
             self.bytes_by_site[site][0 if dst // self.gpus_per_node == src_node else 1] += b
 
-    def exchange_seconds(self, site_prefix: str = "", part: int | None = None) -> float:
-        """Timed seconds of the sites starting with `site_prefix`: one part (0 pack, 1 all-to-all,
-        2 unpack) or all three."""
-        return sum(sum(v) if part is None else v[part] for k, v in self.seconds.items() if k.startswith(site_prefix))
+    def exchange_seconds(self, site_prefix: str = "", part: str | None = None) -> float:
+        """Timed seconds of the sites starting with `site_prefix`: one part ("pack", "all_to_all",
+        "unpack") or all three (the counting itself, "record", is in none)."""
+        parts = EXCHANGE_PARTS if part is None else (part,)
+        return sum(v.get(q, 0.0) for k, v in self.seconds.items() if k.startswith(site_prefix) for q in parts)
 
     def inter_node_bytes(self, site_prefix: str = "") -> int:
         return sum(v[1] for k, v in self.bytes_by_site.items() if k.startswith(site_prefix))
@@ -298,37 +299,40 @@ class _Exchange(torch.autograd.Function):
         return _Exchange.apply(grad.contiguous(), inv, ctx.transport, ctx.path, ctx.stats, ctx.site + ".bwd"), None, None, None, None, None
 
 
-def _run(x, args, transport, path, stats, site):
-    if stats is not None and stats.timed:
-        return _run_timed(x, args, transport, path, stats, site)
-    send = pack(x, args, path)
-    if stats is not None:
-        stats.record(site, args, send.shape[1] * send.shape[2] * send.element_size())
-    recv = transport(send, args)
-    return unpack(recv, args, path)
+EXCHANGE_PARTS = ("pack", "all_to_all", "unpack")
 
 
-def _run_timed(x, args, transport, path, stats, site):
-    """_run with each part's wall seconds added to stats.seconds[site]."""
+class PhaseClock:
+    """Wall seconds between laps, added into a dict by lap name, the device synchronized at each
+    lap; given no dict, it neither syncs nor times (a measurement run's clock, free otherwise)."""
 
-    def now():
-        if x.is_cuda:
-            torch.cuda.synchronize(x.device)
+    def __init__(self, timers: dict | None, device: torch.device):
+        self.timers, self.device = timers, device
+        self.t = self._now() if timers is not None else 0.0
+
+    def _now(self) -> float:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
         return time.perf_counter()
 
-    t0 = now()
+    def lap(self, name: str) -> None:
+        if self.timers is not None:
+            t = self._now()
+            self.timers[name] = self.timers.get(name, 0.0) + t - self.t
+            self.t = t
+
+
+def _run(x, args, transport, path, stats, site):
+    clock = PhaseClock(stats.seconds[site] if stats is not None and stats.timed else None, x.device)
     send = pack(x, args, path)
-    t1 = now()
-    stats.record(site, args, send.shape[1] * send.shape[2] * send.element_size())
-    t2 = now()
+    clock.lap("pack")
+    if stats is not None:
+        stats.record(site, args, send.shape[1] * send.shape[2] * send.element_size())
+    clock.lap("record")
     recv = transport(send, args)
-    t3 = now()
+    clock.lap("all_to_all")
     out = unpack(recv, args, path)
-    t4 = now()
-    acc = stats.seconds[site]
-    acc[0] += t1 - t0
-    acc[1] += t3 - t2
-    acc[2] += t4 - t3
+    clock.lap("unpack")
     return out
 
 

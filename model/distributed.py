@@ -11,13 +11,11 @@ every rank's, as in a single-process step over the whole batch.
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import torch
 import torch.distributed as dist
 
-from kernels.exchange import AlignedGroups, CommStats, dist_transport, exchange, exchange_args
+from kernels.exchange import AlignedGroups, CommStats, PhaseClock, dist_transport, exchange, exchange_args
 from solver import StepPlan, head_cu_seqlens, token_to_head_rank
 from solver.config import ModelConfig
 
@@ -216,7 +214,7 @@ def run_step(
     the replicated gradients' all-reduce; "loss_sum"), the device synchronized between phases."""
     rank, world = dist.get_rank(), dist.get_world_size()
     dev = next(model.parameters()).device
-    clock = _PhaseClock(timers, dev)
+    clock = PhaseClock(timers, dev)
     validate(plan, model.cfg, world)
     if check_hash:
         check_same_plan(plan, dev)
@@ -239,25 +237,6 @@ def run_step(
     dist.all_reduce(total)
     clock.lap("loss_sum")
     return total
-
-
-class _PhaseClock:
-    """Wall seconds between laps into a dict (nothing, not even a sync, without one)."""
-
-    def __init__(self, timers: dict | None, device: torch.device):
-        self.timers, self.device = timers, device
-        self.t = self._now() if timers is not None else 0.0
-
-    def _now(self) -> float:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        return time.perf_counter()
-
-    def lap(self, name: str) -> None:
-        if self.timers is not None:
-            t = self._now()
-            self.timers[name] = self.timers.get(name, 0.0) + t - self.t
-            self.t = t
 
 
 __all__ = [
