@@ -94,7 +94,7 @@ class _GroupFill:
             return -1
         self.add(best, item, cost, length)
         heap = self.fill.heaps[self.size[best]]
-        if heap[0][1] == best:  # LeastLoaded.rekey, inlined
+        if heap[0][1] == best:  # re-keyed at once (solver.fill)
             heapq.heapreplace(heap, (load[best], best))
         return best
 

@@ -9,8 +9,10 @@ Loads only grow. A bin whose load rose keeps its old, smaller key until it reach
 heap, where it is re-keyed (lazy re-keying): a placement costs O(log bins), with no heap rebuild.
 The bin found is the same as with exact keys: the smallest (load, bin) among bins with room (a
 fresh top's key is at most every other entry's key, and no entry's key exceeds its bin's load).
-So a caller may re-key a bin early (rekey), and may take a heap's top itself, without a call,
-when its key is fresh and it has room: what least_loaded would return.
+So a caller may re-key a bin early (the bin a placement just chose is usually its heap's top:
+heapreplace it with its new load), and may take a heap's top itself, without a call, when its
+key is fresh and it has room: what least_loaded would return. The fills do both inline (their
+innermost loop) and call least_loaded only for a stale or full top.
 """
 
 from __future__ import annotations
@@ -31,13 +33,6 @@ class LeastLoaded:
 
     def kinds(self):
         return self.heaps.keys()
-
-    def rekey(self, kind: Hashable, b: int) -> None:
-        """Bin b's load rose: re-key it now if it is its heap's top (the bin a placement just
-        chose usually is), sparing the next placement the stale entry."""
-        heap = self.heaps[kind]
-        if heap[0][1] == b:
-            heapq.heapreplace(heap, (self.load(b), b))
 
     def least_loaded(self, kind: Hashable, has_room: Callable[[int], bool]) -> int:
         """The least-loaded bin of `kind` for which has_room(bin) holds, or -1."""

@@ -140,7 +140,7 @@ class _BinFill:
         if best >= 0:
             self.add(best, i)
             heap = self.fill.heaps[best_kind]
-            if heap[0][1] == best:  # LeastLoaded.rekey, inlined; its siblings' entries are re-keyed when they surface
+            if heap[0][1] == best:  # re-keyed at once (solver.fill); its siblings' entries when they surface
                 heapq.heapreplace(heap, (parent_shared[bin_parent[best]] + bin_own[best], best))
         return best
 
@@ -261,24 +261,12 @@ def solve_parents(
     cost: CostModel,
     repack: bool = True,
     est: PlanEstimate | None = None,
-) -> tuple[ParentPlan, ...]:
+) -> tuple[tuple[ParentPlan, ...], list[float]]:
     """The parent solver: joint_parents, kept only if PlanEstimate prices it no slower than
     `start` (the repack plan: the baseline parents with solved children; without repacking, the
     baseline plan), which is returned otherwise, so the result is never estimated slower than
-    its input. `est`: the step's PlanEstimate, if the caller has one."""
-    return solve_parents_timed(start, samples, cluster, cost, repack, est)[0]
-
-
-def solve_parents_timed(
-    start: Sequence[ParentPlan],
-    samples: Sequence[Sample],
-    cluster: Cluster,
-    cost: CostModel,
-    repack: bool = True,
-    est: PlanEstimate | None = None,
-) -> tuple[tuple[ParentPlan, ...], list[float]]:
-    """solve_parents, with the PlanEstimate time of each parent it returns (the width solver
-    starts from them)."""
+    its input. Returns the parents and the PlanEstimate time of each (the width solver starts
+    from them). `est`: the step's PlanEstimate, if the caller has one."""
     cost = cost.for_cluster(cluster)
     est = est or PlanEstimate({s.id: s.length for s in samples}, cluster, cost)
     start = tuple(start)

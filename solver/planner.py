@@ -20,7 +20,7 @@ from .cluster import Cluster, PlanError, Sample, ceil_pow2, check_samples
 from .cost import CostModel
 from .estimate import PlanEstimate
 from .layout import Group
-from .parent_solver import solve_parents_timed
+from .parent_solver import solve_parents
 from .plan import DISABLED, MODES, NODE_LOCAL, ParentPlan, StepPlan
 from .width_solver import solve_widths
 
@@ -66,7 +66,7 @@ def make_plan(
         length_of = {s.id: s.length for s in samples}
         start = _parent_plans(groups, length_of, cluster, cost, "repack" if repack else "baseline")
         est = PlanEstimate(length_of, cluster, cost)  # one per step, shared by the solvers
-        parents, times = solve_parents_timed(start, samples, cluster, cost, repack, est)
+        parents, times = solve_parents(start, samples, cluster, cost, repack, est)
         if mode == "repack+widths":
             parents = solve_widths(parents, samples, cluster, cost, est, times)
         return StepPlan(cluster, tuple((s.id, s.length) for s in samples), parents, mode).validate()
