@@ -405,7 +405,7 @@ def report(profile: dict) -> str:
     bare = m["layer_1_token_s"] / FWD_BWD_COMPUTE
     lines.append(
         f"  fixed costs: {1e3 * hw['layer_overhead']:.2f} ms per layer and forward pass (a bare layer on one token: "
-        f"{1e3 * bare:.2f} ms; fitted to the runtime's step on 2 tokens per rank, {1e3 * m['runtime_step_s']:.1f} ms: "
+        f"{1e3 * bare:.2f} ms; fitted to the runtime's step on {STEP_SAMPLE_TOKENS} tokens per rank, {1e3 * m['runtime_step_s']:.1f} ms: "
         f"{1e3 * m['layer_overhead_from_step_s']:.2f} ms), {1e3 * hw['collective_latency']:.2f} ms per collective of the world"
     )
     lines.append(f"  memory bandwidth {hw['hbm_bw'] / 1e9:.1f} GB/s, {hw['bytes_per_element']} bytes per element")

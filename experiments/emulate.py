@@ -20,9 +20,11 @@ with the tiny model on the cluster's shape and the calibrated profile, on a trac
 workload (the simulator's prediction of every selected step in every mode); (3) replays those
 steps through the driver on the emulated cluster in every mode (train --replay --mode all: no
 optimizer step, so the ablation leaves the optimizer out, and the experts' all-to-all, which the
-runtime does not run); (4) compares each step's measured time with the prediction: per mode the
-median and worst relative error, and the measured against the predicted change vs baseline.
-Writes <out>/compare.csv (a row per step and mode) and compare.json (the summary, with context).
+runtime does not run; with --timers, each step's phases timed, and --repeats rounds over the
+modes, each mode's fastest kept); (4) compares each step's measured time with the prediction: per
+mode the median and worst relative error, and the measured against the predicted change vs
+baseline, and the mean measured phases beside the simulator's terms. Writes <out>/compare.csv (a
+row per step and mode) and compare.json (the summary and the breakdown, with context).
 """
 
 from __future__ import annotations
@@ -172,17 +174,19 @@ def _run_or_fail(cluster: EmulatedCluster, args: list[str], rpn: int, timeout: f
         raise RuntimeError(f"{what} failed on the emulated cluster (return codes {codes}); node 0's log ends:\n{tail}")
 
 
-def compare(sim_dir: str, measured_dir: str) -> tuple[list[dict], dict]:
-    """Rows per (step, mode) with the predicted and measured step time, and per mode the errors and
-    the changes vs baseline (means over the steps both have)."""
+def paired_steps(sim_dir: str, measured_dir: str) -> list[tuple[dict, dict]]:
+    """(simulated row, measured row) of every (step, mode) both runs have, in the measured order."""
     sim_rows, _ = read_run(sim_dir)
     meas_rows, _ = read_run(measured_dir)
     sim = {(r["step"], r["mode"]): r for r in sim_rows}
+    return [(sim[(r["step"], r["mode"])], r) for r in meas_rows if (r["step"], r["mode"]) in sim]
+
+
+def compare(pairs: list[tuple[dict, dict]]) -> tuple[list[dict], dict]:
+    """Rows per (step, mode) of paired_steps with the predicted and measured step time, and per
+    mode the errors and the changes vs baseline (means over the steps both have)."""
     rows = []
-    for r in meas_rows:
-        s = sim.get((r["step"], r["mode"]))
-        if s is None:
-            continue
+    for s, r in pairs:
         rows.append(
             {
                 "step": r["step"],
@@ -272,11 +276,12 @@ def run_compare(args) -> None:
             os.path.join(out, "logs", "replay"),
             "the replay",
         )
-    rows, summary = compare(os.path.join(out, "predicted"), os.path.join(out, "measured"))
+    pairs = paired_steps(os.path.join(out, "predicted"), os.path.join(out, "measured"))
+    rows, summary = compare(pairs)
     with open(os.path.join(out, "compare.csv"), "w") as f:
         f.write(",".join(rows[0]) + "\n")
         f.writelines(",".join(str(v) for v in r.values()) + "\n" for r in rows)
-    parts = breakdown(os.path.join(out, "predicted"), os.path.join(out, "measured"))
+    parts = breakdown(pairs)
     result = {
         "context": run_context(),
         "cluster": {"nodes": args.nodes, "ranks_per_node": args.ranks_per_node, "inter_mbit": args.inter_mbit},
@@ -318,21 +323,18 @@ MEASURED_PARTS = (
 )
 
 
-def breakdown(sim_dir: str, measured_dir: str) -> dict[str, dict]:
+def breakdown(pairs: list[tuple[dict, dict]]) -> dict[str, dict]:
     """Per mode, the mean of each predicted term (the simulator's, exchanges = intra + inter) and
-    each measured phase (the driver's --timers columns) over the steps both sides ran."""
-    sim_rows, _ = read_run(sim_dir)
-    meas_rows, _ = read_run(measured_dir)
-    sim = {(r["step"], r["mode"]): r for r in sim_rows}
+    each measured phase (the driver's --timers columns) over paired_steps."""
     out = {}
     for mode in MODES:
-        pairs = [(sim[(r["step"], mode)], r) for r in meas_rows if r["mode"] == mode and (r["step"], mode) in sim]
-        if not pairs:
+        mine = [(s, m) for s, m in pairs if m["mode"] == mode]
+        if not mine:
             continue
-        pred = {k: float(np.mean([s[k] for s, _ in pairs])) for k in PREDICTED_PARTS}
-        pred["exchange_s"] = float(np.mean([s["intra_comm_s"] + s["inter_comm_s"] for s, _ in pairs]))
-        meas = {k: float(np.mean([m[k] for _, m in pairs])) for k in MEASURED_PARTS}
-        out[mode] = {"steps": len(pairs), "predicted": pred, "measured": meas}
+        pred = {k: float(np.mean([s[k] for s, _ in mine])) for k in PREDICTED_PARTS}
+        pred["exchange_s"] = float(np.mean([s["intra_comm_s"] + s["inter_comm_s"] for s, _ in mine]))
+        meas = {k: float(np.mean([m[k] for _, m in mine])) for k in MEASURED_PARTS}
+        out[mode] = {"steps": len(mine), "predicted": pred, "measured": meas}
     return out
 
 

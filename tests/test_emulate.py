@@ -5,7 +5,7 @@ import subprocess
 
 import pytest
 
-from experiments.emulate import EmulatedCluster, compare, unavailable
+from experiments.emulate import EmulatedCluster, compare, paired_steps, unavailable
 from experiments.results import write_run
 
 WHY = unavailable()
@@ -40,7 +40,7 @@ def test_the_comparison_joins_steps_and_modes_and_reports_changes(tmp_path):
 
     run("sim", "sim", {(0, "baseline"): 1.0, (0, "repack"): 0.8, (1, "baseline"): 2.0, (1, "repack"): 1.8})
     run("meas", "torch", {(0, "baseline"): 2.0, (0, "repack"): 1.0, (1, "baseline"): 4.0, (1, "repack"): 4.0})
-    rows, summary = compare(str(tmp_path / "sim"), str(tmp_path / "meas"))
+    rows, summary = compare(paired_steps(str(tmp_path / "sim"), str(tmp_path / "meas")))
     assert len(rows) == 4 and all(r["same_plan"] for r in rows)
     assert summary["baseline"]["median_abs_rel_error_pct"] == pytest.approx(50.0)
     r = summary["repack"]
