@@ -263,6 +263,8 @@ def simulate_row(row: dict, plan, cost: CostModel) -> dict:
         full_inter_bytes=r.full_inter_bytes,
         sparse_intra_bytes=r.sparse_intra_bytes,
         sparse_inter_bytes=r.sparse_inter_bytes,
+        exchange_full_s=r.full_exchange,
+        exchange_sparse_s=r.sparse_exchange,
         model_flops=r.model_flops,
     )
     return row
@@ -340,7 +342,8 @@ def print_tables(rows, summary, out=None):
         f"baseline pricing {cfg['baseline_pricing']}"
     )
     ratios = ", ".join(f"{k} {v:.2f}x" for k, v in cfg["group_rate_ratios"].items())
-    p(f"inter/intra ratio {hw['inter_intra_ratio']} read per {hw['ratio_reading']}: group all-to-all rates {ratios}")
+    crossing = f", +{1e6 * hw['a2a_inter_latency']:.0f} us per call across nodes" if hw.get("a2a_inter_latency") else ""
+    p(f"inter/intra ratio {hw['inter_intra_ratio']} read per {hw['ratio_reading']}: group all-to-all rates {ratios}{crossing}")
     experts = f"EP{tr['ep_degree']} {tr['ep_placement']}-node, {100 * tr['moe_overlap']:.0f}% hidden" if tr["moe_all_to_all"] else "off"
     grad = f"{100 * tr['grad_sync_overlap']:.0f}% hidden" if tr["grad_sync"] else "off"
     p(

@@ -26,8 +26,9 @@ once as in a training step, it measures:
    fixed costs the bare layer leaves out).
 Each time is the slowest rank's, the median over repeats. It fits the cost model's hardware
 parameters: intra_node_bw and a2a_latency from the groups inside a node; the inter-node rate
-under both readings of the ratio (group: an all-to-all across nodes runs, as a whole, at one
-rate; link: each peer's bytes at its link's rate), the reading with the smaller residual kept;
+and the latency a call across nodes adds (a2a_inter_latency) under both readings of the ratio
+(group: an all-to-all across nodes runs, as a whole, at one rate; link: each peer's bytes at its
+link's rate), the reading with the smaller residual kept;
 gemm_efficiency and attention_efficiency against the measured peak (only peak x efficiency
 enters a step time, so the prediction does not depend on that choice; --peak-flops sets a
 datasheet peak for MFU). It prints every fit with its residuals and writes the profile: JSON with
@@ -115,10 +116,19 @@ def _lstsq(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, float]:
     return coef, float(np.sqrt(np.mean(((pred - y) / y) ** 2)))
 
 
+def _fixed_and_slope(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    """y ~ fixed + x * slope by least squares with fixed >= 0 (refit through the origin when the
+    intercept comes out negative) and slope > 0 (kept finite where noise swamps it)."""
+    (fixed, slope), _ = _lstsq(np.stack([np.ones_like(x), x], 1), y)
+    if fixed < 0:
+        fixed, slope = 0.0, float(_lstsq(x[:, None], y)[0][0])
+    return float(fixed), max(float(slope), 1e-15)
+
+
 def fit_all_to_all(rows: list[dict], node: int) -> dict:
-    """intra_node_bw and a2a_latency from the groups inside a node; the inter-node rate under the
-    group and the link reading from the groups across nodes (latency fixed), each with its
-    relative RMS residual."""
+    """intra_node_bw and a2a_latency from the groups inside a node; from the groups across nodes,
+    the inter-node rate and the latency a call across nodes adds (a2a_inter_latency) under the
+    group and the link reading, each with its relative RMS residual."""
     intra = [r for r in rows if not r["spans_nodes"]]
     inter = [r for r in rows if r["spans_nodes"]]
     out: dict = {}
@@ -134,27 +144,22 @@ def fit_all_to_all(rows: list[dict], node: int) -> dict:
     res = float(np.sqrt(np.mean(((lat + sent * inv_bw - t) / t) ** 2)))
     out["intra"] = {"a2a_latency": lat, "intra_node_bw": 1.0 / float(inv_bw), "rel_rms": res, "points": len(intra)}
     if inter:
-        t = np.array([r["seconds"] for r in inter]) - lat
+        y = np.array([r["seconds"] for r in inter])
         per_peer = np.array([r["bytes_per_peer"] for r in inter], dtype=np.float64)
         size = np.array([r["group_size"] for r in inter], dtype=np.float64)
         intra_peers = np.minimum(size, node) - 1
         inter_peers = size - 1 - intra_peers
-        y = np.array([r["seconds"] for r in inter])
-        # group: the whole exchange at the inter rate; link: intra peers at the intra rate, inter peers at the inter rate
-        g, _ = _lstsq((per_peer * (size - 1))[:, None], t)
-        link_x = (per_peer * inter_peers)[:, None]
-        link_t = t - per_peer * intra_peers / out["intra"]["intra_node_bw"]
-        k, _ = _lstsq(link_x, link_t)
+        intra_part = per_peer * intra_peers / out["intra"]["intra_node_bw"]
+        # group: the whole exchange at the inter rate; link: intra peers at the intra rate, inter
+        # peers at the inter rate; both on top of the latency inside a node plus what crossing adds
         fits = {}
-        g0, k0 = max(float(g[0]), 1e-15), max(float(k[0]), 1e-15)  # rates stay finite where a slope is lost in noise
-        for name, inv, pred in (
-            ("group", g0, lat + per_peer * (size - 1) * g0),
-            ("link", k0, lat + per_peer * intra_peers / out["intra"]["intra_node_bw"] + per_peer * inter_peers * k0),
-        ):
-            bw = 1.0 / inv
+        for name, x, known in (("group", per_peer * (size - 1), 0.0), ("link", per_peer * inter_peers, intra_part)):
+            extra, inv = _fixed_and_slope(x, y - lat - known)
+            pred = lat + extra + known + x * inv
             fits[name] = {
-                "inter_node_bw": bw,
-                "ratio": out["intra"]["intra_node_bw"] / bw,
+                "inter_node_bw": 1.0 / inv,
+                "ratio": out["intra"]["intra_node_bw"] * inv,
+                "a2a_inter_latency": extra,
                 "rel_rms": float(np.sqrt(np.mean(((pred - y) / y) ** 2))),
             }
         out["inter"] = fits
@@ -347,6 +352,7 @@ def calibrate(
         inter_intra_ratio=net["inter"][reading]["ratio"] if "inter" in net else base.inter_intra_ratio,
         ratio_reading=reading,
         a2a_latency=net["intra"]["a2a_latency"],
+        a2a_inter_latency=net["inter"][reading]["a2a_inter_latency"] if "inter" in net else base.a2a_inter_latency,
         bytes_per_element=torch.tensor([], dtype=dtype).element_size(),
         hbm_bw=dev["copy_bytes_per_s"] / 2,
         layer_overhead=layer / FWD_BWD_COMPUTE,  # one forward's share of a layer's forward + backward
@@ -390,8 +396,8 @@ def report(profile: dict) -> str:
         for name, f in net["inter"].items():
             kept = " <- kept" if name == net["reading"] else ""
             lines.append(
-                f"  across nodes, {name} reading: {f['inter_node_bw'] / 1e9:.3f} GB/s, ratio {f['ratio']:.2f}x "
-                f"(rel. RMS residual {100 * f['rel_rms']:.1f}%){kept}"
+                f"  across nodes, {name} reading: {f['inter_node_bw'] / 1e9:.3f} GB/s, ratio {f['ratio']:.2f}x, "
+                f"+{1e6 * f['a2a_inter_latency']:.0f} us per call (rel. RMS residual {100 * f['rel_rms']:.1f}%){kept}"
             )
     else:
         lines.append(f"  across nodes: not measured (one node); ratio kept at {hw['inter_intra_ratio']} ({hw['ratio_reading']} reading)")

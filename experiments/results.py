@@ -53,7 +53,9 @@ STEP_COLUMN_TYPES = {
     "host_s": float,  # the plan's checks, the rank's context and its local batch
     "forward_s": float,  # forward pass, exchanges and FSDP2's gathers included
     "backward_s": float,  # backward pass (recompute and FSDP2's reductions included)
-    "exchange_full_s": float,  # full-attention sites' exchanges (pack + all-to-all + unpack), both passes
+    # full-attention sites' exchanges (pack + all-to-all + unpack), both passes; the simulator fills
+    # this and the next with its all-to-alls' time from a rank's arrival to their end (waits included)
+    "exchange_full_s": float,
     "exchange_sparse_s": float,  # sparse sites' exchanges, both passes
     "exchange_a2a_s": float,  # the all-to-all calls alone, every site
     "plan_hash": str,

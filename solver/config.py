@@ -134,6 +134,9 @@ class HardwareConfig(_Config):
     # inter-node byte costs ratio x an intra-node byte, each peer's bytes at its link's rate.
     ratio_reading: str = "group"
     a2a_latency: float = 25e-6  # fixed cost of one all-to-all call (launch + sync), seconds
+    # What an all-to-all whose group spans nodes pays on top of a2a_latency per call (the network's
+    # round trip and its proxies), seconds; 0 unless measured (experiments.calibrate fits it).
+    a2a_inter_latency: float = 0.0
     bytes_per_element: int = 2  # bf16 activations
     hbm_bw: float = 3.35e12  # device memory bytes/s, H100 SXM datasheet (the optimizer step is memory-bound)
     # Fixed costs that FLOPs and bytes do not show, 0 unless measured (experiments.calibrate fits
@@ -146,7 +149,7 @@ class HardwareConfig(_Config):
     def __post_init__(self):
         for f in ("peak_flops", "gemm_efficiency", "attention_efficiency", "intra_node_bw", "inter_intra_ratio", "hbm_bw"):
             check_positive(f, getattr(self, f))
-        for f in ("a2a_latency", "layer_overhead", "collective_latency"):
+        for f in ("a2a_latency", "a2a_inter_latency", "layer_overhead", "collective_latency"):
             check_non_negative(f, getattr(self, f))
         if self.gemm_efficiency > 1 or self.attention_efficiency > 1:
             raise PlanError("efficiencies are fractions of peak: use values in (0, 1]")

@@ -299,11 +299,12 @@ class CostModel:
             return 0.0, 0.0
         intra_peers, inter_peers = self.peers(start, size, rank)
         per_peer = tokens * row_bytes / size
+        extra = self.hw.a2a_inter_latency if inter_peers else 0.0  # a call across nodes pays the network's round trip
         if self.hw.ratio_reading == "group" and inter_peers:  # the whole all-to-all at the cross-node rate
-            return self.hw.a2a_latency, per_peer * (intra_peers + inter_peers) / self.hw.inter_node_bw
+            return self.hw.a2a_latency, per_peer * (intra_peers + inter_peers) / self.hw.inter_node_bw + extra
         return (
             per_peer * intra_peers / self.hw.intra_node_bw + self.hw.a2a_latency,
-            per_peer * inter_peers / self.hw.inter_node_bw,
+            per_peer * inter_peers / self.hw.inter_node_bw + extra,
         )
 
     def exchange_line(self, size: int) -> tuple[float, float]:
@@ -352,7 +353,8 @@ class CostModel:
         """Bytes per second a rank sends to its peers in one all-to-all of an aligned group of
         `size` ranks (latency aside): the effective rate the ratio and its reading imply."""
         intra, inter = self.exchange_time(1.0, 0, size, 0, 1.0)
-        return (size - 1) / size / (intra + inter - self.hw.a2a_latency)
+        fixed = self.hw.a2a_latency + (self.hw.a2a_inter_latency if size > self.gpus_per_node else 0.0)
+        return (size - 1) / size / (intra + inter - fixed)
 
     def layer_exchange_time(self, tokens: float, start: int, size: int, rank: int) -> float:
         """Forward + backward seconds of one attention layer's entry and exit exchanges."""

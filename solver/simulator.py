@@ -46,6 +46,11 @@ class StepResult:
     sparse_inter_bytes: float
     a2a_calls_full: int  # all-to-all calls per rank at full-attention sites (max over ranks)
     a2a_calls_sparse: int
+    # mean over ranks, seconds from arriving at a site's all-to-alls to their end, the wait for the
+    # group included: what a timer around the calls measures (train --timers); they overlap the
+    # parts above (comm and imbalance wait), they do not add to them
+    full_exchange: float
+    sparse_exchange: float
 
     def to_dict(self):
         return asdict(self)
@@ -92,6 +97,7 @@ class _Timeline:
         self.inter = np.zeros(world)
         self.wait = np.zeros(world)
         self.moe = np.zeros(world)
+        self.blocked = {"full": np.zeros(world), "sparse": np.zeros(world)}
 
     def work(self, dt: np.ndarray):
         self.t += dt
@@ -108,12 +114,13 @@ class _Timeline:
         self.t[:] = top + dt
         self.moe += dt
 
-    def sync_exchange(self, layout: _Layout, intra_s: np.ndarray, inter_s: np.ndarray):
+    def sync_exchange(self, layout: _Layout, intra_s: np.ndarray, inter_s: np.ndarray, site: str):
         """All-to-all over each group of `layout`: wait for the group, then its slowest transfer."""
         start = layout.group_max(self.t)
         self.wait += start - self.t
         own = intra_s + inter_s
         dur = layout.group_max(own)
+        self.blocked[site] += start - self.t + dur
         # attribute the blocked time like the group's critical member splits it
         crit_intra = layout.group_max(np.where(own == dur, intra_s, -np.inf))
         crit_intra = np.where(np.isfinite(crit_intra), crit_intra, 0.0)
@@ -150,11 +157,12 @@ def _exchange(cost: CostModel, layout: _Layout, send_rows: np.ndarray, recv_rows
     recv_inter = (recv_rows - node_rows) * per_peer
     single = size == 1
     latency = np.where(single, 0.0, cost.hw.a2a_latency)
+    spans = size > same
+    extra = np.where(spans, cost.hw.a2a_inter_latency, 0.0)  # a call across nodes pays the network's round trip
     intra_s = np.maximum(send_intra, recv_intra) / cost.hw.intra_node_bw + latency
-    inter_s = np.maximum(send_inter, recv_inter) / cost.hw.inter_node_bw
+    inter_s = np.maximum(send_inter, recv_inter) / cost.hw.inter_node_bw + extra
     if cost.hw.ratio_reading == "group":  # a group across nodes moves all its bytes at the cross-node rate
-        spans = size > same
-        whole = np.maximum(send_intra + send_inter, recv_intra + recv_inter) / cost.hw.inter_node_bw
+        whole = np.maximum(send_intra + send_inter, recv_intra + recv_inter) / cost.hw.inter_node_bw + extra
         intra_s = np.where(spans, latency, intra_s)
         inter_s = np.where(spans, whole, inter_s)
     return intra_s, inter_s, float(send_intra.sum()), float(send_inter.sum())
@@ -225,7 +233,7 @@ def simulate(plan: StepPlan, cost: CostModel) -> StepResult:
                 tl.work(val * factor)
             else:
                 intra_s, inter_s, b_in, b_out = val
-                tl.sync_exchange(layout, intra_s, inter_s)  # zero for groups of one rank
+                tl.sync_exchange(layout, intra_s, inter_s, key)  # zero for groups of one rank
                 bytes_acc[key][0] += b_in
                 bytes_acc[key][1] += b_out
                 calls[key] += 1
@@ -278,4 +286,6 @@ def simulate(plan: StepPlan, cost: CostModel) -> StepResult:
         sparse_inter_bytes=bytes_acc["sparse"][1],
         a2a_calls_full=calls["full"],
         a2a_calls_sparse=calls["sparse"],
+        full_exchange=float(tl.blocked["full"].mean()),
+        sparse_exchange=float(tl.blocked["sparse"].mean()),
     )

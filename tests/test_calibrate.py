@@ -43,19 +43,22 @@ def test_a_quick_calibration_writes_a_profile_the_planners_accept(tmp_path, caps
         HardwareConfig.from_name(str(tmp_path / "bad.json"))
 
 
-def test_the_all_to_all_fit_recovers_the_rates_it_was_given():
-    """Times made from known rates (2 GB/s inside a node, 0.25 GB/s for a group across nodes, 50 us)
-    fit back to them, and the group reading wins over the link reading on them."""
+@pytest.mark.parametrize("crossing", [0.0, 300e-6])
+def test_the_all_to_all_fit_recovers_the_rates_it_was_given(crossing):
+    """Times made from known rates (2 GB/s inside a node, 0.25 GB/s for a group across nodes, 50 us,
+    and `crossing` more per call across nodes) fit back to them, and the group reading wins over
+    the link reading on them."""
     lat, intra, inter = 50e-6, 2e9, 0.25e9
     rows = []
     for p in (2, 4, 8, 16):
         for per_peer in (1 << 10, 1 << 16, 1 << 20):
-            rate = intra if p <= 4 else inter
-            rows.append({"group_size": p, "spans_nodes": p > 4, "bytes_per_peer": per_peer, "seconds": lat + per_peer * (p - 1) / rate})
+            rate, fixed = (intra, lat) if p <= 4 else (inter, lat + crossing)
+            rows.append({"group_size": p, "spans_nodes": p > 4, "bytes_per_peer": per_peer, "seconds": fixed + per_peer * (p - 1) / rate})
     fit = fit_all_to_all(rows, node=4)
     assert fit["intra"]["intra_node_bw"] == pytest.approx(intra, rel=1e-6)
     assert fit["intra"]["a2a_latency"] == pytest.approx(lat, rel=1e-6)
     assert fit["reading"] == "group" and fit["inter"]["group"]["ratio"] == pytest.approx(8.0, rel=1e-6)
+    assert fit["inter"]["group"]["a2a_inter_latency"] == pytest.approx(crossing, abs=1e-9)
 
 
 def test_the_layer_overhead_fit_recovers_the_overhead_a_step_was_priced_with():

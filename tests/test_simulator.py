@@ -230,3 +230,24 @@ def test_each_router_all_reduce_costs_one_collective_latency():
     with_sync = simulate(plan, CostModel(PAPER.model, hw, training=PAPER.training))
     without = simulate(plan, CostModel(PAPER.model, hw, training=PAPER.training.replace(router_sync=False)))
     assert with_sync.step_time - without.step_time == pytest.approx(PAPER.model.n_layers * 5 * latency, rel=1e-9)
+
+
+def test_a_call_across_nodes_pays_the_inter_latency_and_a_node_local_one_does_not():
+    """a2a_inter_latency: each all-to-all whose group spans nodes takes that much longer, for every
+    rank of the group; node-local children's calls do not. On the balanced 16-rank parent over two
+    nodes the baseline pays it at every call, repack at the full layers' calls only, and each
+    site's exchange column moves by exactly its calls' share; the solvers' price of a layer's
+    exchanges moves alike."""
+    extra = 1e-3
+    crossing = CostModel(PAPER.model, PAPER.hw.replace(a2a_inter_latency=extra), training=PAPER.training)
+    for repack in (False, True):
+        plan = hand_plan(repack)
+        a, b = simulate(plan, PAPER), simulate(plan, crossing)
+        sparse_calls = 0 if repack else b.a2a_calls_sparse
+        assert b.step_time - a.step_time == pytest.approx((b.a2a_calls_full + sparse_calls) * extra, rel=1e-9)
+        assert b.full_exchange - a.full_exchange == pytest.approx(b.a2a_calls_full * extra, rel=1e-9)
+        assert b.sparse_exchange - a.sparse_exchange == pytest.approx(sparse_calls * extra, rel=1e-9)
+    per_layer = 2 * PAPER.exchange_passes * extra  # entry and exit, every pass
+    wide, local = crossing.for_cluster(Cluster(16, 8, 32768)), PAPER.for_cluster(Cluster(16, 8, 32768))
+    assert wide.exchange_line(16)[1] - local.exchange_line(16)[1] == pytest.approx(per_layer, rel=1e-9)
+    assert wide.exchange_line(8) == local.exchange_line(8)
