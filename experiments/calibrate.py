@@ -28,7 +28,9 @@ Each time is the slowest rank's, the median over repeats. It fits the cost model
 parameters: intra_node_bw and a2a_latency from the groups inside a node; the inter-node rate
 and the latency a call across nodes adds (a2a_inter_latency) under both readings of the ratio
 (group: an all-to-all across nodes runs, as a whole, at one rate; link: each peer's bytes at its
-link's rate), the reading with the smaller residual kept;
+link's rate), the reading with the smaller residual kept (every fit minimizes the relative
+residual it prints, so the small transfers and short samples a step is made of count as much as
+the large ones);
 gemm_efficiency and attention_efficiency against the measured peak (only peak x efficiency
 enters a step time, so the prediction does not depend on that choice; --peak-flops sets a
 datasheet peak for MFU). It prints every fit with its residuals and writes the profile: JSON with
@@ -109,19 +111,21 @@ def measure_all_to_all(groups: AlignedGroups, node: int, sizes: list[int], cfg: 
     return rows
 
 
-def _lstsq(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, float]:
-    """Least squares y ~ x @ coef; (coef, relative RMS residual)."""
-    coef, *_ = np.linalg.lstsq(x, y, rcond=None)
-    pred = x @ coef
-    return coef, float(np.sqrt(np.mean(((pred - y) / y) ** 2)))
+def _lstsq(x: np.ndarray, y: np.ndarray, measured: np.ndarray | None = None) -> tuple[np.ndarray, float]:
+    """y ~ x @ coef minimizing the relative RMS residual it returns, relative to the measured
+    times (default y; y is what is left of them once known parts are taken off): a small transfer
+    or a short sample, what a step is made of, weighs as much as a large one. (coef, residual)."""
+    scale = y if measured is None else measured
+    coef, *_ = np.linalg.lstsq(x / scale[:, None], y / scale, rcond=None)
+    return coef, float(np.sqrt(np.mean(((x @ coef - y) / scale) ** 2)))
 
 
-def _fixed_and_slope(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
-    """y ~ fixed + x * slope by least squares with fixed >= 0 (refit through the origin when the
-    intercept comes out negative) and slope > 0 (kept finite where noise swamps it)."""
-    (fixed, slope), _ = _lstsq(np.stack([np.ones_like(x), x], 1), y)
+def _fixed_and_slope(x: np.ndarray, y: np.ndarray, measured: np.ndarray) -> tuple[float, float]:
+    """y ~ fixed + x * slope (_lstsq) with fixed >= 0 (refit through the origin when the intercept
+    comes out negative) and slope > 0 (kept finite where noise swamps it)."""
+    (fixed, slope), _ = _lstsq(np.stack([np.ones_like(x), x], 1), y, measured)
     if fixed < 0:
-        fixed, slope = 0.0, float(_lstsq(x[:, None], y)[0][0])
+        fixed, slope = 0.0, float(_lstsq(x[:, None], y, measured)[0][0])
     return float(fixed), max(float(slope), 1e-15)
 
 
@@ -154,7 +158,7 @@ def fit_all_to_all(rows: list[dict], node: int) -> dict:
         # peers at the inter rate; both on top of the latency inside a node plus what crossing adds
         fits = {}
         for name, x, known in (("group", per_peer * (size - 1), 0.0), ("link", per_peer * inter_peers, intra_part)):
-            extra, inv = _fixed_and_slope(x, y - lat - known)
+            extra, inv = _fixed_and_slope(x, y - lat - known, y)
             pred = lat + extra + known + x * inv
             fits[name] = {
                 "inter_node_bw": 1.0 / inv,

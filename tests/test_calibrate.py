@@ -61,6 +61,22 @@ def test_the_all_to_all_fit_recovers_the_rates_it_was_given(crossing):
     assert fit["inter"]["group"]["a2a_inter_latency"] == pytest.approx(crossing, abs=1e-9)
 
 
+def test_a_slow_large_transfer_barely_moves_the_fitted_latencies():
+    """The fits weigh each point by its relative error: the largest transfers measured 20% slow (a
+    noisy 40 ms point) leave the latencies, which the small calls of a step pay, close to what the
+    small points say (an unweighted fit takes ~40% off the cross-node latency on these rows)."""
+    lat, crossing = 5e-3, 2e-3
+    rows = []
+    for p, rate, fixed in ((2, 33e6, lat), (4, 25e6, lat + crossing)):
+        for per_peer in (768, 65280, 1048320):
+            slow = 1.2 if per_peer > 1e6 else 1.0
+            seconds = slow * (fixed + per_peer * (p - 1) / rate)
+            rows.append({"group_size": p, "spans_nodes": p > 2, "bytes_per_peer": per_peer, "seconds": seconds})
+    fit = fit_all_to_all(rows, node=2)
+    assert fit["intra"]["a2a_latency"] == pytest.approx(lat, rel=0.05)
+    assert fit["inter"]["group"]["a2a_inter_latency"] == pytest.approx(crossing, rel=0.15)
+
+
 def test_the_layer_overhead_fit_recovers_the_overhead_a_step_was_priced_with():
     """A runtime step priced by the simulator with a known per-pass layer overhead fits back to it
     (from a profile that had another), and a step faster than the price without any overhead
