@@ -211,8 +211,10 @@ def select_wide_steps(steps, cluster: Cluster, cost: CostModel, progress=True, p
 def anchor_load_ratio(plan) -> float | None:
     """Max over the plan's wide parents: tokens per rank of the layout that holds its longest
     sample (its anchor child, or the parent itself when not repacked) over the step's mean tokens
-    per rank. Above 1, the anchor child carries more token-wise work than an average rank."""
-    wide = plan.wide_parents()
+    per rank. Above 1, the anchor child carries more token-wise work than an average rank. A wide
+    parent left without samples (a solver may leave ranks idle) has no anchor; None when no wide
+    parent holds any."""
+    wide = [p for p in plan.wide_parents() if p.group.samples]
     if not wide:
         return None
     mean = sum(n for _, n in plan.lengths) / plan.cluster.world_size

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from experiments import ablation
+from experiments.ablation import anchor_load_ratio
 from experiments.results import read_run
 from solver import MODES, Cluster, CostModel, Group, HardwareConfig, ModelConfig, PlanError, TrainingConfig, make_plan, samples_from_lengths
 from solver.estimate import PlanEstimate
@@ -251,3 +252,17 @@ def test_a_call_across_nodes_pays_the_inter_latency_and_a_node_local_one_does_no
     wide, local = crossing.for_cluster(Cluster(16, 8, 32768)), PAPER.for_cluster(Cluster(16, 8, 32768))
     assert wide.exchange_line(16)[1] - local.exchange_line(16)[1] == pytest.approx(per_layer, rel=1e-9)
     assert wide.exchange_line(8) == local.exchange_line(8)
+
+
+def test_a_wide_parent_left_empty_has_no_anchor():
+    """A parent solver may leave a group across nodes without samples (53 and 19 tokens on 8 ranks
+    of 32: the long one on SP2, ranks 0-3 idle); the anchor load is then the non-empty wide
+    parents' (none here), not an error."""
+    lengths = ((0, 53), (1, 19))
+    idle = (Group(0, 4, ()), Group(4, 2, (0,)), Group(6, 1, (1,)), Group(7, 1, ()))
+    plain = "repacking disabled (baseline)"
+    plan = StepPlan(Cluster(8, 2, 32), lengths, tuple(ParentPlan(g, (g,), plain) for g in idle), "baseline+solver").validate()
+    assert len(plan.wide_parents()) == 1 and anchor_load_ratio(plan) is None
+    used = (Group(0, 4, (0,)), Group(4, 2, (1,)), Group(6, 1, ()), Group(7, 1, ()))
+    plan = StepPlan(Cluster(8, 2, 32), lengths, tuple(ParentPlan(g, (g,), plain) for g in used), "baseline").validate()
+    assert anchor_load_ratio(plan) == pytest.approx((53 / 4) / (72 / 8))
