@@ -321,15 +321,26 @@ def fit_efficiency(rows: list[dict], peak: float) -> dict:
 
 # ----- the whole calibration --------------------------------------------------------------------------
 def calibrate(
-    cfg: ModelConfig, node: int, tokens_per_rank: int, quick: bool = False, peak_flops: float | None = None, backend: str = "auto"
+    cfg: ModelConfig,
+    node: int,
+    tokens_per_rank: int,
+    quick: bool = False,
+    peak_flops: float | None = None,
+    backend: str = "auto",
+    repeats: int | None = None,
 ) -> dict:
-    """Measure and fit on the current process group; every rank returns the same profile."""
+    """Measure and fit on the current process group; every rank returns the same profile.
+    `repeats`: the timed runs each figure is the median of (default: the quick or full plan's)."""
     world = dist.get_world_size()
     if world % node:
         raise PlanError(f"world size {world} is not a multiple of gpus_per_node={node}")
     device = torch.device(f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     plan = QUICK if quick else FULL
+    if repeats is not None:
+        if repeats < 1:
+            raise PlanError(f"repeats={repeats}: use a count >= 1")
+        plan = {**plan, "repeats": repeats}
     groups = AlignedGroups(world)
     backend = resolve_backend(backend, device)
     dev = measure_device(device, dtype)
@@ -430,6 +441,7 @@ def main(argv=None):
     ap.add_argument("--peak-flops", type=float, default=None, help="datasheet peak for MFU (default: the measured matmul rate)")
     ap.add_argument("--attn-backend", default="auto")
     ap.add_argument("--quick", action="store_true", help="fewer sizes and repeats: seconds on CPU")
+    ap.add_argument("--repeats", type=int, default=None, help="timed runs per figure, the median kept (default: 3 quick, 7 full)")
     ap.add_argument("--out", default="results/profile.json")
     ap.add_argument("--timeout", type=float, default=600)
     args = ap.parse_args(argv)
@@ -438,6 +450,8 @@ def main(argv=None):
     try:
         cfg = ModelConfig.from_name(args.model)
         node = args.gpus_per_node or int(os.environ.get("LOCAL_WORLD_SIZE", world))
+        if args.repeats is not None and args.repeats < 1:
+            raise PlanError(f"--repeats={args.repeats}: use a count >= 1")
         if not (math.isfinite(args.timeout) and args.timeout > 0):
             raise PlanError(f"--timeout={args.timeout} is invalid: use a number > 0")
         check_output_dir(os.path.dirname(os.path.abspath(args.out)), "--out")
@@ -452,7 +466,7 @@ def main(argv=None):
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=args.timeout))
     try:
-        profile = calibrate(cfg, node, args.tokens_per_rank, args.quick, args.peak_flops, args.attn_backend)
+        profile = calibrate(cfg, node, args.tokens_per_rank, args.quick, args.peak_flops, args.attn_backend, args.repeats)
     except Exception as e:  # noqa: BLE001 - every failure ends the job with its rank and reason
         print(f"[rank {rank}] failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
         os._exit(1)

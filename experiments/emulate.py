@@ -15,7 +15,8 @@ LOCAL_WORLD_SIZE. The addresses (10.213.0.0/24) exist only inside the namespaces
 creates; no traffic leaves the machine. Every run has a timeout; the namespaces and links are
 removed on exit, on failure and on Ctrl-C.
 
---compare: (1) calibrates on the emulated cluster (experiments.calibrate); (2) runs the ablation
+--compare: (1) calibrates on the emulated cluster (experiments.calibrate, quick sizes, each figure
+the median of CALIBRATION_REPEATS runs); (2) runs the ablation
 with the tiny model on the cluster's shape and the calibrated profile, on a trace of the tiny
 workload (the simulator's prediction of every selected step in every mode); (3) replays those
 steps through the driver on the emulated cluster in every mode (train --replay --mode all: no
@@ -47,6 +48,9 @@ from .results import read_run
 from .settings import check_output_dir
 
 SUBNET = "10.213.0"
+# the calibration's medians on the emulated cluster: the replay's exchanges are latency-bound and
+# its fixed costs come from one timed step, so the quick plan's 3 runs leave them too noisy
+CALIBRATION_REPEATS = 9
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -230,7 +234,7 @@ def run_compare(args) -> None:
         )
         _run_or_fail(
             cluster,
-            ["-m", "experiments.calibrate", "--quick", "--out", profile],
+            ["-m", "experiments.calibrate", "--quick", "--repeats", str(CALIBRATION_REPEATS), "--out", profile],
             args.ranks_per_node,
             args.timeout,
             os.path.join(out, "logs", "calibrate"),
