@@ -20,10 +20,13 @@ once as in a training step, it measures:
 4. the device's matmul peak (a large square product) and memory bandwidth (a large copy);
 5. fixed costs: a whole layer forward and backward on one token, one small all-reduce of the
    world (what the gradient sync's and the router's collectives pay whatever their size), and
-   the driver's whole step (FSDP2, full recompute) on a plan of single ranks with 2 tokens each:
-   the layer's fixed cost per pass is the larger of the bare layer's and the one that makes the
-   simulator's price of that step equal its measured time (the sharding and recompute hooks are
-   fixed costs the bare layer leaves out).
+   the driver's whole step (FSDP2, full recompute) on 2 tokens per rank in three plans: every
+   rank alone, groups of a node's ranks, groups across nodes (the widest the heads allow). In
+   that order each plan fits one fixed cost, the value that makes the simulator's price of the
+   step equal its measured time: the layer's per pass, an all-to-all call's latency, what a call
+   across nodes adds. Each is kept where it is above the isolated measurement's (the sharding
+   and recompute hooks, and the collectives and scheduling around a call in a step, are fixed
+   costs a bare layer and a lone all-to-all leave out).
 Each time is the slowest rank's, the median over repeats. It fits the cost model's hardware
 parameters: intra_node_bw and a2a_latency from the groups inside a node; the inter-node rate
 and the latency a call across nodes adds (a2a_inter_latency) under both readings of the ratio
@@ -54,7 +57,7 @@ import torch.distributed as dist
 from kernels.exchange import AlignedGroups
 from model import HybridMoE, varlen_attention
 from model.attention import resolve_backend
-from solver import CostModel, HardwareConfig, ModelConfig, PlanError
+from solver import Cluster, CostModel, HardwareConfig, ModelConfig, PlanError
 from solver.cost import FLOPS_PER_MAC, FWD_BWD_COMPUTE, attention_flops, causal_keys
 
 from .context import run_context
@@ -213,25 +216,32 @@ def measure_layer_overhead(cfg: ModelConfig, backend: str, device, dtype, repeat
     return timed(step, device, repeats)
 
 
-# tokens of each rank's one sample in the runtime step that measures the fixed costs (2: one label)
+# tokens per rank of the runtime steps that measure the fixed costs (2: one label each)
 STEP_SAMPLE_TOKENS = 2
 
 
-def runtime_step_plan(world: int, node: int):
-    """The plan measure_runtime_step runs: every rank a group of its own with one 2-token sample."""
+def runtime_step_plan(world: int, node: int, size: int = 1):
+    """The plan measure_runtime_step runs: aligned groups of `size` ranks, each holding one sample of
+    STEP_SAMPLE_TOKENS tokens per rank. Size 1 exchanges nothing; groups of a node's ranks
+    exchange inside nodes only; wider groups across nodes."""
     from solver import Cluster, Group, StepPlan  # noqa: PLC0415
     from solver.plan import NODE_LOCAL, ParentPlan  # noqa: PLC0415
 
-    lengths = tuple((r, STEP_SAMPLE_TOKENS) for r in range(world))
-    parents = tuple(ParentPlan(Group(r, 1, (r,)), (Group(r, 1, (r,)),), NODE_LOCAL) for r in range(world))
-    return StepPlan(Cluster(world, node, STEP_SAMPLE_TOKENS), lengths, parents, "baseline").validate()
+    if size < 1 or world % size:
+        raise PlanError(f"runtime step groups of {size} ranks do not tile {world} ranks: use a power of two dividing it")
+    reason = NODE_LOCAL if size <= node else "one group across nodes: what its exchanges cost in a step"
+    groups = [Group(k * size, size, (k,)) for k in range(world // size)]
+    lengths = tuple((k, STEP_SAMPLE_TOKENS * size) for k in range(world // size))
+    return StepPlan(
+        Cluster(world, node, STEP_SAMPLE_TOKENS), lengths, tuple(ParentPlan(g, (g,), reason) for g in groups), "baseline"
+    ).validate()
 
 
-def measure_runtime_step(cfg: ModelConfig, groups: AlignedGroups, node: int, device, dtype, repeats: int) -> float:
+def measure_runtime_step(cfg: ModelConfig, groups: AlignedGroups, node: int, device, dtype, repeats: int, size: int = 1) -> float:
     """Seconds of the driver's whole step (model.distributed.run_step: FSDP2 over every rank, full
-    recompute, the router's statistics summed over the world) on runtime_step_plan: no exchange
-    and next to no work, so what it takes is the runtime's fixed costs as the step pays them
-    (layers, sharding and recompute hooks, collectives)."""
+    recompute, the router's statistics summed over the world) on runtime_step_plan(size): next to
+    no work, so what it takes is the runtime's fixed costs as the step pays them (layers,
+    sharding and recompute hooks, collectives, and with size > 1 the exchanges' calls)."""
     from model.distributed import run_step  # noqa: PLC0415
     from model.sharding import shard_model  # noqa: PLC0415
 
@@ -240,9 +250,9 @@ def measure_runtime_step(cfg: ModelConfig, groups: AlignedGroups, node: int, dev
     model = HybridMoE(cfg, "full").to(device=device, dtype=dtype)
     if world > 1:
         shard_model(model, device)
-    plan = runtime_step_plan(world, node)
+    plan = runtime_step_plan(world, node, size)
     gen = np.random.default_rng(0)
-    tokens = {r: gen.integers(0, cfg.vocab, STEP_SAMPLE_TOKENS) for r in range(world)}
+    tokens = {k: gen.integers(0, cfg.vocab, n) for k, n in plan.lengths}
 
     def step():
         run_step(model, plan, tokens, groups)
@@ -251,19 +261,26 @@ def measure_runtime_step(cfg: ModelConfig, groups: AlignedGroups, node: int, dev
     return timed(step, device, repeats)
 
 
-def fit_layer_overhead(step_s: float, cfg: ModelConfig, hw: HardwareConfig, world: int, node: int) -> float:
-    """A layer's fixed seconds per forward pass that make the simulator's price of the runtime step
-    (runtime_step_plan, as measure_runtime_step runs it: full recompute, no optimizer, no experts'
-    all-to-all) equal `step_s`: the step's price without it, the rest spread over the passes the
-    simulator charges it (forward, recompute, backward x BWD_COMPUTE, every layer). 0 if the
-    price without it is already as long."""
+# what each runtime step's time is fitted to (fit_fixed_cost), in order: each fit keeps the ones before
+STEP_FITS = (("layer_overhead", "own"), ("a2a_latency", "node"), ("a2a_inter_latency", "wide"))
+
+
+def fit_fixed_cost(step_s: float, cfg: ModelConfig, hw: HardwareConfig, world: int, node: int, field: str, size: int = 1) -> float:
+    """The value of the hardware setting `field` (a fixed cost the simulator charges linearly: a
+    layer's seconds per pass, an all-to-all call's latency) that makes the simulator's price of
+    the runtime step on runtime_step_plan(size) (as measure_runtime_step runs it: full recompute,
+    no optimizer, no experts' all-to-all) equal `step_s`: the price with it at 0, the rest over
+    what one second of it adds. 0 if the price without it is already as long."""
     from solver import TrainingConfig  # noqa: PLC0415
     from solver.simulator import simulate  # noqa: PLC0415
 
-    plan = runtime_step_plan(world, node)
+    plan = runtime_step_plan(world, node, size)
     training = TrainingConfig(recompute="full", moe_all_to_all=False, optimizer=False)
-    without = simulate(plan, CostModel(cfg, hw.replace(layer_overhead=0.0), training=training)).step_time
-    per_second = simulate(plan, CostModel(cfg, hw.replace(layer_overhead=1.0), training=training)).step_time - without
+    price = lambda v: simulate(plan, CostModel(cfg, hw.replace(**{field: v}), training=training)).step_time  # noqa: E731
+    without = price(0.0)
+    per_second = price(1.0) - without
+    if per_second <= 0:
+        raise PlanError(f"the runtime step on groups of {size} ranks does not pay {field}: nothing to fit it to")
     return max(step_s - without, 0.0) / per_second
 
 
@@ -351,7 +368,13 @@ def calibrate(
     work = measure_token_work(cfg, tokens, device, dtype, plan["repeats"])
     attn = measure_attention(cfg, plan["lengths"], backend, device, dtype, plan["repeats"])
     layer = measure_layer_overhead(cfg, backend, device, dtype, plan["repeats"])
-    runtime_step = measure_runtime_step(cfg, groups, node, device, dtype, plan["repeats"])
+    # the runtime's step on 2 tokens per rank: every rank alone, in groups of a node, in groups of
+    # the widest width the heads allow across nodes (where there is more than one node)
+    widest = CostModel(cfg, HardwareConfig()).widest_group(Cluster(world, node, STEP_SAMPLE_TOKENS))
+    step_sizes = {"own": 1, "node": node, "wide": widest}
+    if widest <= node:
+        del step_sizes["wide"]
+    runtime_steps = {k: measure_runtime_step(cfg, groups, node, device, dtype, plan["repeats"], n) for k, n in step_sizes.items()}
     peak = peak_flops or dev["matmul_flops"]
     net = fit_all_to_all(a2a, node)
     gemm = fit_efficiency(work, peak)
@@ -373,10 +396,14 @@ def calibrate(
         layer_overhead=layer / FWD_BWD_COMPUTE,  # one forward's share of a layer's forward + backward
         collective_latency=collective,
     )
-    # the runtime's own step on a trivial plan: its fixed costs as it pays them (a bare layer's
-    # forward and backward leave out the sharding and recompute hooks); never below the bare layer's
-    step_overhead = fit_layer_overhead(runtime_step, cfg, hw, world, node)
-    hw = hw.replace(layer_overhead=max(hw.layer_overhead, step_overhead))
+    # the runtime's own steps: its fixed costs as it pays them (a bare layer's forward and backward
+    # leave out the sharding and recompute hooks; a lone all-to-all, the collectives and the
+    # scheduling around it in a step); each never below what the isolated measurement says
+    from_step = {}
+    for field, key in STEP_FITS:
+        if key in runtime_steps:
+            from_step[field] = fit_fixed_cost(runtime_steps[key], cfg, hw, world, node, field, step_sizes[key])
+            hw = hw.replace(**{field: max(getattr(hw, field), from_step[field])})
     return {
         "hardware": hw.to_dict(),
         "context": {**run_context(), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")},
@@ -390,8 +417,9 @@ def calibrate(
             "all_to_all": a2a,
             "collective_s": collective,
             "layer_1_token_s": layer,
-            "runtime_step_s": runtime_step,
-            "layer_overhead_from_step_s": step_overhead,
+            "runtime_step_s": runtime_steps,  # by plan: "own" (groups of 1), "node", "wide"
+            "runtime_step_sizes": step_sizes,
+            "from_runtime_step": from_step,  # each fixed cost's fit to its step
             "token_work": work,
             "attention": attn,
         },
@@ -404,7 +432,7 @@ def report(profile: dict) -> str:
     lines = [
         f"hardware profile: {profile['world_size']} ranks in nodes of {profile['gpus_per_node']}, {profile['context']['device']}, "
         f"commit {profile['context']['commit']}",
-        f"  all-to-all inside a node: {hw['intra_node_bw'] / 1e9:.3f} GB/s per rank, latency {1e6 * hw['a2a_latency']:.0f} us "
+        f"  all-to-all inside a node: {hw['intra_node_bw'] / 1e9:.3f} GB/s per rank, latency {1e6 * net['intra']['a2a_latency']:.0f} us "
         f"(rel. RMS residual {100 * net['intra']['rel_rms']:.1f}%, {net['intra']['points']} points)",
     ]
     if "inter" in net:
@@ -423,12 +451,23 @@ def report(profile: dict) -> str:
             f"(rel. RMS residual {100 * f['rel_rms']:.1f}%, worst {100 * f['worst_rel']:.1f}%)"
         )
     m = profile["measurements"]
-    bare = m["layer_1_token_s"] / FWD_BWD_COMPUTE
-    lines.append(
-        f"  fixed costs: {1e3 * hw['layer_overhead']:.2f} ms per layer and forward pass (a bare layer on one token: "
-        f"{1e3 * bare:.2f} ms; fitted to the runtime's step on {STEP_SAMPLE_TOKENS} tokens per rank, {1e3 * m['runtime_step_s']:.1f} ms: "
-        f"{1e3 * m['layer_overhead_from_step_s']:.2f} ms), {1e3 * hw['collective_latency']:.2f} ms per collective of the world"
-    )
+    crossing = net["inter"][net["reading"]]["a2a_inter_latency"] if "inter" in net else 0.0
+    isolated = {  # field: (what it is, what the isolated measurement says)
+        "layer_overhead": ("per layer and forward pass; a bare layer on one token", m["layer_1_token_s"] / FWD_BWD_COMPUTE),
+        "a2a_latency": ("per all-to-all call; a lone call", net["intra"]["a2a_latency"]),
+        "a2a_inter_latency": ("more per call across nodes; a lone call", crossing),
+    }
+    lines.append(f"  fixed costs, fitted to the runtime's step on {STEP_SAMPLE_TOKENS} tokens per rank (kept where above the isolated):")
+    for field, key in STEP_FITS:
+        if field in m["from_runtime_step"]:
+            label, alone = isolated[field]
+            lines.append(
+                f"    groups of {m['runtime_step_sizes'][key]}: {1e3 * m['runtime_step_s'][key]:.1f} ms -> "
+                f"{1e3 * m['from_runtime_step'][field]:.2f} ms {label}: {1e3 * alone:.2f} ms; kept {1e3 * hw[field]:.2f} ms"
+            )
+    if "a2a_inter_latency" not in m["from_runtime_step"]:
+        lines.append("    no step across nodes: one node, or too few heads for a group across two")
+    lines.append(f"  {1e3 * hw['collective_latency']:.2f} ms per collective of the world")
     lines.append(f"  memory bandwidth {hw['hbm_bw'] / 1e9:.1f} GB/s, {hw['bytes_per_element']} bytes per element")
     return "\n".join(lines)
 
