@@ -224,7 +224,7 @@ def runtime_step_plan(world: int, node: int, size: int = 1):
     """The plan measure_runtime_step runs: aligned groups of `size` ranks, each holding one sample of
     STEP_SAMPLE_TOKENS tokens per rank. Size 1 exchanges nothing; groups of a node's ranks
     exchange inside nodes only; wider groups across nodes."""
-    from solver import Cluster, Group, StepPlan  # noqa: PLC0415
+    from solver import Group, StepPlan  # noqa: PLC0415
     from solver.plan import NODE_LOCAL, ParentPlan  # noqa: PLC0415
 
     if size < 1 or world % size:
@@ -371,9 +371,11 @@ def calibrate(
     # the runtime's step on 2 tokens per rank: every rank alone, in groups of a node, in groups of
     # the widest width the heads allow across nodes (where there is more than one node)
     widest = CostModel(cfg, HardwareConfig()).widest_group(Cluster(world, node, STEP_SAMPLE_TOKENS))
-    step_sizes = {"own": 1, "node": node, "wide": widest}
+    step_sizes = {"own": 1, "node": min(node, widest), "wide": widest}
     if widest <= node:
         del step_sizes["wide"]
+    if step_sizes["node"] == 1:  # no group inside a node the heads allow: nothing pays a call's latency
+        del step_sizes["node"]
     runtime_steps = {k: measure_runtime_step(cfg, groups, node, device, dtype, plan["repeats"], n) for k, n in step_sizes.items()}
     peak = peak_flops or dev["matmul_flops"]
     net = fit_all_to_all(a2a, node)
