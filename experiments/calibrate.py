@@ -216,14 +216,14 @@ def measure_layer_overhead(cfg: ModelConfig, backend: str, device, dtype, repeat
     return timed(step, device, repeats)
 
 
-# tokens per rank of the runtime steps that measure the fixed costs (2: one label each)
+# tokens per rank of the runtime steps that measure the fixed costs (2: one label each; --step-tokens)
 STEP_SAMPLE_TOKENS = 2
 
 
-def runtime_step_plan(world: int, node: int, size: int = 1):
+def runtime_step_plan(world: int, node: int, size: int = 1, tokens: int = STEP_SAMPLE_TOKENS):
     """The plan measure_runtime_step runs: aligned groups of `size` ranks, each holding one sample of
-    STEP_SAMPLE_TOKENS tokens per rank. Size 1 exchanges nothing; groups of a node's ranks
-    exchange inside nodes only; wider groups across nodes."""
+    `tokens` tokens per rank. Size 1 exchanges nothing; groups of a node's ranks exchange inside
+    nodes only; wider groups across nodes."""
     from solver import Group, StepPlan  # noqa: PLC0415
     from solver.plan import NODE_LOCAL, ParentPlan  # noqa: PLC0415
 
@@ -231,13 +231,15 @@ def runtime_step_plan(world: int, node: int, size: int = 1):
         raise PlanError(f"runtime step groups of {size} ranks do not tile {world} ranks: use a power of two dividing it")
     reason = NODE_LOCAL if size <= node else "one group across nodes: what its exchanges cost in a step"
     groups = [Group(k * size, size, (k,)) for k in range(world // size)]
-    lengths = tuple((k, STEP_SAMPLE_TOKENS * size) for k in range(world // size))
-    return StepPlan(
-        Cluster(world, node, STEP_SAMPLE_TOKENS), lengths, tuple(ParentPlan(g, (g,), reason) for g in groups), "baseline"
-    ).validate()
+    if tokens < 2:
+        raise PlanError(f"runtime step tokens per rank {tokens}: use 2 or more (a sample needs a label)")
+    lengths = tuple((k, tokens * size) for k in range(world // size))
+    return StepPlan(Cluster(world, node, tokens), lengths, tuple(ParentPlan(g, (g,), reason) for g in groups), "baseline").validate()
 
 
-def measure_runtime_step(cfg: ModelConfig, groups: AlignedGroups, node: int, device, dtype, repeats: int, size: int = 1) -> float:
+def measure_runtime_step(
+    cfg: ModelConfig, groups: AlignedGroups, node: int, device, dtype, repeats: int, size: int = 1, tokens: int = STEP_SAMPLE_TOKENS
+) -> float:
     """Seconds of the driver's whole step (model.distributed.run_step: FSDP2 over every rank, full
     recompute, the router's statistics summed over the world) on runtime_step_plan(size): next to
     no work, so what it takes is the runtime's fixed costs as the step pays them (layers,
@@ -250,7 +252,7 @@ def measure_runtime_step(cfg: ModelConfig, groups: AlignedGroups, node: int, dev
     model = HybridMoE(cfg, "full").to(device=device, dtype=dtype)
     if world > 1:
         shard_model(model, device)
-    plan = runtime_step_plan(world, node, size)
+    plan = runtime_step_plan(world, node, size, tokens)
     gen = np.random.default_rng(0)
     tokens = {k: gen.integers(0, cfg.vocab, n) for k, n in plan.lengths}
 
@@ -265,16 +267,18 @@ def measure_runtime_step(cfg: ModelConfig, groups: AlignedGroups, node: int, dev
 STEP_FITS = (("layer_overhead", "own"), ("a2a_latency", "node"), ("a2a_inter_latency", "wide"))
 
 
-def fit_fixed_cost(step_s: float, cfg: ModelConfig, hw: HardwareConfig, world: int, node: int, field: str, size: int = 1) -> float:
+def fit_fixed_cost(
+    step_s: float, cfg: ModelConfig, hw: HardwareConfig, world: int, node: int, field: str, size: int = 1, tokens: int = STEP_SAMPLE_TOKENS
+) -> float:
     """The value of the hardware setting `field` (a fixed cost the simulator charges linearly: a
     layer's seconds per pass, an all-to-all call's latency) that makes the simulator's price of
-    the runtime step on runtime_step_plan(size) (as measure_runtime_step runs it: full recompute,
+    the runtime step on runtime_step_plan(size, tokens) (as measure_runtime_step runs it: full recompute,
     no optimizer, no experts' all-to-all) equal `step_s`: the price with it at 0, the rest over
     what one second of it adds. 0 if the price without it is already as long."""
     from solver import TrainingConfig  # noqa: PLC0415
     from solver.simulator import simulate  # noqa: PLC0415
 
-    plan = runtime_step_plan(world, node, size)
+    plan = runtime_step_plan(world, node, size, tokens)
     training = TrainingConfig(recompute="full", moe_all_to_all=False, optimizer=False)
     price = lambda v: simulate(plan, CostModel(cfg, hw.replace(**{field: v}), training=training)).step_time  # noqa: E731
     without = price(0.0)
@@ -345,9 +349,11 @@ def calibrate(
     peak_flops: float | None = None,
     backend: str = "auto",
     repeats: int | None = None,
+    step_tokens: int = STEP_SAMPLE_TOKENS,
 ) -> dict:
     """Measure and fit on the current process group; every rank returns the same profile.
-    `repeats`: the timed runs each figure is the median of (default: the quick or full plan's)."""
+    `repeats`: the timed runs each figure is the median of (default: the quick or full plan's);
+    `step_tokens`: tokens per rank of the runtime steps that fit the fixed costs."""
     world = dist.get_world_size()
     if world % node:
         raise PlanError(f"world size {world} is not a multiple of gpus_per_node={node}")
@@ -370,13 +376,15 @@ def calibrate(
     layer = measure_layer_overhead(cfg, backend, device, dtype, plan["repeats"])
     # the runtime's step on 2 tokens per rank: every rank alone, in groups of a node, in groups of
     # the widest width the heads allow across nodes (where there is more than one node)
-    widest = CostModel(cfg, HardwareConfig()).widest_group(Cluster(world, node, STEP_SAMPLE_TOKENS))
+    widest = CostModel(cfg, HardwareConfig()).widest_group(Cluster(world, node, step_tokens))
     step_sizes = {"own": 1, "node": min(node, widest), "wide": widest}
     if widest <= node:
         del step_sizes["wide"]
     if step_sizes["node"] == 1:  # no group inside a node the heads allow: nothing pays a call's latency
         del step_sizes["node"]
-    runtime_steps = {k: measure_runtime_step(cfg, groups, node, device, dtype, plan["repeats"], n) for k, n in step_sizes.items()}
+    runtime_steps = {
+        k: measure_runtime_step(cfg, groups, node, device, dtype, plan["repeats"], n, step_tokens) for k, n in step_sizes.items()
+    }
     peak = peak_flops or dev["matmul_flops"]
     net = fit_all_to_all(a2a, node)
     gemm = fit_efficiency(work, peak)
@@ -404,7 +412,7 @@ def calibrate(
     from_step = {}
     for field, key in STEP_FITS:
         if key in runtime_steps:
-            from_step[field] = fit_fixed_cost(runtime_steps[key], cfg, hw, world, node, field, step_sizes[key])
+            from_step[field] = fit_fixed_cost(runtime_steps[key], cfg, hw, world, node, field, step_sizes[key], step_tokens)
             hw = hw.replace(**{field: max(getattr(hw, field), from_step[field])})
     return {
         "hardware": hw.to_dict(),
@@ -421,6 +429,7 @@ def calibrate(
             "layer_1_token_s": layer,
             "runtime_step_s": runtime_steps,  # by plan: "own" (groups of 1), "node", "wide"
             "runtime_step_sizes": step_sizes,
+            "runtime_step_tokens": step_tokens,  # per rank
             "from_runtime_step": from_step,  # each fixed cost's fit to its step
             "token_work": work,
             "attention": attn,
@@ -459,7 +468,9 @@ def report(profile: dict) -> str:
         "a2a_latency": ("per all-to-all call; a lone call", net["intra"]["a2a_latency"]),
         "a2a_inter_latency": ("more per call across nodes; a lone call", crossing),
     }
-    lines.append(f"  fixed costs, fitted to the runtime's step on {STEP_SAMPLE_TOKENS} tokens per rank (kept where above the isolated):")
+    lines.append(
+        f"  fixed costs, fitted to the runtime's step on {m['runtime_step_tokens']} tokens per rank (kept where above the isolated):"
+    )
     for field, key in STEP_FITS:
         if field in m["from_runtime_step"]:
             label, alone = isolated[field]
@@ -482,6 +493,7 @@ def main(argv=None):
     ap.add_argument("--peak-flops", type=float, default=None, help="datasheet peak for MFU (default: the measured matmul rate)")
     ap.add_argument("--attn-backend", default="auto")
     ap.add_argument("--quick", action="store_true", help="fewer sizes and repeats: seconds on CPU")
+    ap.add_argument("--step-tokens", type=int, default=STEP_SAMPLE_TOKENS, help="tokens per rank of the runtime steps (fixed costs)")
     ap.add_argument("--repeats", type=int, default=None, help="timed runs per figure, the median kept (default: 3 quick, 7 full)")
     ap.add_argument("--out", default="results/profile.json")
     ap.add_argument("--timeout", type=float, default=600)
@@ -491,6 +503,8 @@ def main(argv=None):
     try:
         cfg = ModelConfig.from_name(args.model)
         node = args.gpus_per_node or int(os.environ.get("LOCAL_WORLD_SIZE", world))
+        if args.step_tokens < 2:
+            raise PlanError(f"--step-tokens={args.step_tokens}: use 2 or more (a sample needs a label)")
         if args.repeats is not None and args.repeats < 1:
             raise PlanError(f"--repeats={args.repeats}: use a count >= 1")
         if not (math.isfinite(args.timeout) and args.timeout > 0):
@@ -507,7 +521,7 @@ def main(argv=None):
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=args.timeout))
     try:
-        profile = calibrate(cfg, node, args.tokens_per_rank, args.quick, args.peak_flops, args.attn_backend, args.repeats)
+        profile = calibrate(cfg, node, args.tokens_per_rank, args.quick, args.peak_flops, args.attn_backend, args.repeats, args.step_tokens)
     except Exception as e:  # noqa: BLE001 - every failure ends the job with its rank and reason
         print(f"[rank {rank}] failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
         os._exit(1)
