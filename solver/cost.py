@@ -352,9 +352,8 @@ class CostModel:
     def group_rate(self, size: int) -> float:
         """Bytes per second a rank sends to its peers in one all-to-all of an aligned group of
         `size` ranks (latency aside): the effective rate the ratio and its reading imply."""
-        intra, inter = self.exchange_time(1.0, 0, size, 0, 1.0)
-        fixed = self.hw.a2a_latency + (self.hw.a2a_inter_latency if size > self.gpus_per_node else 0.0)
-        return (size - 1) / size / (intra + inter - fixed)
+        per_byte = sum(self.exchange_time(1.0, 0, size, 0, 1.0)) - sum(self.exchange_time(0.0, 0, size, 0, 1.0))  # latencies cancel
+        return (size - 1) / size / per_byte
 
     def layer_exchange_time(self, tokens: float, start: int, size: int, rank: int) -> float:
         """Forward + backward seconds of one attention layer's entry and exit exchanges."""
