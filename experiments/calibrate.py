@@ -221,7 +221,7 @@ STEP_SAMPLE_TOKENS = 2
 
 
 def runtime_step_plan(world: int, node: int, size: int = 1, tokens: int = STEP_SAMPLE_TOKENS):
-    """The plan measure_runtime_step runs: aligned groups of `size` ranks, each holding one sample of
+    """The plan measure_runtime_steps runs: aligned groups of `size` ranks, each holding one sample of
     `tokens` tokens per rank. Size 1 exchanges nothing; groups of a node's ranks exchange inside
     nodes only; wider groups across nodes."""
     from solver import Group, StepPlan  # noqa: PLC0415
@@ -237,13 +237,14 @@ def runtime_step_plan(world: int, node: int, size: int = 1, tokens: int = STEP_S
     return StepPlan(Cluster(world, node, tokens), lengths, tuple(ParentPlan(g, (g,), reason) for g in groups), "baseline").validate()
 
 
-def measure_runtime_step(
-    cfg: ModelConfig, groups: AlignedGroups, node: int, device, dtype, repeats: int, size: int = 1, tokens: int = STEP_SAMPLE_TOKENS
-) -> float:
+def measure_runtime_steps(
+    cfg: ModelConfig, groups: AlignedGroups, node: int, device, dtype, repeats: int, sizes: dict[str, int], tokens: int = STEP_SAMPLE_TOKENS
+) -> dict[str, float]:
     """Seconds of the driver's whole step (model.distributed.run_step: FSDP2 over every rank, full
-    recompute, the router's statistics summed over the world) on runtime_step_plan(size): next to
-    no work, so what it takes is the runtime's fixed costs as the step pays them (layers,
-    sharding and recompute hooks, collectives, and with size > 1 the exchanges' calls)."""
+    recompute, the router's statistics summed over the world) on runtime_step_plan(size, tokens)
+    for each named size, one sharded model for all: next to no work, so what a step takes is the
+    runtime's fixed costs as the step pays them (layers, sharding and recompute hooks,
+    collectives, and with size > 1 the exchanges' calls)."""
     from model.distributed import run_step  # noqa: PLC0415
     from model.sharding import shard_model  # noqa: PLC0415
 
@@ -252,15 +253,18 @@ def measure_runtime_step(
     model = HybridMoE(cfg, "full").to(device=device, dtype=dtype)
     if world > 1:
         shard_model(model, device)
-    plan = runtime_step_plan(world, node, size, tokens)
-    gen = np.random.default_rng(0)
-    tokens = {k: gen.integers(0, cfg.vocab, n) for k, n in plan.lengths}
+    out = {}
+    for name, size in sizes.items():
+        plan = runtime_step_plan(world, node, size, tokens)
+        gen = np.random.default_rng(0)
+        batch = {k: gen.integers(0, cfg.vocab, n) for k, n in plan.lengths}
 
-    def step():
-        run_step(model, plan, tokens, groups)
-        model.zero_grad(set_to_none=True)
+        def step(plan=plan, batch=batch):
+            run_step(model, plan, batch, groups)
+            model.zero_grad(set_to_none=True)
 
-    return timed(step, device, repeats)
+        out[name] = timed(step, device, repeats)
+    return out
 
 
 # what each runtime step's time is fitted to (fit_fixed_cost), in order: each fit keeps the ones before
@@ -272,7 +276,7 @@ def fit_fixed_cost(
 ) -> float:
     """The value of the hardware setting `field` (a fixed cost the simulator charges linearly: a
     layer's seconds per pass, an all-to-all call's latency) that makes the simulator's price of
-    the runtime step on runtime_step_plan(size, tokens) (as measure_runtime_step runs it: full recompute,
+    the runtime step on runtime_step_plan(size, tokens) (as measure_runtime_steps runs it: full recompute,
     no optimizer, no experts' all-to-all) equal `step_s`: the price with it at 0, the rest over
     what one second of it adds. 0 if the price without it is already as long."""
     from solver import TrainingConfig  # noqa: PLC0415
@@ -382,9 +386,7 @@ def calibrate(
         del step_sizes["wide"]
     if step_sizes["node"] == 1:  # no group inside a node the heads allow: nothing pays a call's latency
         del step_sizes["node"]
-    runtime_steps = {
-        k: measure_runtime_step(cfg, groups, node, device, dtype, plan["repeats"], n, step_tokens) for k, n in step_sizes.items()
-    }
+    runtime_steps = measure_runtime_steps(cfg, groups, node, device, dtype, plan["repeats"], step_sizes, step_tokens)
     peak = peak_flops or dev["matmul_flops"]
     net = fit_all_to_all(a2a, node)
     gemm = fit_efficiency(work, peak)
