@@ -20,7 +20,7 @@ once as in a training step, it measures:
 4. the device's matmul peak (a large square product) and memory bandwidth (a large copy);
 5. fixed costs: a whole layer forward and backward on one token, one small all-reduce of the
    world (what the gradient sync's and the router's collectives pay whatever their size), and
-   the driver's whole step (FSDP2, full recompute) on 2 tokens per rank in three plans: every
+   the driver's whole step (FSDP2, full recompute) on 2 tokens per rank (--step-tokens) in three plans: every
    rank alone, groups of a node's ranks, groups across nodes (the widest the heads allow). In
    that order each plan fits one fixed cost, the value that makes the simulator's price of the
    step equal its measured time: the layer's per pass, an all-to-all call's latency, what a call
@@ -378,7 +378,7 @@ def calibrate(
     work = measure_token_work(cfg, tokens, device, dtype, plan["repeats"])
     attn = measure_attention(cfg, plan["lengths"], backend, device, dtype, plan["repeats"])
     layer = measure_layer_overhead(cfg, backend, device, dtype, plan["repeats"])
-    # the runtime's step on 2 tokens per rank: every rank alone, in groups of a node, in groups of
+    # the runtime's step on step_tokens per rank: every rank alone, in groups of a node (at most the heads allow), in groups of
     # the widest width the heads allow across nodes (where there is more than one node)
     widest = CostModel(cfg, HardwareConfig()).widest_group(Cluster(world, node, step_tokens))
     step_sizes = {"own": 1, "node": min(node, widest), "wide": widest}
