@@ -15,9 +15,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from config import ModelConfig
 from kernels.exchange import AlignedGroups, CommStats, PhaseClock, dist_transport, exchange, exchange_args
 from solver import StepPlan, head_cu_seqlens, token_to_head_rank
-from solver.config import ModelConfig
 
 from .hybrid import IGNORE, attention_sites
 from .layers import Rotary

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from solver.config import RECOMPUTE, ModelConfig
+from config import RECOMPUTE, ModelConfig
 
 from .attention import segments, varlen_attention
 from .layers import MoE, Reduce, RMSNorm, Rotary
@@ -99,7 +99,7 @@ class Block(nn.Module):
 
 
 class HybridMoE(nn.Module):
-    """>>> from solver.config import ModelConfig
+    """>>> from config import ModelConfig
     >>> cfg = ModelConfig.from_name("tiny")
     >>> m = HybridMoE(cfg)
     >>> tokens = torch.randint(0, cfg.vocab, (7,))
@@ -108,7 +108,7 @@ class HybridMoE(nn.Module):
     """
 
     def __init__(self, cfg: ModelConfig, recompute: str = "none"):
-        """recompute (as TrainingConfig.recompute prices it): "full" re-runs each block's forward,
+        """recompute (as CostsConfig.recompute prices it): "full" re-runs each block's forward,
         exchanges included, in the backward and keeps only its input; "selective" re-runs the
         attention kernels only; "none" keeps every activation."""
         super().__init__()
@@ -126,7 +126,7 @@ class HybridMoE(nn.Module):
         parameters - the embedding, and the head tied to it - for the whole of it."""
         x = self.embed(tokens)
         aux = x.new_zeros(())
-        for i, (blk, kind) in enumerate(zip(self.blocks, self.cfg.layer_kinds)):
+        for i, (blk, kind) in enumerate(zip(self.blocks, self.cfg.layer_types)):
             if self.recompute == "full" and torch.is_grad_enabled():  # keep the block's input; re-run it in backward
                 x, a = checkpoint(blk, x, ctx, kind, i, use_reentrant=False)
             else:

@@ -1,8 +1,7 @@
 """Layouts, step plans, solvers, the cost model and the simulator: plain data (numpy, scipy),
-no torch (tests/test_structure.py keeps it so)."""
+no torch (tests/test_structure.py keeps it so). Settings come from the config package."""
 
-from .cluster import Cluster, PlanError, Sample, check_samples, samples_from_lengths
-from .config import HARDWARE_PRESETS, MODEL_PRESETS, TRAINING_PRESETS, HardwareConfig, ModelConfig, TrainingConfig
+from .cluster import PlanError, Sample, check_samples, samples_from_lengths
 from .cost import CostModel, register_sparse_cost, sparse_cost
 from .layout import (
     Group,
@@ -18,21 +17,14 @@ from .layout import (
     token_to_head_plan,
     token_to_head_rank,
 )
-from .plan import MODES, ParentPlan, StepPlan
+from .plan import ParentPlan, StepPlan
 from .planner import check_setup, make_plan, plan_from_parents
 
 __all__ = [
-    "Cluster",
     "PlanError",
     "Sample",
     "check_samples",
     "samples_from_lengths",
-    "HARDWARE_PRESETS",
-    "MODEL_PRESETS",
-    "HardwareConfig",
-    "ModelConfig",
-    "TRAINING_PRESETS",
-    "TrainingConfig",
     "CostModel",
     "register_sparse_cost",
     "sparse_cost",
@@ -48,7 +40,6 @@ __all__ = [
     "head_token_ids",
     "simulate_exchange",
     "token_ids",
-    "MODES",
     "ParentPlan",
     "StepPlan",
     "check_setup",

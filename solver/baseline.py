@@ -17,6 +17,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from config import PRICINGS, SettingError
+
 from .cluster import Cluster, PlanError, Sample, ceil_div, ceil_pow2_array, check_samples
 from .cost import CostModel
 from .fill import LeastLoaded
@@ -109,7 +111,6 @@ def exchange_cost_per_token(cluster: Cluster, cost: CostModel) -> dict[int, floa
     return out
 
 
-PRICINGS = ("compute", "comm")
 
 
 def anchor_groups(samples, cluster: Cluster, cost: CostModel, narrowings: int = 0):
@@ -171,7 +172,7 @@ def assign_parents(samples: Sequence[Sample], cluster: Cluster, cost: CostModel,
     token-wise work ~L, divided over the group. "comm": also each group's own all-to-alls, as
     FlexSP's cost model does; a stronger baseline that gives wide groups fewer short samples."""
     if pricing not in PRICINGS:
-        raise PlanError(f"pricing={pricing!r}; valid: {PRICINGS}")
+        raise SettingError(f"planner.baseline_pricing={pricing!r} is invalid: it must be one of {list(PRICINGS)}")
     cost = cost.for_cluster(cluster)
     samples = check_samples(samples, cluster)
     if pricing == "comm":

@@ -1,62 +1,25 @@
-"""Cluster, samples and the errors every planner raises on bad input."""
+"""Samples, the checks of a step's samples, and the error every planner raises (the cluster is
+config.Cluster)."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from config import Cluster, ceil_pow2
+
+__all__ = ["Cluster", "PlanError", "Sample", "ceil_div", "ceil_pow2", "ceil_pow2_array", "check_samples", "is_pow2", "samples_from_lengths"]
+
 
 class PlanError(ValueError):
-    """Bad input to a planner, or a batch that cannot be placed. The message names the value."""
-
-
-# ----- value checks every config and entry point shares: a PlanError naming the value ----------
-def check_positive_int(name: str, v) -> None:
-    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-        raise PlanError(f"{name}={v!r} is invalid: it must be an integer >= 1")
-
-
-def check_positive(name: str, v) -> None:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
-        raise PlanError(f"{name}={v!r} is invalid: it must be a finite number > 0")
-
-
-def check_non_negative(name: str, v) -> None:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-        raise PlanError(f"{name}={v!r} is invalid: it must be a finite number >= 0")
-
-
-def check_fraction(name: str, v) -> None:
-    check_non_negative(name, v)
-    if v > 1:
-        raise PlanError(f"{name}={v!r} is invalid: it is a fraction in [0, 1]")
-
-
-def matches_type(value, default) -> bool:
-    """Is `value` of the type a setting whose default is `default` takes? (an int is a float; a
-    bool is neither an int nor a float)"""
-    if isinstance(default, bool):
-        return isinstance(value, bool)
-    if isinstance(default, int):
-        return isinstance(value, int) and not isinstance(value, bool)
-    if isinstance(default, float):
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    return isinstance(value, type(default))
+    """A step that cannot be planned (a sample that cannot be placed) or a plan that is invalid. The
+    message names the sample, group or rank. Bad settings are config.SettingError."""
 
 
 def is_pow2(x: int) -> bool:
     return x >= 1 and (x & (x - 1)) == 0
-
-
-def ceil_pow2(x: float) -> int:
-    """Smallest power of two >= x (1 for x <= 1)."""
-    p = 1
-    while p < x:
-        p *= 2
-    return p
 
 
 def ceil_pow2_array(x) -> np.ndarray:
@@ -70,45 +33,6 @@ def ceil_pow2_array(x) -> np.ndarray:
 
 def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
-
-
-@dataclass(frozen=True)
-class Cluster:
-    """`world_size` ranks in nodes of `gpus_per_node`; each rank holds at most `tokens_per_rank`."""
-
-    world_size: int
-    gpus_per_node: int = 8
-    tokens_per_rank: int = 16384
-
-    def __post_init__(self):
-        for name in ("world_size", "gpus_per_node", "tokens_per_rank"):
-            check_positive_int(name, getattr(self, name))
-        if not is_pow2(self.gpus_per_node):
-            raise PlanError(
-                f"gpus_per_node={self.gpus_per_node} is not a power of two; node-local "
-                "children are aligned power-of-two rank ranges, so use 1, 2, 4, 8, ..."
-            )
-        if self.world_size % self.gpus_per_node:
-            raise PlanError(
-                f"world_size={self.world_size} is not a multiple of gpus_per_node="
-                f"{self.gpus_per_node}; valid world sizes are k * {self.gpus_per_node}"
-            )
-
-    @property
-    def widest_group(self) -> int:
-        """The widest aligned group: the largest power of two <= world_size."""
-        widest = 1
-        while widest * 2 <= self.world_size:
-            widest *= 2
-        return widest
-
-    def min_group_size(self, length: int) -> int:
-        """Memory floor: a sample of `length` tokens needs 2**ceil(log2(L / tokens_per_rank)) ranks."""
-        return ceil_pow2(length / self.tokens_per_rank)
-
-    def max_sample_length(self) -> int:
-        """Longest sample a group can hold: the widest aligned group's tokens."""
-        return self.widest_group * self.tokens_per_rank
 
 
 @dataclass(frozen=True)

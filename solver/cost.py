@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .cluster import PlanError, matches_type
-from .config import HardwareConfig, ModelConfig, TrainingConfig
+from config import CostsConfig, HardwareConfig, ModelConfig, SettingError
+from config.base import of_kind
 
 # Compute of a training step in units of the forward pass: backward computes the gradients of
 # both the inputs and the weights of every matmul, about twice the forward's FLOPs.
@@ -60,16 +60,16 @@ class SparseCost:
     params: dict = field(default_factory=dict)  # the kind's parameters and their defaults
 
     def resolve(self, given: dict) -> dict:
-        """The kind's parameters: the given ones over the defaults. Raises PlanError naming an
+        """The kind's parameters: the given ones over the defaults. Raises SettingError naming an
         unknown or invalid parameter (a default's type is the type a value must have; numbers > 0)."""
         unknown = sorted(set(given) - set(self.params))
         if unknown:
-            raise PlanError(f"sparse kind {self.name!r} has no parameter {unknown[0]!r}; its parameters: {self.params}")
+            raise SettingError(f"sparse kind {self.name!r} has no parameter {unknown[0]!r}; its parameters: {self.params}")
         out = {**self.params, **given}
         for k, v in out.items():
             want = type(self.params[k])
-            if not matches_type(v, self.params[k]) or (want in (int, float) and not (math.isfinite(v) and v > 0)):
-                raise PlanError(
+            if not of_kind(v, want) or (want in (int, float) and not (math.isfinite(v) and v > 0)):
+                raise SettingError(
                     f"sparse kind {self.name!r}: {k}={v!r} is invalid; it takes a {want.__name__} > 0 (default {self.params[k]!r})"
                 )
         return out
@@ -82,13 +82,18 @@ def register_sparse_cost(name: str, flops: SparseFlops, params: dict | None = No
     """Register the forward FLOPs of a sparse-attention kind, with its parameters and their
     defaults. model.attention.register_sparse_attention calls this together with the kernel."""
     if name in _SPARSE_COSTS and not overwrite:
-        raise PlanError(f"sparse kind {name!r} is already registered; pass overwrite=True to replace it")
+        raise ValueError(f"sparse kind {name!r} is already registered; pass overwrite=True to replace it")
     _SPARSE_COSTS[name] = SparseCost(name, flops, dict(params or {}))
+
+
+def sparse_kinds() -> list[str]:
+    """The registered sparse kinds' names."""
+    return sorted(_SPARSE_COSTS)
 
 
 def sparse_cost(name: str) -> SparseCost:
     if name not in _SPARSE_COSTS:
-        raise PlanError(f"unknown sparse kind {name!r}; registered kinds: {sorted(_SPARSE_COSTS)}")
+        raise SettingError(f"model.sparse_kind={name!r} is not a registered sparse kind; registered: {sorted(_SPARSE_COSTS)}")
     return _SPARSE_COSTS[name]
 
 
@@ -103,7 +108,7 @@ register_sparse_cost("chunked", lambda n, cfg: attention_flops(chunked_keys(n, c
 
 def with_sparse_defaults(model: ModelConfig) -> ModelConfig:
     """The model config with its sparse kind's parameters resolved (defaults filled in, unknown or
-    invalid ones named in a PlanError)."""
+    invalid ones named in a SettingError)."""
     return model.replace(sparse_params=sparse_cost(model.sparse_kind).resolve(model.sparse_params))
 
 
@@ -125,13 +130,13 @@ class CostModel:
     bound to that cluster's nodes (made once per node size and shared). A model built without
     one prices compute only and says so if asked for an exchange."""
 
-    def __init__(self, model: ModelConfig, hw: HardwareConfig, gpus_per_node: int | None = None, training: TrainingConfig | None = None):
+    def __init__(self, model: ModelConfig, hw: HardwareConfig, gpus_per_node: int | None = None, costs: CostsConfig | None = None):
         self.model, self.hw, self.gpus_per_node = model, hw, gpus_per_node
-        self.training = tr = training if training is not None else TrainingConfig()
+        self.costs = tr = costs if costs is not None else CostsConfig()
         self._bound: dict[int, CostModel] = {} if gpus_per_node is None else {gpus_per_node: self}
         self.sparse = sparse_cost(model.sparse_kind)
         if self.sparse.resolve(model.sparse_params) != model.sparse_params:
-            raise PlanError(
+            raise SettingError(
                 f"sparse_params={model.sparse_params} of sparse kind {model.sparse_kind!r} miss parameters; its parameters "
                 f"and defaults: {self.sparse.params} (solver.cost.with_sparse_defaults fills them in)"
             )
@@ -162,7 +167,7 @@ class CostModel:
         """This cost model with the exchanges priced for `cluster`'s nodes (Cluster.gpus_per_node)."""
         g = cluster.gpus_per_node
         if g not in self._bound:
-            bound = CostModel(self.model, self.hw, g, self.training)
+            bound = CostModel(self.model, self.hw, g, self.costs)
             bound._bound = self._bound  # siblings share one table: binding again returns the same object
             self._bound[g] = bound
         return self._bound[g]
@@ -205,7 +210,7 @@ class CostModel:
         """Exposed seconds of the gradient reduce-scatter and parameter all-gather of a step: dense
         parameters over every rank, each expert over the ranks that hold a replica of it (world /
         ep_degree), ring collectives at the inter-node rate once the world spans nodes."""
-        tr = self.training
+        tr = self.costs
         if not tr.grad_sync or world_size == 1:
             return 0.0
         per_param = tr.grad_bytes + tr.param_bytes
@@ -223,7 +228,7 @@ class CostModel:
 
     def optimizer_time(self, world_size: int) -> float:
         """Seconds of the optimizer step on this rank's shard of the parameters (memory-bound)."""
-        tr = self.training
+        tr = self.costs
         if not tr.optimizer:
             return 0.0
         return self.total_params() / world_size * tr.optimizer_bytes_per_param / self.hw.hbm_bw
@@ -232,7 +237,7 @@ class CostModel:
         """Exposed seconds per token of one layer's expert dispatch and combine (fwd, bwd and a
         recompute pass if any): top_k copies of the hidden state out and back, the share
         (ep - 1) / ep to other ranks, at NVLink rate inside a node or the inter-node rate."""
-        tr, m, hw = self.training, self.model, self.hw
+        tr, m, hw = self.costs, self.model, self.hw
         if tr.ep_degree == 1:
             return 0.0
         bytes_per_token = 2 * m.top_k * m.hidden * hw.bytes_per_element * (tr.ep_degree - 1) / tr.ep_degree
@@ -287,7 +292,7 @@ class CostModel:
         """(other peers on rank's node, peers on other nodes) inside group [start, start + size)."""
         g = self.gpus_per_node
         if g is None:
-            raise PlanError("this CostModel has no node size to price exchanges with: use cost.for_cluster(cluster)")
+            raise ValueError("this CostModel has no node size to price exchanges with: use cost.for_cluster(cluster)")
         node = rank // g
         lo, hi = max(start, node * g), min(start + size, (node + 1) * g)
         same = hi - lo

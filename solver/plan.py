@@ -7,13 +7,10 @@ import json
 from dataclasses import dataclass
 from functools import cached_property
 
+from config import MODES, SettingError
+
 from .cluster import Cluster, PlanError
 from .layout import Group, TokenLayout
-
-# the paper's three modes, then the attribution control (the parent solver without repacking),
-# then the width-choosing parent solver (beyond the paper: parents change width and share)
-MODES = ("baseline", "repack", "repack+solver", "baseline+solver", "repack+widths")
-PAPER_MODES = MODES[:3]
 
 # A parent's children before they are laid out: (child size, sample ids) per child, in rank
 # order, as the parent solver's stages hand them on; None: the parent keeps its own layout.
@@ -56,7 +53,7 @@ class StepPlan:
 
     def __post_init__(self):
         if self.mode not in MODES:
-            raise PlanError(f"mode={self.mode!r}; valid modes: {MODES}")
+            raise SettingError(f"mode={self.mode!r} is invalid: it must be one of {list(MODES)}")
 
     @cached_property
     def length_of(self) -> dict[int, int]:

@@ -14,6 +14,8 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
+from config import MODES, SettingError
+
 from .baseline import assign_parents
 from .children import solve_children
 from .cluster import Cluster, PlanError, Sample, ceil_pow2, check_samples
@@ -21,7 +23,7 @@ from .cost import CostModel
 from .estimate import PlanEstimate
 from .layout import Group
 from .parent_solver import solve_parents
-from .plan import DISABLED, MODES, NODE_LOCAL, ParentPlan, StepPlan
+from .plan import DISABLED, NODE_LOCAL, ParentPlan, StepPlan
 from .width_solver import solve_widths
 
 
@@ -49,14 +51,15 @@ def make_plan(
 ) -> StepPlan:
     """Plan one step.
 
-    >>> from solver import Cluster, CostModel, ModelConfig, HardwareConfig, samples_from_lengths
+    >>> from config import Cluster, HardwareConfig, ModelConfig
+    >>> from solver import CostModel, samples_from_lengths
     >>> cost = CostModel(ModelConfig.from_name("paper"), HardwareConfig())
     >>> plan = make_plan(samples_from_lengths([200_000, 9_000, 3_000]), Cluster(16, 8, 16384), cost, "repack")
     >>> plan.widest_parent
     16
     """
     if mode not in MODES:
-        raise PlanError(f"mode={mode!r}; valid modes: {MODES}")
+        raise SettingError(f"mode={mode!r} is invalid: it must be one of {list(MODES)}")
     cost = cost.for_cluster(cluster)
     check_heads(cluster, cost)
     samples = check_samples(samples, cluster)
@@ -75,10 +78,10 @@ def make_plan(
 
 def check_heads(cluster: Cluster, cost: CostModel) -> int:
     """The widest group the planner emits for this model on this cluster (CostModel.widest_group);
-    raises when the node-local children, up to a node wide, could not split the model's heads."""
+    SettingError when the node-local children, up to a node wide, could not split the model's heads."""
     m, widest = cost.model, cost.widest_group(cluster)
     if cluster.gpus_per_node > widest:
-        raise PlanError(
+        raise SettingError(
             f"gpus_per_node={cluster.gpus_per_node}: node-local children may be SP{cluster.gpus_per_node}, but the model's heads "
             f"({m.n_heads} query, {m.n_kv_heads} key/value) split over at most SP{widest}; use nodes of at most {widest} ranks "
             f"or a model whose query heads are a multiple of {cluster.gpus_per_node}"

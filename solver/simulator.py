@@ -186,7 +186,8 @@ def lower_bound(plan: StepPlan, cost: CostModel) -> float:
 def simulate(plan: StepPlan, cost: CostModel) -> StepResult:
     """Simulate one training step (forward + backward) of `plan`.
 
-    >>> from solver import Cluster, CostModel, HardwareConfig, ModelConfig, make_plan, samples_from_lengths
+    >>> from config import Cluster, HardwareConfig, ModelConfig
+    >>> from solver import CostModel, make_plan, samples_from_lengths
     >>> cost = CostModel(ModelConfig.from_name("paper"), HardwareConfig())
     >>> r = simulate(make_plan(samples_from_lengths([100_000] + [4000] * 40), Cluster(16, 8, 32768), cost, "repack"), cost)
     >>> 0 < r.mfu < 1
@@ -239,12 +240,12 @@ def simulate(plan: StepPlan, cost: CostModel) -> StepResult:
                 calls[key] += 1
 
     moe = tokens * cost.moe_token_time  # a layer's exposed expert all-to-all, every pass
-    recompute = cost.training.recompute
-    kinds = m.layer_kinds
-    router = cost.training.router_sync and world > 1
+    recompute = cost.costs.recompute
+    kinds = m.layer_types
+    router = cost.costs.router_sync and world > 1
 
     def router_sync(n: int):
-        """The MoE layer's n all-reduces of its router statistics over the world (TrainingConfig.router_sync)."""
+        """The MoE layer's n all-reduces of its router statistics over the world (CostsConfig.router_sync)."""
         if router:
             tl.world_barrier(n * cost.hw.collective_latency)
 

@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 import torch
 
+from config import Cluster, HardwareConfig, ModelConfig, SettingError
 from model import HybridMoE, LocalContext, register_sparse_attention, varlen_attention
 from model.attention import flash_available, torch_varlen_attention
-from solver import Cluster, CostModel, HardwareConfig, ModelConfig, PlanError, make_plan, samples_from_lengths
+from solver import CostModel, make_plan, samples_from_lengths
 from solver.cost import attention_flops
 from solver.simulator import simulate
 
@@ -184,11 +185,11 @@ def test_registering_a_sparse_kind_reaches_model_solver_and_simulator():
         compute[scale] = simulate(plan, cost).compute * cluster.world_size  # rank-seconds of compute
     extra = cost.attention_passes * cfg.n_sparse * float(strided_flops(1.5)(lengths, cfg).sum()) / cost.attn_rate
     assert compute[3.0] - compute[1.5] == pytest.approx(extra, rel=1e-9)
-    with pytest.raises(PlanError, match="sparse kind 'strided_test' has no parameter 'width'"):
+    with pytest.raises(SettingError, match="sparse kind 'strided_test' has no parameter 'width'"):
         CostModel(cfg.replace(sparse_params={"width": 3}), HardwareConfig())
     with pytest.raises(ValueError, match="already registered"):
         register_sparse_attention("strided_test", mask=lambda a, b, p: a >= b, flops=lambda n, c: n)
-    with pytest.raises(PlanError, match="unknown sparse kind 'unpriced'"):
+    with pytest.raises(SettingError, match="model.sparse_kind='unpriced' is not a registered sparse kind"):
         register_sparse_attention("unpriced", mask=lambda a, b, p: a >= b)  # no FLOPs: the solver could not price it
 
 

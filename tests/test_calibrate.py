@@ -6,15 +6,16 @@ import math
 
 import pytest
 
-from experiments import ablation
-from experiments.calibrate import calibrate, fit_all_to_all, fit_fixed_cost, runtime_step_plan
-from solver import CostModel, HardwareConfig, ModelConfig, PlanError, TrainingConfig
+import experiments.ablation.__main__ as ablation
+from config import CostsConfig, HardwareConfig, ModelConfig, SettingError
+from experiments.calibrate.measure import calibrate, fit_all_to_all, fit_fixed_cost, runtime_step_plan
+from solver import CostModel
 from solver.simulator import simulate
 from tests.dist_utils import run_distributed
 
 
 def _body(rank, world, path):
-    profile = calibrate(ModelConfig.from_name("tiny"), 2, 32, quick=True, repeats=1, step_tokens=4)  # one timed run each: seconds
+    profile = calibrate(ModelConfig.from_name("tiny"), 2, 32, quick=True, median_of=1, step_tokens=4)  # one timed run each: seconds
     if rank == 0:
         with open(path, "w") as f:
             json.dump(profile, f)
@@ -24,7 +25,7 @@ def test_a_quick_calibration_writes_a_profile_the_planners_accept(tmp_path, caps
     path = str(tmp_path / "profile.json")
     run_distributed(_body, 4, path)
     profile = json.load(open(path))
-    assert profile["world_size"] == 4 and profile["gpus_per_node"] == 2 and profile["context"]["commit"]
+    assert profile["world_size"] == 4 and profile["gpus_per_node"] == 2 and profile["provenance"]["commit"]
     hw = HardwareConfig.from_name(path)
     assert hw.to_dict() == profile["hardware"]  # round trip
     assert hw.ratio_reading in ("group", "link") and profile["fits"]["inter_measured"]
@@ -43,9 +44,14 @@ def test_a_quick_calibration_writes_a_profile_the_planners_accept(tmp_path, caps
     # the planners take it where they take a preset
     ablation.main(["--hardware", path, "--steps", "10", "--seeds", "1", "--out", str(tmp_path / "abl"), "--no-progress"])
     assert "commit" in capsys.readouterr().out
-    with pytest.raises(PlanError, match="has no 'hardware' object"):
+    with pytest.raises(SettingError, match="has no 'hardware' object"):
         (tmp_path / "bad.json").write_text("{}")
         HardwareConfig.from_name(str(tmp_path / "bad.json"))
+    with pytest.raises(SettingError, match=r"the profile lacks \['a2a_inter_latency'"):  # never a preset's values in silence
+        (tmp_path / "partial.json").write_text(
+            json.dumps({"hardware": {k: v for k, v in profile["hardware"].items() if k != "a2a_inter_latency"}})
+        )
+        HardwareConfig.from_name(str(tmp_path / "partial.json"))
 
 
 @pytest.mark.parametrize("crossing", [0.0, 300e-6])
@@ -92,11 +98,11 @@ def test_the_fixed_cost_fits_recover_what_a_step_was_priced_with(field, size, to
     without it fits to none; a plan that does not pay it cannot fit it."""
     cfg, known = ModelConfig.from_name("tiny"), 3.7e-3
     hw = HardwareConfig(collective_latency=2e-3, layer_overhead=1e-3, a2a_latency=5e-4, a2a_inter_latency=2e-4)
-    training = TrainingConfig(recompute="full", moe_all_to_all=False, optimizer=False)
-    priced = CostModel(cfg, hw.replace(**{field: known}), training=training)
+    costs = CostsConfig(recompute="full", moe_all_to_all=False, optimizer=False)
+    priced = CostModel(cfg, hw.replace(**{field: known}), costs=costs)
     step = simulate(runtime_step_plan(8, 2, size, tokens), priced).step_time
     assert fit_fixed_cost(step, cfg, hw, 8, 2, field, size, tokens) == pytest.approx(known, rel=1e-9)
     assert fit_fixed_cost(1e-9, cfg, hw, 8, 2, field, size, tokens) == 0.0
     if size > 1:
-        with pytest.raises(PlanError, match=f"does not pay {field}"):
+        with pytest.raises(ValueError, match=f"does not pay {field}"):
             fit_fixed_cost(step, cfg, hw, 8, 2, field, 1 if field == "a2a_latency" else 2)

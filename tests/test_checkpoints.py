@@ -10,11 +10,11 @@ import shutil
 import pytest
 import torch
 
-from experiments import checkpoint
-from experiments.checkpoint import CheckpointError
+from config import ModelConfig
+from experiments.train import checkpoint
+from experiments.train.checkpoint import CheckpointError
 from model import HybridMoE
 from model.sharding import full_tensor, shard_model
-from solver import ModelConfig
 from tests.dist_utils import run_distributed
 
 CFG = ModelConfig.from_name("tiny")

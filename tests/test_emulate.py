@@ -5,8 +5,8 @@ import subprocess
 
 import pytest
 
-from experiments.emulate import EmulatedCluster, compare, paired_steps, unavailable
-from experiments.results import write_run
+from experiments.calibrate.emulate import EmulatedCluster, compare, paired_steps, unavailable
+from experiments.common.results import write_run
 
 WHY = unavailable()
 

@@ -3,8 +3,9 @@
 import numpy as np
 import torch
 
+from config import Cluster
 from kernels.exchange import AlignedGroups, CommStats, dist_transport, exchange, exchange_all_ranks, exchange_args
-from solver import Cluster, Group, ParentPlan, StepPlan, exchange_bytes, head_to_token_plan, token_ids, token_to_head_plan
+from solver import Group, ParentPlan, StepPlan, exchange_bytes, head_to_token_plan, token_ids, token_to_head_plan
 from tests.dist_utils import run_distributed
 from tests.test_kernels import features
 

@@ -8,9 +8,13 @@ import os
 import numpy as np
 import pytest
 
-from experiments import ablation, solver_bench, sweep
-from experiments.results import read_run, write_run
-from experiments.workload import load_trace
+import experiments.ablation.__main__ as ablation
+import experiments.train.__main__ as train
+from experiments.ablation import sweep
+from experiments.bench import solver as solver_bench
+from experiments.common.errors import InputError
+from experiments.common.results import read_run, write_run
+from experiments.common.workload import load_trace
 from solver import PlanError
 
 
@@ -32,17 +36,20 @@ def run_ablation_cli(tmp_path, *args):
         (["--tokens-per-step", "-100"], "--tokens-per-step=-100 is invalid"),
         (["--fill", "0"], "--fill=0.0 is invalid"),
         (["--fill", "1.5"], "--fill=1.5 is invalid"),
-        (["--window", "0"], "--window=0 is invalid"),
-        (["--window", "-5"], "--window=-5 is invalid"),
+        (["--sparse-params", "window=0"], "window=0 is invalid"),
+        (["--sparse-params", "window=-5"], "window=-5 is invalid"),
+        (["--sparse-params", "window"], "--sparse-params 'window' is invalid: give KEY=VALUE pairs"),
         (["--long-prob", "-1"], "--long-prob=-1.0 is invalid"),
         (["--long-prob", "nan"], "--long-prob=nan is invalid"),
         (["--ratio", "inf"], "--ratio=inf is invalid"),
         (["--ratio", "0"], "--ratio=0.0 is invalid"),
-        (["--sparse-kind", "chunked", "--window", "512"], "--window is a parameter of another sparse kind; 'chunked' takes"),
-        (["--sparse-kind", "nope"], "unknown sparse kind 'nope'"),
-        (["--moe-overlap", "1.5"], "moe_overlap=1.5 is invalid"),
-        (["--ep-degree", "0"], "ep_degree=0 is invalid"),
-        (["--world-size", "12"], "world_size=12 is not a multiple of gpus_per_node=8"),
+        (["--sparse-kind", "chunked", "--sparse-params", "window=512"], "sparse kind 'chunked' has no parameter 'window'"),
+        (["--sparse-kind", "nope"], "argument --sparse-kind: invalid choice: 'nope' (choose from "),
+        (["--moe-overlap", "1.5"], "--moe-overlap=1.5 is invalid"),
+        (["--ep-degree", "0"], "--ep-degree=0 is invalid"),
+        (["--world-size", "12"], "cluster.world_size=12 is not a multiple of cluster.gpus_per_node=8"),
+        (["--fill", "0.5", "--tokens-per-step", "1000"], "--fill and --tokens-per-step set the same thing two ways"),
+        (["--steps", "x"], "argument --steps: invalid int value: 'x'"),
     ],
     ids=lambda v: " ".join(v) if isinstance(v, list) else None,
 )
@@ -58,11 +65,15 @@ def test_bad_flags_are_one_line_errors(tmp_path, args, message):
         ("{nope", "is not valid JSON"),
         ("48", "holds a int; it must be an object of sections"),
         ('{"model": [1, 2]}', "section 'model' is a list"),
-        ('{"modle": {}}', "unknown section 'modle'"),
-        ('{"model": {"n_layer": 4}}', "model.n_layer is not a setting"),
-        ('{"model": {"n_layers": "48"}}', "model.n_layers='48' is a str; it must be a int"),
-        ('{"hardware": {"inter_intra_ratio": "7"}}', "hardware.inter_intra_ratio='7' is a str; it must be a float"),
+        ('{"modle": {}}', "experiments.ablation reads no section 'modle'"),
+        ('{"optim": {"lr": 1}}', "experiments.ablation reads no section 'optim'"),
+        ('{"model": {"n_layer": 4}}', "model.n_layer is not a setting of experiments.ablation"),
+        ('{"model": {"name": "x"}}', "model.name is not a setting of experiments.ablation"),
+        ('{"model": {"n_layers": "48"}}', "model.n_layers='48' is invalid: it must be an integer, not str"),
+        ('{"hardware": {"inter_intra_ratio": "7"}}', "hardware.inter_intra_ratio='7' is invalid: it must be a number, not str"),
         ('{"workload": {"seed": -1}}', "workload.seed=-1 is invalid"),
+        ('{"model": {"preset": "huge"}}', "model.preset: unknown model preset 'huge'"),
+        ('{"cluster": {"world_size": 12}}', "cluster.world_size=12 is not a multiple of cluster.gpus_per_node=8"),
     ],
 )
 def test_bad_config_files_are_one_line_errors(tmp_path, content, message):
@@ -77,7 +88,7 @@ def test_a_config_file_sets_the_workload_seed_and_steps(tmp_path):
     path = tmp_path / "cfg.json"
     path.write_text(json.dumps({"workload": {"seed": 3, "steps": 7}}))
     _, summary = ablation.main(["--config", str(path), "--seeds", "1", "--out", str(tmp_path / "o"), "--no-progress"])
-    assert summary["config"]["seeds"] == [3] and summary["config"]["steps_scanned"] == 7
+    assert summary["config"]["seeds"] == [3] and summary["config"]["workload"]["steps"] == 7
 
 
 @pytest.mark.parametrize(
@@ -91,7 +102,7 @@ def test_a_config_file_sets_the_workload_seed_and_steps(tmp_path):
 )
 def test_non_integer_trace_lengths_are_errors(tmp_path, name, text, message):
     (tmp_path / name).write_text(text)
-    with pytest.raises(PlanError, match=message):
+    with pytest.raises(InputError, match=message):
         load_trace(str(tmp_path / name))
 
 
@@ -106,7 +117,7 @@ def test_non_integer_trace_lengths_are_errors(tmp_path, name, text, message):
 )
 def test_npy_traces_with_nan_fractions_or_objects_are_errors(tmp_path, array, message):
     np.save(tmp_path / "t.npy", array, allow_pickle=True)
-    with pytest.raises(PlanError, match=message):
+    with pytest.raises(InputError, match=message):
         load_trace(str(tmp_path / "t.npy"))
 
 
@@ -139,7 +150,8 @@ def test_a_read_only_output_folder_is_refused(tmp_path):
 def test_a_batch_that_fits_is_placed():
     # 213 tokens on 8 ranks of 32: the 112-token sample's cost share asked for all 8 ranks,
     # leaving no room for the rest; the baseline narrows it to its memory floor and places all
-    from solver import Cluster, CostModel, HardwareConfig, ModelConfig, make_plan, samples_from_lengths
+    from config import Cluster, HardwareConfig, ModelConfig
+    from solver import CostModel, make_plan, samples_from_lengths
 
     lengths = [112, 6, 6, 12, 10, 17, 3, 4, 3, 3, 3, 6, 7, 4, 14, 3]
     cost = CostModel(ModelConfig.from_name("tiny"), HardwareConfig())
@@ -166,16 +178,17 @@ def test_every_registered_sparse_kind_runs_with_its_declared_defaults(tmp_path):
 def test_the_model_and_every_step_are_checked_against_the_cluster_before_step_1():
     """check_setup refuses, naming the setting, what the planner would refuse at some later step;
     where it allows a set-up, the planner places every step of it."""
-    from solver import Cluster, CostModel, HardwareConfig, ModelConfig, check_setup, make_plan, samples_from_lengths
+    from config import Cluster, HardwareConfig, ModelConfig, SettingError
+    from solver import CostModel, check_setup, make_plan, samples_from_lengths
 
     tiny = CostModel(ModelConfig.from_name("tiny"), HardwareConfig())  # 8 query / 8 KV heads
     gqa = CostModel(ModelConfig.from_name("tiny-gqa"), HardwareConfig())  # 8 query / 2 KV heads
     cluster = Cluster(16, 2, 32)
     assert "groups up to SP8;" in check_setup(cluster, tiny)
     assert "key/value heads replicated on groups wider than SP2" in check_setup(cluster, gqa)
-    with pytest.raises(PlanError, match=r"gpus_per_node=16: node-local children may be SP16, .* at most SP8"):
+    with pytest.raises(SettingError, match=r"gpus_per_node=16: node-local children may be SP16, .* at most SP8"):
         check_setup(Cluster(16, 16, 32), tiny)
-    with pytest.raises(PlanError, match=r"gpus_per_node=16"):  # the planner refuses it too
+    with pytest.raises(SettingError, match=r"gpus_per_node=16"):  # the planner refuses it too
         make_plan(samples_from_lengths([40, 8]), Cluster(16, 16, 32), tiny, "repack")
     # a sample of 257 tokens needs SP16 at 32 tokens per rank; the 8 heads allow SP8: step 3 says so
     steps = [(0, [256, 100]), (3, [257, 8])]
@@ -191,20 +204,19 @@ def test_the_model_and_every_step_are_checked_against_the_cluster_before_step_1(
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--steps", "0"], "--steps=0 is invalid: use an integer >= 1"),
-        (["--save-every", "-1"], "--save-every=-1 is invalid: use an integer >= 0"),
-        (["--timeout", "0"], "--timeout=0.0 is invalid: use a number > 0"),
+        (["--steps", "0"], "--steps=0 is invalid: it must be an integer >= 1"),
+        (["--save-every", "-1"], "--save-every=-1 is invalid: it must be an integer >= 0"),
+        (["--timeout", "0"], "--timeout=0.0 is invalid: it must be a finite number in (0, 86400]"),
+        (["--world-size", "8"], "unrecognized arguments: --world-size 8"),
         (["--lr", "nan"], "--lr=nan is invalid"),
         (["--resume-step", "-2"], "--resume-step=-2 is invalid"),
         (["--tokens-per-rank", "0"], "--tokens-per-rank=0 is invalid"),
-        (["--repeats", "0", "--mode", "all"], "--repeats=0 is invalid: use an integer >= 1"),
+        (["--repeats", "0", "--mode", "all"], "--repeats=0 is invalid: it must be an integer >= 1"),
         (["--repeats", "2"], "--repeats=2 needs --mode all"),
     ],
     ids=lambda v: " ".join(v) if isinstance(v, list) else None,
 )
 def test_bad_driver_flags_are_one_line_errors_before_any_work(tmp_path, capsys, args, message):
-    from experiments import train
-
     out = tmp_path / "out"
     with pytest.raises(SystemExit) as e:
         train.main([*args, "--out", str(out)])
@@ -215,8 +227,6 @@ def test_bad_driver_flags_are_one_line_errors_before_any_work(tmp_path, capsys, 
 
 
 def test_unwritable_driver_folders_are_refused_before_any_work(tmp_path, capsys):
-    from experiments import train
-
     blocker = tmp_path / "file"
     blocker.write_text("x")
     for flag, extra in (("--out", []), ("--ckpt-dir", ["--save-every", "2"])):

@@ -6,9 +6,10 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from config import MODES, Cluster, HardwareConfig, ModelConfig
 from kernels.exchange import exchange_all_ranks, exchange_args, head_split_map
 from kernels.permute import gather_heads, scatter_heads
-from solver import MODES, Cluster, CostModel, HardwareConfig, ModelConfig, head_to_token_plan, make_plan, token_to_head_plan
+from solver import CostModel, head_to_token_plan, make_plan, token_to_head_plan
 from tests.strategies import INTERPRETED_EXAMPLES, batches
 
 COST = CostModel(ModelConfig.from_name("tiny"), HardwareConfig())
@@ -129,7 +130,7 @@ def test_gqa_entry_sends_each_rank_its_kv_head_and_the_way_back_sums_the_replica
 def test_gpu_check_script_runs_its_cpu_smoke_and_refuses_without_cuda(tmp_path):
     import json
 
-    from experiments import gpu_check
+    import experiments.gpu_check.__main__ as gpu_check
 
     if torch.cuda.is_available():
         pytest.skip("the full GPU check runs on CUDA machines: python3 -m experiments.gpu_check")
@@ -140,7 +141,7 @@ def test_gpu_check_script_runs_its_cpu_smoke_and_refuses_without_cuda(tmp_path):
 
 
 def test_gpu_check_bandwidth_targets():
-    from experiments.gpu_check import bandwidth_misses
+    from experiments.gpu_check.__main__ import bandwidth_misses
 
     def row(mb, tri, tor, copy):
         return {"tokens": 1, "group_size": 8, "op": "pack", "megabytes": mb, "triton_gbps": tri, "torch_gbps": tor, "copy_gbps": copy}

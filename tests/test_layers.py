@@ -49,9 +49,9 @@ def test_rotary_tables_rotate_each_pair_by_its_position_angle():
 def test_memory_estimate_counts_the_models_own_parameters():
     """experiments.memory's parameter bytes are 4 x the parameters the torch model holds, and
     sharding divides the states over the ranks."""
-    from experiments.memory import estimate
+    from config import ModelConfig
+    from experiments.train.memory import estimate
     from model import HybridMoE
-    from solver import ModelConfig
 
     for name in ("tiny", "tiny-gqa"):
         cfg = ModelConfig.from_name(name)

@@ -5,13 +5,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from config import MODES, Cluster, HardwareConfig, ModelConfig, SettingError
 from solver import (
-    MODES,
-    Cluster,
     CostModel,
     Group,
-    HardwareConfig,
-    ModelConfig,
     PlanError,
     StepPlan,
     TokenLayout,
@@ -142,14 +139,14 @@ def test_plan_json_round_trip_and_stable_hash():
 @pytest.mark.parametrize(
     "bad, match",
     [
-        (dict(world_size=12, gpus_per_node=8), "world_size=12 is not a multiple of gpus_per_node=8"),
-        (dict(world_size=12, gpus_per_node=3), "gpus_per_node=3 is not a power of two"),
-        (dict(world_size=0, gpus_per_node=8), "world_size=0"),
-        (dict(world_size=8, gpus_per_node=8, tokens_per_rank=-1), "tokens_per_rank=-1"),
+        (dict(world_size=12, gpus_per_node=8), r"cluster.world_size=12 is not a multiple of cluster.gpus_per_node=8"),
+        (dict(world_size=12, gpus_per_node=3), r"cluster.gpus_per_node=3 is invalid: it must be a power of two"),
+        (dict(world_size=0, gpus_per_node=8), r"cluster.world_size=0 is invalid: it must be an integer >= 1"),
+        (dict(world_size=8, gpus_per_node=8, tokens_per_rank=-1), r"cluster.tokens_per_rank=-1 is invalid"),
     ],
 )
 def test_bad_cluster_errors_name_the_value(bad, match):
-    with pytest.raises(PlanError, match=match):
+    with pytest.raises(SettingError, match=match):
         Cluster(**bad)
 
 

@@ -8,23 +8,12 @@ import torch
 import torch.distributed as dist
 
 import model.distributed as model_distributed
+from config import MODES, Cluster, CostsConfig, HardwareConfig, ModelConfig
 from kernels.exchange import AlignedGroups, CommStats
 from model import HybridMoE, LocalContext, next_token_labels
 from model.distributed import LayoutError, label_count, run_step, validate
 from model.sharding import full_tensor, shard_model
-from solver import (
-    MODES,
-    Cluster,
-    CostModel,
-    Group,
-    HardwareConfig,
-    ModelConfig,
-    ParentPlan,
-    StepPlan,
-    TrainingConfig,
-    make_plan,
-    samples_from_lengths,
-)
+from solver import CostModel, Group, ParentPlan, StepPlan, make_plan, samples_from_lengths
 from solver.simulator import simulate
 from tests.dist_utils import run_distributed
 
@@ -141,7 +130,7 @@ def _body(rank, world, refs):
                 dtype=torch.float64,
             )
             dist.all_reduce(counted)
-            sim_cost = CostModel(cfg, HardwareConfig(bytes_per_element=8), training=TrainingConfig(recompute=recompute))
+            sim_cost = CostModel(cfg, HardwareConfig(bytes_per_element=8), costs=CostsConfig(recompute=recompute))
             sim = simulate(plan, sim_cost)
             priced = [sim.full_intra_bytes, sim.full_inter_bytes, sim.sparse_intra_bytes, sim.sparse_inter_bytes]
             assert counted.tolist() == priced, (name, plan.mode, counted.tolist(), priced)

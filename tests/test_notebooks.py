@@ -6,7 +6,8 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-from experiments import ablation, sweep
+import experiments.ablation.__main__ as ablation
+from experiments.ablation import sweep
 
 NB_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "notebooks")
 NOTEBOOKS = sorted(f for f in os.listdir(NB_DIR) if f.endswith(".ipynb"))
@@ -26,6 +27,6 @@ def test_notebook_runs(name, tmp_path, monkeypatch):
     if name == "ablation.ipynb":
         # a short ablation for the notebook to read (with none it runs the default one: ~1 minute)
         ablation.main(["--seeds", "2", "--steps", "30", "--out", str(results / "ablation"), "--no-progress"])
-        sweep.main(["--factor", "fill", "--factor", "ratio", "--seeds", "1", "--steps", "8", "--out", str(results / "sweep")])
+        sweep.main(["--factors", "fill,ratio", "--seeds", "1", "--steps", "8", "--out", str(results / "sweep")])
     nb = nbformat.read(os.path.join(NB_DIR, name), as_version=4)
     NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": NB_DIR}}).execute()

@@ -6,10 +6,11 @@ import os
 import numpy as np
 import pytest
 
-from experiments import ablation
-from experiments.ablation import anchor_load_ratio
-from experiments.results import read_run
-from solver import MODES, Cluster, CostModel, Group, HardwareConfig, ModelConfig, PlanError, TrainingConfig, make_plan, samples_from_lengths
+import experiments.ablation.__main__ as ablation
+from config import MODES, Cluster, CostsConfig, HardwareConfig, ModelConfig
+from experiments.ablation.run import anchor_load_ratio
+from experiments.common.results import read_run
+from solver import CostModel, Group, make_plan, samples_from_lengths
 from solver.estimate import PlanEstimate
 from solver.plan import NODE_LOCAL, ParentPlan, StepPlan
 from solver.simulator import simulate
@@ -17,7 +18,7 @@ from solver.simulator import simulate
 PAPER = CostModel(ModelConfig.from_name("paper"), HardwareConfig())
 
 
-BARE = CostModel(ModelConfig.from_name("paper"), HardwareConfig(), training=TrainingConfig.from_name("bare"))
+BARE = CostModel(ModelConfig.from_name("paper"), HardwareConfig(), costs=CostsConfig.from_name("bare"))
 
 
 def test_single_rank_step_is_the_sum_of_its_layer_costs():
@@ -100,8 +101,8 @@ def test_ablation_end_to_end_short_run(tmp_path, capsys):
     assert len(got_rows) == len(rows) == len(MODES) * n_selected > 0
     assert sorted(summary["selected_steps"]) == ["0", "1"] and {r["seed"] for r in got_rows} == {0, 1}
     cfg = got["config"]
-    assert got["context"]["commit"] and cfg["seeds"] == [0, 1] and cfg["baseline_pricing"] == "compute" and cfg["fill"] == 0.95
-    assert cfg["training"]["recompute"] == "full" and cfg["hardware"]["ratio_reading"] == "group"
+    assert got["provenance"]["commit"] and cfg["seeds"] == [0, 1] and cfg["planner"]["baseline_pricing"] == "compute"
+    assert cfg["workload"]["fill"] == 0.95 and cfg["costs"]["recompute"] == "full" and cfg["hardware"]["ratio_reading"] == "group"
     over = got["over_seeds"]
     for m in MODES:
         rng = over[m]["time_change_pct"]
@@ -142,7 +143,7 @@ def test_the_node_size_is_the_clusters_and_the_estimate_agrees_with_the_simulato
 
 def test_a_cost_model_without_a_cluster_prices_no_exchange():
     cost = CostModel(ModelConfig.from_name("paper"), HardwareConfig())
-    with pytest.raises(PlanError, match=r"use cost.for_cluster\(cluster\)"):
+    with pytest.raises(ValueError, match=r"use cost.for_cluster\(cluster\)"):
         cost.exchange_line(8)
 
 
@@ -153,8 +154,8 @@ def test_the_costs_every_mode_pays_cancel_in_the_difference_and_shrink_the_relat
     }
     plans["repack"] = hand_plan(True)
     plans["baseline"] = hand_plan(False)
-    without = PAPER.training.replace(grad_sync=False, optimizer=False)
-    lean = CostModel(PAPER.model, PAPER.hw, training=without)
+    without = PAPER.costs.replace(grad_sync=False, optimizer=False)
+    lean = CostModel(PAPER.model, PAPER.hw, costs=without)
     full = {m: simulate(p, PAPER) for m, p in plans.items()}
     bare = {m: simulate(p, lean) for m, p in plans.items()}
     # the gradient sync and the optimizer step are the same for every layout: the absolute gain
@@ -188,10 +189,8 @@ def test_fixed_costs_add_exactly_what_every_rank_pays(recompute, passes, router)
     1, the recomputed forward 2 more). Every mode's step grows by exactly that."""
     model = ModelConfig.from_name("paper")
     overhead, latency = 1e-3, 2e-4
-    plain = CostModel(model, HardwareConfig(), training=TrainingConfig(recompute=recompute))
-    fixed = CostModel(
-        model, HardwareConfig(layer_overhead=overhead, collective_latency=latency), training=TrainingConfig(recompute=recompute)
-    )
+    plain = CostModel(model, HardwareConfig(), costs=CostsConfig(recompute=recompute))
+    fixed = CostModel(model, HardwareConfig(layer_overhead=overhead, collective_latency=latency), costs=CostsConfig(recompute=recompute))
     lengths = [120_000, 30_000] + [3000] * 60
     for mode in ("baseline", "repack+solver"):
         plan = make_plan(samples_from_lengths(lengths), Cluster(32, 8, 32768), plain, mode)
@@ -209,7 +208,7 @@ def _two_kinds_plan(long: int, short: int) -> StepPlan:
 
 
 def test_the_routers_world_barrier_makes_imbalance_paid_layer_by_layer():
-    off = CostModel(PAPER.model, PAPER.hw, training=PAPER.training.replace(router_sync=False))
+    off = CostModel(PAPER.model, PAPER.hw, costs=PAPER.costs.replace(router_sync=False))
     # the single ranks are the slowest at every layer: waiting for them layer by layer costs what
     # waiting once at the end costs
     same = _two_kinds_plan(60_000, 20_000)
@@ -228,8 +227,8 @@ def test_each_router_all_reduce_costs_one_collective_latency():
     latency = 1e-3
     hw = PAPER.hw.replace(collective_latency=latency)
     plan = make_plan(samples_from_lengths([16 * 8192]), Cluster(16, 8, 32768), PAPER, "baseline")
-    with_sync = simulate(plan, CostModel(PAPER.model, hw, training=PAPER.training))
-    without = simulate(plan, CostModel(PAPER.model, hw, training=PAPER.training.replace(router_sync=False)))
+    with_sync = simulate(plan, CostModel(PAPER.model, hw, costs=PAPER.costs))
+    without = simulate(plan, CostModel(PAPER.model, hw, costs=PAPER.costs.replace(router_sync=False)))
     assert with_sync.step_time - without.step_time == pytest.approx(PAPER.model.n_layers * 5 * latency, rel=1e-9)
 
 
@@ -240,7 +239,7 @@ def test_a_call_across_nodes_pays_the_inter_latency_and_a_node_local_one_does_no
     site's exchange column moves by exactly its calls' share; the solvers' price of a layer's
     exchanges moves alike."""
     extra = 1e-3
-    crossing = CostModel(PAPER.model, PAPER.hw.replace(a2a_inter_latency=extra), training=PAPER.training)
+    crossing = CostModel(PAPER.model, PAPER.hw.replace(a2a_inter_latency=extra), costs=PAPER.costs)
     for repack in (False, True):
         plan = hand_plan(repack)
         a, b = simulate(plan, PAPER), simulate(plan, crossing)

@@ -6,20 +6,8 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import solver.parent_solver
-from solver import (
-    MODES,
-    Cluster,
-    CostModel,
-    Group,
-    HardwareConfig,
-    ModelConfig,
-    PlanError,
-    Sample,
-    StepPlan,
-    TokenLayout,
-    make_plan,
-    samples_from_lengths,
-)
+from config import MODES, Cluster, HardwareConfig, ModelConfig
+from solver import CostModel, Group, PlanError, Sample, StepPlan, TokenLayout, make_plan, samples_from_lengths
 from solver.baseline import assign_parents
 from solver.children import child_problem, polish_children, solve_child_problem, solve_children, solve_sorted
 from solver.cluster import ceil_pow2, ceil_pow2_array
@@ -390,7 +378,7 @@ def test_joint_milp_finds_the_brute_force_optimum(lengths):
 
 @pytest.mark.parametrize("seed", [3, 7])
 def test_joint_milp_optimum_is_a_valid_plan_that_no_mode_beats(seed):
-    from experiments.solver_bench import joint_instance
+    from experiments.bench.solver import joint_instance
 
     cluster, lengths = joint_instance(seed)
     samples = samples_from_lengths(lengths)

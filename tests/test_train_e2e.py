@@ -7,9 +7,10 @@ import sys
 import numpy as np
 import pytest
 
-from experiments.data import TokenFileSource, load_offsets
-from experiments.results import read_run
-from solver import MODES, PlanError
+from config import MODES
+from experiments.common.errors import InputError
+from experiments.common.results import read_run
+from experiments.train.data import TokenFileSource, load_offsets
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -49,7 +50,7 @@ def test_three_modes_same_losses_results_parse_and_resume_matches(tmp_path):
     assert p.returncode == 0, p.stderr[-3000:]
     assert "loss" in p.stdout and "MFU" in p.stdout
     rows, summary = read_run(str(tmp_path / "all"))
-    assert summary["engine"] == "torch" and summary["context"]["commit"]
+    assert summary["engine"] == "torch" and summary["provenance"]["commit"]
     assert sorted({r["mode"] for r in rows}) == sorted(MODES) and len(rows) == len(MODES)
     assert all(r["engine"] == "torch" for r in rows)
     by = {(r["step"], r["mode"]): r["loss"] for r in rows}
@@ -100,20 +101,20 @@ def test_corrupt_token_files_are_clear_errors(tmp_path):
     np.save(toks, np.arange(20, dtype=np.uint16))
     offs = tmp_path / "off.npy"
     np.save(offs, np.array([0, 8, 5, 20]))
-    with pytest.raises(PlanError, match="decrease at index 1"):
+    with pytest.raises(InputError, match="decrease at index 1"):
         load_offsets(str(offs), 20)
     np.save(offs, np.array([0, 8, 19]))
-    with pytest.raises(PlanError, match="must start at 0 and end at the token count 20"):
+    with pytest.raises(InputError, match="must start at 0 and end at the token count 20"):
         load_offsets(str(offs), 20)
     np.save(toks, np.arange(20, dtype=np.float32))
     np.save(offs, np.array([0, 8, 20]))
-    with pytest.raises(PlanError, match="expected a 1-D uint16 or uint32 array"):
+    with pytest.raises(InputError, match="expected a 1-D uint16 or uint32 array"):
         TokenFileSource(str(toks), str(offs), 100, 97)
     np.save(toks, np.arange(120, 140, dtype=np.uint32))
-    with pytest.raises(PlanError, match="token id 139 >= the model's vocab 97"):
+    with pytest.raises(InputError, match="token id 139 >= the model's vocab 97"):
         TokenFileSource(str(toks), str(offs), 100, 97)
     (tmp_path / "junk.npy").write_bytes(b"not an array")
-    with pytest.raises(PlanError, match="not a readable .npy array"):
+    with pytest.raises(InputError, match="not a readable .npy array"):
         TokenFileSource(str(tmp_path / "junk.npy"), str(offs), 100, 97)
     p = torchrun(2, "--tokens", str(tmp_path / "junk.npy"), "--doc-offsets", str(offs), "--out", str(tmp_path / "o"), timeout=120)
     assert p.returncode != 0 and "not a readable .npy array" in p.stderr

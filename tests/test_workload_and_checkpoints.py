@@ -5,20 +5,22 @@ import json
 import numpy as np
 import pytest
 
-from experiments.train import agree_across_ranks
-from experiments.workload import WorkloadConfig, generate_steps, load_trace
+from config import Cluster, HardwareConfig, ModelConfig, SettingError, WorkloadConfig
+from experiments.common.errors import InputError
+from experiments.common.workload import generate_steps, load_trace
+from experiments.train.driver import agree_across_ranks
 from model.distributed import LayoutError, check_same_plan, validate
-from solver import Cluster, CostModel, HardwareConfig, ModelConfig, PlanError, make_plan, samples_from_lengths
+from solver import CostModel, make_plan, samples_from_lengths
 from tests.dist_utils import run_distributed
 
 
 def test_generator_is_seeded_streams_whole_documents_and_has_long_ones():
-    a = generate_steps(WorkloadConfig(steps=50, seed=3))
-    assert a == generate_steps(WorkloadConfig(steps=50, seed=3))
-    assert a != generate_steps(WorkloadConfig(steps=50, seed=4))
-    cfg = WorkloadConfig()
+    cfg = WorkloadConfig(tokens_per_step=1 << 20)
+    a = generate_steps(cfg.replace(steps=50, seed=3))
+    assert a == generate_steps(cfg.replace(steps=50, seed=3))
+    assert a != generate_steps(cfg.replace(steps=50, seed=4))
     assert all(sum(s) <= cfg.tokens_per_step or len(s) == 1 for s in a)
-    assert max(max(s) for s in generate_steps(WorkloadConfig(steps=200, seed=0))) >= cfg.long_min
+    assert max(max(s) for s in generate_steps(cfg.replace(steps=200, seed=0))) >= cfg.long_min
 
 
 def test_traces_in_every_format(tmp_path):
@@ -44,7 +46,7 @@ def test_traces_in_every_format(tmp_path):
 )
 def test_malformed_traces_are_clear_errors(tmp_path, name, text, match):
     (tmp_path / name).write_text(text)
-    with pytest.raises(PlanError, match=match):
+    with pytest.raises(InputError, match=match):
         load_trace(str(tmp_path / name))
 
 
@@ -58,7 +60,7 @@ def _hash_body(rank, world):
     check_same_plan(make_plan(samples_from_lengths([30, 12, 7, 5]), Cluster(world, 2, 32), cost, "repack"))  # agreeing: passes
     # the run's settings are compared once, before step 1: a rank started with another --seed is named
     fp = {"mode": "repack", "seed": 5 if rank == 3 else 0}
-    with pytest.raises(PlanError, match="ranks disagree on seed: rank 0 has 0, rank 3 has 5"):
+    with pytest.raises(SettingError, match="ranks disagree on seed: rank 0 has 0, rank 3 has 5"):
         agree_across_ranks(fp, world)
     agree_across_ranks({"mode": "repack", "seed": 0}, world)
 
@@ -68,7 +70,7 @@ def test_plan_hash_or_run_settings_that_differ_across_ranks_fail_on_every_rank()
 
 
 def test_summary_json_is_plain_json(tmp_path):
-    from experiments.results import summarize, write_run
+    from experiments.common.results import summarize, write_run
 
     rows = [
         {"engine": "sim", "mode": m, "step": 0, "step_time_s": t, "mfu": 0.5, "lower_bound_s": 0.5}

@@ -1,7 +1,7 @@
 """Planning time of every mode, and the solvers against exact MILPs.
 
-    python -m experiments.solver_bench            # 64 .. 4096 ranks (+ 16384, one step), 45 joint and 100 child instances
-    python -m experiments.solver_bench --quick    # smaller, for a smoke run
+    python -m experiments.bench.solver            # 64 .. 4096 ranks (+ 16384, one step), 45 joint and 100 child instances
+    python -m experiments.bench.solver --quick    # smaller, for a smoke run
 
 A benchmark, not a test. It prints and writes (results/):
 - solver_bench.csv: planning time per mode and cluster size (one core, best of --repeats cold
@@ -18,24 +18,27 @@ A benchmark, not a test. It prints and writes (results/):
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import csv
 import gc
 import os
 import sys
 import time
+from dataclasses import dataclass
 
 import numpy as np
 
-from solver import MODES, Cluster, CostModel, HardwareConfig, ModelConfig, PlanError, make_plan, samples_from_lengths
+from config import MODES, Cluster, CostsConfig, HardwareConfig, ModelConfig, WorkloadConfig
+from config.base import Section
+from config.cli import Command
+from experiments.common import options
+from experiments.common.errors import USER_ERRORS
+from experiments.common.files import check_output_dir
+from experiments.common.provenance import provenance
+from experiments.common.workload import generate_steps
+from solver import CostModel, make_plan, samples_from_lengths
 from solver.children import child_problem, solve_child_problem, solve_sorted
-from solver.cluster import check_positive_int
 from solver.exact import solve_exact
-
-from .context import run_context
-from .settings import check_output_dir
-from .workload import DEFAULT_TOKENS_PER_RANK, WorkloadConfig, default_tokens_per_step, generate_steps
 
 
 def time_plan(samples, cluster: Cluster, cost: CostModel, mode: str, repeats: int) -> float:
@@ -54,15 +57,15 @@ def time_plan(samples, cluster: Cluster, cost: CostModel, mode: str, repeats: in
     return best
 
 
-def planning_times(world_sizes, steps_per_size: int, cost: CostModel, tokens_per_rank: int, repeats: int = 3):
+def planning_times(world_sizes, workload: WorkloadConfig, cost: CostModel, tokens_per_rank: int, repeats: int = 3):
+    """Planning time of every mode per cluster size: `workload.steps` steps of `workload` per size
+    (its fill of each cluster; the long-document rate is per document, so bigger steps hold
+    proportionally more long documents), the largest size one step."""
     rows = []
     for w in world_sizes:
-        # the default step per rank; the long-document rate is per document, so bigger steps hold
-        # proportionally more long documents
-        n_steps, reps = (1, 1) if w > 4096 else (steps_per_size, repeats)  # the largest cluster: one figure
-        wl = WorkloadConfig(steps=n_steps, tokens_per_step=default_tokens_per_step(w), seed=w)
-        steps = generate_steps(wl)
+        n_steps, reps = (1, 1) if w > 4096 else (workload.steps, repeats)  # the largest cluster: one figure
         cluster = Cluster(w, 8, tokens_per_rank)
+        steps = generate_steps(workload.replace(steps=n_steps, seed=w).for_cluster(cluster))
         for mode in MODES:
             ts = [time_plan(samples_from_lengths(lengths), cluster, cost, mode, reps) for lengths in steps]
             rows.append(
@@ -171,22 +174,34 @@ def exact_gaps(n_instances: int, cost: CostModel):
     return np.array(gaps), np.array(times)
 
 
+@dataclass(frozen=True)
+class SolverBenchOptions(Section):
+    SECTION = "bench"
+
+    quick: bool = options.quick()
+    repeats: int = options.repeats(3)
+    out: str = options.out("results")
+
+
+COMMAND = Command(
+    "experiments.bench.solver",
+    __doc__,
+    (ModelConfig, HardwareConfig, CostsConfig, WorkloadConfig, SolverBenchOptions),
+    defaults={"workload.steps": 10, "workload.fill": 0.5},
+    only={"workload": ("steps", "fill")},
+)
+
+
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="64 and 256 ranks, 20 exact instances")
-    ap.add_argument("--steps", type=int, default=10, help="steps planned per cluster size")
-    ap.add_argument("--repeats", type=int, default=3, help="plans per step; the best counts (default 3)")
-    ap.add_argument("--out", default="results", help="output folder")
-    args = ap.parse_args(argv)
     try:
-        check_positive_int("--steps", args.steps)
-        check_positive_int("--repeats", args.repeats)
+        s = COMMAND.parse(argv)
+        args = s.bench
         check_output_dir(args.out)
-    except PlanError as e:
+    except USER_ERRORS as e:
         sys.exit(f"error: {e}")
-    cost = CostModel(ModelConfig.from_name("paper"), HardwareConfig())
+    cost = CostModel(s.model, s.hardware, costs=s.costs)
     sizes = [64, 256] if args.quick else [64, 256, 1024, 4096, 16384]
-    ctx = run_context()
+    ctx = provenance()
     core = "one thread"
     if hasattr(os, "sched_setaffinity"):  # Linux: pin to one core, as the target says
         cpu = min(os.sched_getaffinity(0))
@@ -195,7 +210,8 @@ def main(argv=None):
     print(f"planning time per step, one CPU core ({core}; {ctx['device']}, commit {ctx['commit']})")
     print("targets: repack+widths < 100 ms median at 1024 ranks, < 500 ms at 4096")
     print(f"each step: best of {args.repeats} cold plans (memo cleared, garbage collected before each)")
-    rows = planning_times(sizes, 3 if args.quick else args.steps, cost, DEFAULT_TOKENS_PER_RANK, args.repeats)
+    workload = s.workload.replace(steps=3) if args.quick else s.workload
+    rows = planning_times(sizes, workload, cost, Cluster().tokens_per_rank, args.repeats)
     joint = joint_gaps(8 if args.quick else 45, cost)
     proven = sum(r["optimum_proven"] for r in joint)
     print(f"\nevery mode against the exact joint optimum ({len(joint)} instances of 16 ranks, {proven} proven optimal):")

@@ -1,7 +1,5 @@
-"""Memory per rank of a training run: an estimate from the model's shapes, printed at start-up.
-
-    python -m experiments.memory                      # presets x GPU counts, sharded and replicated
-    python -m experiments.memory --model small --tokens-per-rank 16384
+"""Memory per rank of a training run: an estimate from the model's shapes, printed at start-up
+(the table over presets and GPU counts: python -m experiments.bench.memory).
 
 An estimate, not a measurement: parameters, gradients and AdamW state (exact byte counts of this
 code's tensors) plus activations saved for the backward (counted from the layers' saved tensors,
@@ -12,9 +10,8 @@ and the one prefetched) plus the root's (embedding, head). Replicated: all of it
 
 from __future__ import annotations
 
-import argparse
-
-from solver import CostModel, HardwareConfig, ModelConfig
+from config import HardwareConfig, ModelConfig
+from solver import CostModel
 
 GIB = 1 << 30
 ADAM_BYTES = 8  # two fp32 moments per parameter
@@ -64,28 +61,3 @@ def summary(cfg: ModelConfig, world: int, tokens_per_rank: int, shard: str, mixe
     parts = ", ".join(f"{k} {v / div:.2f}" for k, v in e.items() if k != "total")
     head = f"memory per rank (estimate, {shard}, recompute {recompute}, {world} ranks, {tokens_per_rank} tokens per rank)"
     return f"{head}: {e['total'] / div:.2f} {unit} ({parts})"
-
-
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default=None, help="one preset (default: small and paper)")
-    ap.add_argument("--tokens-per-rank", type=int, default=16384)
-    ap.add_argument("--gpu-gib", type=float, default=80.0, help="memory of one GPU, for the fits column")
-    ap.add_argument("--recompute", default="full", choices=["full", "selective", "none"])
-    args = ap.parse_args(argv)
-    models = [args.model] if args.model else ["small", "paper"]
-    fits = f"fits: under {args.gpu_gib:g} GiB"
-    print(f"GiB per rank at {args.tokens_per_rank} tokens per rank (bf16 compute, recompute {args.recompute}); {fits}")
-    print(f"{'model':>8} {'params':>8} {'ranks':>6} {'fsdp':>8} {'fits':>5} {'replicated':>11} {'fits':>5}")
-    for name in models:
-        cfg = ModelConfig.from_name(name)
-        params = CostModel(cfg, HardwareConfig()).total_params()
-        for world in (8, 16, 32, 64, 128):
-            f = estimate(cfg, world, args.tokens_per_rank, "fsdp", recompute=args.recompute)["total"] / GIB
-            r = estimate(cfg, world, args.tokens_per_rank, "none", recompute=args.recompute)["total"] / GIB
-            yes = lambda g: "yes" if g < args.gpu_gib else "no"  # noqa: E731
-            print(f"{name:>8} {params / 1e9:7.2f}B {world:6d} {f:8.1f} {yes(f):>5} {r:11.1f} {yes(r):>5}")
-
-
-if __name__ == "__main__":
-    main()

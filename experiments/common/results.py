@@ -1,9 +1,9 @@
 """The results schema shared by the simulator (experiments.ablation) and the training driver
-(experiments.train), and read by the notebooks.
+(experiments.train), and read by the notebooks and experiments.report.
 
 A run folder holds:
   steps.csv     one row per (seed, step, mode): STEP_COLUMN_TYPES
-  summary.json  {"context": {...commit, device, time}, "config": {every setting that moves a
+  summary.json  {"provenance": {...commit, device, time}, "config": {every setting that moves a
                  figure}, "modes": {mode: means over every selected step of every seed},
                  "seeds": {seed: {mode: means}}, "over_seeds": {mode: {figure: mean, min, max}},
                  "paper": PAPER, "engine": "sim" | "torch"}
@@ -17,7 +17,9 @@ import os
 
 import numpy as np
 
-from solver.plan import MODES
+from config import MODES
+
+from .errors import InputError
 
 # Every column and its type: the reader parses by this table, never by guessing (a diverging
 # run's nan or inf loss stays a float and shows as such).
@@ -65,7 +67,7 @@ STEP_COLUMN_TYPES = {
 STEP_COLUMNS = list(STEP_COLUMN_TYPES)
 BREAKDOWN = ("compute_s", "intra_comm_s", "inter_comm_s", "moe_comm_s", "grad_sync_s", "optimizer_s", "imbalance_wait_s")
 
-# The paper's ablation (DESIGN.md section 6): change of mean step time vs baseline and MFU change.
+# The paper's ablation (docs/design.md): change of mean step time vs baseline and MFU change.
 PAPER = {
     "baseline": {"time_change_pct": 0.0, "mfu_change_pp": 0.0},
     "repack": {"time_change_pct": -5.95, "mfu_change_pp": 3.75},
@@ -158,13 +160,13 @@ def read_run(folder: str) -> tuple[list[dict], dict]:
             for k, v in r.items():
                 kind = STEP_COLUMN_TYPES.get(k)
                 if kind is None:
-                    raise ValueError(f"{folder}/steps.csv line {i}: unknown column {k!r}; known: {STEP_COLUMNS}")
+                    raise InputError(f"{folder}/steps.csv line {i}: unknown column {k!r}; known: {STEP_COLUMNS}")
                 if v == "":
                     r[k] = None
                     continue
                 try:
                     r[k] = kind(v)
                 except ValueError:
-                    raise ValueError(f"{folder}/steps.csv line {i}: column {k!r} = {v!r} is not a {kind.__name__}") from None
+                    raise InputError(f"{folder}/steps.csv line {i}: column {k!r} = {v!r} is not a {kind.__name__}") from None
             rows.append(r)
     return rows, summary

@@ -1,7 +1,7 @@
 """Per-step host work of the distributed step: what one rank builds before its first exchange.
 
-    python -m experiments.host_bench                 # 64 .. 4096 ranks
-    python -m experiments.host_bench --quick         # 64 and 256 ranks
+    python -m experiments.bench.host                 # 64 .. 4096 ranks
+    python -m experiments.bench.host --quick         # 64 and 256 ranks
 
 A benchmark, not a test: for each cluster size it plans one default step (repack+solver) and
 times, for a spread of ranks, the host work of model.distributed.run_step before the forward:
@@ -13,23 +13,26 @@ tables) and the rank's tokens and labels (local_batch). Targets: < 10 ms at 1024
 
 from __future__ import annotations
 
-import argparse
 import csv
 import os
 import sys
 import time
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from config import Cluster, HardwareConfig, ModelConfig, WorkloadConfig
+from config.base import Section
+from config.cli import Command
+from experiments.common import options
+from experiments.common.errors import USER_ERRORS
+from experiments.common.files import check_output_dir
+from experiments.common.provenance import provenance
+from experiments.common.workload import generate_steps
+from experiments.train.data import random_tokens
 from model.distributed import DistributedContext
-from solver import Cluster, CostModel, HardwareConfig, ModelConfig, PlanError, make_plan, samples_from_lengths
-
-from .ablation import DEFAULT_FILL
-from .context import run_context
-from .data import random_tokens
-from .settings import check_output_dir
-from .workload import DEFAULT_TOKENS_PER_RANK, WorkloadConfig, generate_steps
+from solver import CostModel, make_plan, samples_from_lengths
 
 TARGETS_MS = {1024: 10.0, 4096: 40.0}
 
@@ -56,23 +59,31 @@ def time_ranks(plan, cfg: ModelConfig, ranks, repeats: int = 3) -> dict[int, flo
     return out
 
 
+@dataclass(frozen=True)
+class HostBenchOptions(Section):
+    SECTION = "bench"
+
+    quick: bool = options.quick()
+    out: str = options.out("results")
+
+
+COMMAND = Command("experiments.bench.host", __doc__, (ModelConfig, HostBenchOptions), only={"model": ()})
+
+
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="64 and 256 ranks")
-    ap.add_argument("--out", default="results", help="output folder")
-    args = ap.parse_args(argv)
     try:
-        check_output_dir(args.out)
-    except PlanError as e:
+        s = COMMAND.parse(argv)
+        check_output_dir(s.bench.out)
+    except USER_ERRORS as e:
         sys.exit(f"error: {e}")
-    cfg = ModelConfig.from_name("paper")
+    cfg = s.model
     cost = CostModel(cfg, HardwareConfig())
-    ctx = run_context()
+    ctx = provenance()
     print(f"host work per rank per step ({ctx['device']}, commit {ctx['commit']}); targets: {TARGETS_MS} ms")
     rows = []
-    for world in [64, 256] if args.quick else [64, 256, 1024, 4096]:
-        cluster = Cluster(world, 8, DEFAULT_TOKENS_PER_RANK)
-        wl = WorkloadConfig(steps=1, seed=world, tokens_per_step=int(DEFAULT_FILL * world * DEFAULT_TOKENS_PER_RANK))
+    for world in [64, 256] if s.bench.quick else [64, 256, 1024, 4096]:
+        cluster = Cluster(world, 8, Cluster().tokens_per_rank)
+        wl = WorkloadConfig(steps=1, seed=world).for_cluster(cluster)  # a default packed step
         plan = make_plan(samples_from_lengths(generate_steps(wl)[0]), cluster, cost, "repack+solver")
         widest = max(plan.parents, key=lambda p: p.group.size).group
         ranks = sorted({0, world // 2, world - 1, widest.start, widest.stop - 1})  # the widest parent's ranks are the costliest
@@ -88,7 +99,7 @@ def main(argv=None):
         rows.append(
             {"ranks": world, "widest_parent": widest.size, "median_ms": 1e3 * np.median(list(t.values())), "worst_ms": 1e3 * worst, **ctx}
         )
-    path = os.path.join(args.out, "host_bench.csv")
+    path = os.path.join(s.bench.out, "host_bench.csv")
     with open(path, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()

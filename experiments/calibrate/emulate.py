@@ -1,9 +1,9 @@
 """A two-tier cluster on one machine, and the simulator checked against steps measured on it.
 
     # as root: 4 emulated nodes x 2 gloo ranks, 800 Mbit/s between nodes: calibrate, replay, compare
-    python -m experiments.emulate --nodes 4 --ranks-per-node 2 --compare --out results/emulated
+    python -m experiments.calibrate.emulate --nodes 4 --gpus-per-node 2 --compare --out results/emulated
     # or any module, launched as on a multi-node cluster
-    python -m experiments.emulate --nodes 2 --ranks-per-node 2 -- -m experiments.calibrate --quick --out /tmp/p.json
+    python -m experiments.calibrate.emulate --nodes 2 --gpus-per-node 2 -- -m experiments.calibrate --quick --out /tmp/cal
 
 One network namespace per node, each joined by a veth link to a bridge in a hub namespace; `tc`
 (a token-bucket filter) limits each link to --inter-mbit in both directions, so ranks inside a
@@ -13,10 +13,10 @@ with c10d rendezvous on node 0's address, as on a real multi-node cluster (its `
 GLOO_SOCKET_IFNAME name the node's link); the driver's node-local groups come from
 LOCAL_WORLD_SIZE. The addresses (10.213.0.0/24) exist only inside the namespaces this script
 creates; no traffic leaves the machine. Every run has a timeout; the namespaces and links are
-removed on exit, on failure and on Ctrl-C.
+removed on exit, on failure and on Ctrl-C. The --wall-limit bounds every launched run.
 
 --compare: (1) calibrates on the emulated cluster (experiments.calibrate, quick sizes, each figure
-the median of CALIBRATION_REPEATS runs); (2) runs the ablation
+the median of CALIBRATION_MEDIAN_OF runs); (2) runs the ablation
 with the tiny model on the cluster's shape and the calibrated profile, on a trace of the tiny
 workload (the simulator's prediction of every selected step in every mode); (3) replays those
 steps through the driver on the emulated cluster in every mode (train --replay --mode all: no
@@ -30,7 +30,6 @@ row per step and mode) and compare.json (the summary and the breakdown, with con
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -38,20 +37,25 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 
 import numpy as np
 
-from solver import MODES, PlanError
-
-from .context import run_context
-from .results import read_run
-from .settings import check_output_dir
+from config import MODES, TINY_TOKENS_PER_RANK, Cluster, SettingError, WorkloadConfig
+from config.base import POSITIVE, Section, int_in, number_in, setting
+from config.cli import Command
+from experiments.common import options
+from experiments.common.errors import USER_ERRORS
+from experiments.common.files import check_output_dir
+from experiments.common.provenance import provenance
+from experiments.common.results import read_run
+from experiments.common.workload import generate_steps
 
 SUBNET = "10.213.0"
 # the calibration's medians on the emulated cluster: the replay's exchanges are latency-bound and
 # its fixed costs come from one timed step, so the quick plan's 3 runs leave them too noisy
-CALIBRATION_REPEATS = 9
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CALIBRATION_MEDIAN_OF = 9
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def unavailable() -> str | None:
@@ -80,9 +84,9 @@ class EmulatedCluster:
 
     def __init__(self, nodes: int, inter_mbit: float):
         if not 2 <= nodes <= 32:
-            raise PlanError(f"--nodes={nodes}: use 2 to 32 emulated nodes")
+            raise SettingError(f"--nodes={nodes} is invalid: it must be an integer in [2, 32]")
         if not inter_mbit > 0:
-            raise PlanError(f"--inter-mbit={inter_mbit}: use a rate > 0")
+            raise SettingError(f"--inter-mbit={inter_mbit} is invalid: it must be a rate > 0")
         self.nodes, self.mbit = nodes, inter_mbit
         tag = f"{os.getpid() % 100000}"
         self.hub = f"lrhub{tag}"
@@ -222,61 +226,47 @@ def compare(pairs: list[tuple[dict, dict]]) -> tuple[list[dict], dict]:
     return rows, summary
 
 
-def run_compare(args) -> None:
-    out = os.path.abspath(args.out)
+def run_compare(s) -> None:
+    e, gpn = s.emulate, s.cluster.gpus_per_node
+    out = os.path.abspath(e.out)
     check_output_dir(out)
-    world = args.nodes * args.ranks_per_node
-    profile = os.path.join(out, "profile.json")
+    world = e.nodes * gpn
+    calibrated = os.path.join(out, "calibrate")
+    profile = os.path.join(calibrated, "profile.json")
     trace = os.path.join(out, "trace.csv")
-    with EmulatedCluster(args.nodes, args.inter_mbit) as cluster:
-        print(
-            f"emulated cluster: {args.nodes} nodes x {args.ranks_per_node} gloo ranks, {args.inter_mbit:g} Mbit/s between nodes", flush=True
-        )
+    with EmulatedCluster(e.nodes, e.inter_mbit) as cluster:
+        print(f"emulated cluster: {e.nodes} nodes x {gpn} gloo ranks, {e.inter_mbit:g} Mbit/s between nodes", flush=True)
         _run_or_fail(
             cluster,
-            ["-m", "experiments.calibrate", "--quick", "--repeats", str(CALIBRATION_REPEATS), "--out", profile],
-            args.ranks_per_node,
-            args.timeout,
+            ["-m", "experiments.calibrate", "--quick", "--median-of", str(CALIBRATION_MEDIAN_OF), "--out", calibrated],
+            gpn,
+            e.wall_limit,
             os.path.join(out, "logs", "calibrate"),
             "calibration",
         )
         print(open(os.path.join(out, "logs", "calibrate", "node0.log")).read().split("hardware profile:", 1)[-1][:1500], flush=True)
         # the tiny workload, sized to the cluster as the driver sizes it, as a trace both sides read
-        from .train import TINY_TOKENS_PER_RANK, tiny_workload  # noqa: PLC0415
-        from .workload import WorkloadConfig, generate_steps  # noqa: PLC0415
-
         budget = TINY_TOKENS_PER_RANK
-        wl = WorkloadConfig(**{**tiny_workload(world, budget, world * budget), "steps": args.steps, "seed": args.seed})
+        wl = WorkloadConfig.from_name("tiny", steps=s.workload.steps, seed=s.workload.seed)
+        wl = wl.for_cluster(Cluster(world, gpn, budget)).clipped(world * budget)
         with open(trace, "w") as f:
             f.write("step,length\n")
             for k, lengths in enumerate(generate_steps(wl)):
                 f.writelines(f"{k},{n}\n" for n in lengths)
-        common = ["--model", "tiny", "--gpus-per-node", str(args.ranks_per_node), "--tokens-per-rank", str(budget), "--hardware", profile]
+        common = ["--model", "tiny", "--gpus-per-node", str(gpn), "--tokens-per-rank", str(budget), "--hardware", profile]
         abl = [
             sys.executable, "-m", "experiments.ablation", *common, "--world-size", str(world), "--trace", trace, "--seeds", "1",
             "--no-moe-all-to-all", "--no-optimizer", "--out", os.path.join(out, "predicted"), "--no-progress",
         ]  # fmt: skip
-        p = subprocess.run(abl, cwd=ROOT, capture_output=True, text=True, timeout=args.timeout)
+        p = subprocess.run(abl, cwd=ROOT, capture_output=True, text=True, timeout=e.wall_limit)
         if p.returncode:
             raise RuntimeError(f"the ablation failed: {p.stderr[-2000:]}")
+        replay = ["--replay", os.path.join(out, "predicted"), "--mode", "all", "--out", os.path.join(out, "measured")]
         _run_or_fail(
             cluster,
-            [
-                "-m",
-                "experiments.train",
-                *common,
-                "--replay",
-                os.path.join(out, "predicted"),
-                "--mode",
-                "all",
-                "--out",
-                os.path.join(out, "measured"),
-                "--timers",
-                "--repeats",
-                str(args.repeats),
-            ],
-            args.ranks_per_node,
-            args.timeout * args.repeats,  # each repeat is a whole replay's work
+            ["-m", "experiments.train", *common, *replay, "--timers", "--repeats", str(e.repeats)],
+            gpn,
+            e.wall_limit * e.repeats,  # each repeat is a whole replay's work
             os.path.join(out, "logs", "replay"),
             "the replay",
         )
@@ -287,8 +277,8 @@ def run_compare(args) -> None:
         f.writelines(",".join(str(v) for v in r.values()) + "\n" for r in rows)
     parts = breakdown(pairs)
     result = {
-        "context": run_context(),
-        "cluster": {"nodes": args.nodes, "ranks_per_node": args.ranks_per_node, "inter_mbit": args.inter_mbit},
+        "provenance": provenance(),
+        "cluster": {"nodes": e.nodes, "ranks_per_node": gpn, "inter_mbit": e.inter_mbit},
         "modes": summary,
         "breakdown": parts,
     }
@@ -317,7 +307,7 @@ def run_compare(args) -> None:
             f"{p['compute_s']:7.3f} {p['imbalance_wait_s']:6.3f} {p['grad_sync_s']:6.3f} | "
             f"{m['host_s']:6.3f} {m['forward_s']:6.3f} {m['backward_s']:6.3f} {m['exchange_a2a_s']:6.3f}"
         )
-    print(f"wrote {out}/compare.csv and compare.json (commit {result['context']['commit']})")
+    print(f"wrote {out}/compare.csv and compare.json (commit {result['provenance']['commit']})")
 
 
 PREDICTED_PARTS = ("step_time_s", "compute_s", "imbalance_wait_s", "grad_sync_s", "exchange_full_s", "exchange_sparse_s")
@@ -349,47 +339,58 @@ def breakdown(pairs: list[tuple[dict, dict]]) -> dict[str, dict]:
     return out
 
 
+@dataclass(frozen=True)
+class EmulateOptions(Section):
+    SECTION = "emulate"
+
+    nodes: int = setting(4, "emulated nodes, one network namespace each", int_in(2, 32))
+    inter_mbit: float = setting(800.0, "rate of each node's link to the others, both ways, in Mbit/s", number_in(0, 1e6, lo_open=True))
+    compare: bool = setting(False, "calibrate, run the ablation on the cluster's shape, replay its steps, compare")
+    wall_limit: float = setting(900.0, "seconds before every launcher of a run is killed (the replay's: x --repeats)", POSITIVE)
+    repeats: int = options.repeats(3)
+    out: str = options.out("results/emulated")
+
+
+COMMAND = Command(
+    "experiments.calibrate.emulate",
+    __doc__,
+    (Cluster, WorkloadConfig, EmulateOptions),
+    defaults={"cluster.gpus_per_node": 2, "workload.steps": 40},
+    only={"cluster": ("gpus_per_node",), "workload": ("steps", "seed")},
+)
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     module_args = []
     if "--" in argv:
         i = argv.index("--")
         argv, module_args = argv[:i], argv[i + 1 :]
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--nodes", type=int, default=4)
-    ap.add_argument("--ranks-per-node", type=int, default=2)
-    ap.add_argument("--inter-mbit", type=float, default=800.0, help="rate of each node's link, both ways (Mbit/s)")
-    ap.add_argument("--timeout", type=float, default=900.0, help="seconds before every launcher is killed (the replay's: x --repeats)")
-    ap.add_argument("--compare", action="store_true", help="calibrate, replay the ablation's steps, compare")
-    ap.add_argument("--steps", type=int, default=40, help="tiny-workload steps the ablation scans (--compare)")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument(
-        "--repeats", type=int, default=3, help="runs of each step in each mode; the fastest counts (--compare; the CPU is noisy)"
-    )
-    ap.add_argument("--out", default="results/emulated")
-    args = ap.parse_args(argv)
-    if args.repeats < 1:
-        sys.exit(f"error: --repeats={args.repeats} is invalid: use an integer >= 1")
+    try:
+        s = COMMAND.parse(argv)
+    except USER_ERRORS as err:
+        sys.exit(f"error: {err}")
+    e = s.emulate
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a terminated run still removes its namespaces
     why = unavailable()
     if why:
         print(f"emulated cluster unavailable: {why}", file=sys.stderr)
         sys.exit(3)
     try:
-        if args.compare:
-            run_compare(args)
+        if e.compare:
+            run_compare(s)
             return
         if not module_args:
             sys.exit("error: give --compare or a module to run after '--' (e.g. -- -m experiments.calibrate --quick)")
-        with EmulatedCluster(args.nodes, args.inter_mbit) as cluster:
-            log_dir = os.path.join(os.path.abspath(args.out), "logs")
+        with EmulatedCluster(e.nodes, e.inter_mbit) as cluster:
+            log_dir = os.path.join(os.path.abspath(e.out), "logs")
             os.makedirs(log_dir, exist_ok=True)
-            codes = cluster.run(module_args, args.ranks_per_node, args.timeout, log_dir)
+            codes = cluster.run(module_args, s.cluster.gpus_per_node, e.wall_limit, log_dir)
             print(open(os.path.join(log_dir, "node0.log")).read()[-4000:])
             print(f"return codes per node: {codes}; logs in {log_dir}")
             sys.exit(max(codes))
-    except (PlanError, RuntimeError) as e:
-        sys.exit(f"error: {e}")
+    except (*USER_ERRORS, RuntimeError) as err:
+        sys.exit(f"error: {err}")
 
 
 if __name__ == "__main__":

@@ -1,12 +1,4 @@
-"""Calibrate the cost model on the machines at hand: measure, fit, write a hardware profile.
-
-    # this machine: 4 gloo ranks as 2 nodes of 2, the tiny model
-    torchrun --standalone --nproc-per-node 4 -m experiments.calibrate --gpus-per-node 2 --out results/profile.json
-    # a GPU cluster (on every node), for the model it will train
-    torchrun --nnodes 4 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint $HEAD:29500 \\
-        -m experiments.calibrate --model small --out results/profile.json
-    # then plan with it
-    python -m experiments.ablation --hardware results/profile.json
+"""The calibration's measurements and fits (its entry point: python -m experiments.calibrate).
 
 On the process group it is launched on (NCCL on GPUs, gloo on CPU), with every rank busy at
 once as in a training step, it measures:
@@ -42,29 +34,24 @@ the hardware config, the measurements, the fits, and device, world, commit and d
 
 from __future__ import annotations
 
-import argparse
 import datetime
-import json
-import math
-import os
-import sys
 import time
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
+from config import Cluster, CostsConfig, HardwareConfig, ModelConfig, SettingError
+from experiments.common.provenance import provenance
 from kernels.exchange import AlignedGroups
 from model import HybridMoE, varlen_attention
 from model.attention import resolve_backend
-from solver import Cluster, CostModel, HardwareConfig, ModelConfig, PlanError
+from solver import CostModel
 from solver.cost import FLOPS_PER_MAC, FWD_BWD_COMPUTE, attention_flops, causal_keys
 
-from .context import run_context
-from .settings import check_output_dir
-
-QUICK = {"bytes": [1 << 10, 1 << 16, 1 << 20], "repeats": 3, "lengths": [32, 64, 128], "tokens": 64}
-FULL = {"bytes": [1 << 10, 1 << 13, 1 << 16, 1 << 18, 1 << 20], "repeats": 7, "lengths": [64, 256, 1024, 2048], "tokens": None}
+# what is measured: bytes per peer of the all-to-alls, median-of runs, sample lengths of attention, tokens of the token-wise work
+QUICK = {"bytes": [1 << 10, 1 << 16, 1 << 20], "median_of": 3, "lengths": [32, 64, 128], "tokens": 64}
+FULL = {"bytes": [1 << 10, 1 << 13, 1 << 16, 1 << 18, 1 << 20], "median_of": 7, "lengths": [64, 256, 1024, 2048], "tokens": None}
 
 
 def _sync(device):
@@ -140,7 +127,7 @@ def fit_all_to_all(rows: list[dict], node: int) -> dict:
     inter = [r for r in rows if r["spans_nodes"]]
     out: dict = {}
     if not intra:
-        raise PlanError("no group inside a node to measure: launch at least 2 ranks per node (--gpus-per-node >= 2)")
+        raise SettingError("no group inside a node to measure: launch at least 2 ranks per node (--gpus-per-node >= 2)")
     sent = np.array([r["bytes_per_peer"] * (r["group_size"] - 1) for r in intra], dtype=np.float64)
     t = np.array([r["seconds"] for r in intra])
     (lat, inv_bw), _ = _lstsq(np.stack([np.ones_like(sent), sent], 1), t)
@@ -210,7 +197,7 @@ def measure_layer_overhead(cfg: ModelConfig, backend: str, device, dtype, repeat
     x = torch.randn(1, cfg.hidden, device=device, dtype=dtype, requires_grad=True)
 
     def step():
-        y, aux = model.blocks[1](x, ctx, cfg.layer_kinds[1], 1)
+        y, aux = model.blocks[1](x, ctx, cfg.layer_types[1], 1)
         (y.sum() + aux).backward()
 
     return timed(step, device, repeats)
@@ -228,11 +215,11 @@ def runtime_step_plan(world: int, node: int, size: int = 1, tokens: int = STEP_S
     from solver.plan import NODE_LOCAL, ParentPlan  # noqa: PLC0415
 
     if size < 1 or world % size:
-        raise PlanError(f"runtime step groups of {size} ranks do not tile {world} ranks: use a power of two dividing it")
+        raise ValueError(f"runtime step groups of {size} ranks do not tile {world} ranks: use a power of two dividing it")
     reason = NODE_LOCAL if size <= node else "one group across nodes: what its exchanges cost in a step"
     groups = [Group(k * size, size, (k,)) for k in range(world // size)]
     if tokens < 2:
-        raise PlanError(f"runtime step tokens per rank {tokens}: use 2 or more (a sample needs a label)")
+        raise SettingError(f"--step-tokens={tokens} is invalid: it must be 2 or more (a sample needs a label)")
     lengths = tuple((k, tokens * size) for k in range(world // size))
     return StepPlan(Cluster(world, node, tokens), lengths, tuple(ParentPlan(g, (g,), reason) for g in groups), "baseline").validate()
 
@@ -279,16 +266,15 @@ def fit_fixed_cost(
     the runtime step on runtime_step_plan(size, tokens) (as measure_runtime_steps runs it: full recompute,
     no optimizer, no experts' all-to-all) equal `step_s`: the price with it at 0, the rest over
     what one second of it adds. 0 if the price without it is already as long."""
-    from solver import TrainingConfig  # noqa: PLC0415
     from solver.simulator import simulate  # noqa: PLC0415
 
     plan = runtime_step_plan(world, node, size, tokens)
-    training = TrainingConfig(recompute="full", moe_all_to_all=False, optimizer=False)
-    price = lambda v: simulate(plan, CostModel(cfg, hw.replace(**{field: v}), training=training)).step_time  # noqa: E731
+    costs = CostsConfig(recompute="full", moe_all_to_all=False, optimizer=False)
+    price = lambda v: simulate(plan, CostModel(cfg, hw.replace(**{field: v}), costs=costs)).step_time  # noqa: E731
     without = price(0.0)
     per_second = price(1.0) - without
     if per_second <= 0:
-        raise PlanError(f"the runtime step on groups of {size} ranks does not pay {field}: nothing to fit it to")
+        raise ValueError(f"the runtime step on groups of {size} ranks does not pay {field}: nothing to fit it to")
     return max(step_s - without, 0.0) / per_second
 
 
@@ -352,32 +338,30 @@ def calibrate(
     quick: bool = False,
     peak_flops: float | None = None,
     backend: str = "auto",
-    repeats: int | None = None,
+    median_of: int | None = None,
     step_tokens: int = STEP_SAMPLE_TOKENS,
 ) -> dict:
     """Measure and fit on the current process group; every rank returns the same profile.
-    `repeats`: the timed runs each figure is the median of (default: the quick or full plan's);
+    `median_of`: the timed runs each figure is the median of (default: the quick or full sizes');
     `step_tokens`: tokens per rank of the runtime steps that fit the fixed costs."""
     world = dist.get_world_size()
     if world % node:
-        raise PlanError(f"world size {world} is not a multiple of gpus_per_node={node}")
+        raise SettingError(f"the world size {world} is not a multiple of --gpus-per-node={node}")
     device = torch.device(f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    plan = QUICK if quick else FULL
-    if repeats is not None:
-        if repeats < 1:
-            raise PlanError(f"repeats={repeats}: use a count >= 1")
-        plan = {**plan, "repeats": repeats}
+    sizes = QUICK if quick else FULL
+    if median_of is not None:
+        sizes = {**sizes, "median_of": median_of}
     groups = AlignedGroups(world)
     backend = resolve_backend(backend, device)
     dev = measure_device(device, dtype)
-    a2a = measure_all_to_all(groups, node, plan["bytes"], cfg, device, dtype, plan["repeats"])
+    a2a = measure_all_to_all(groups, node, sizes["bytes"], cfg, device, dtype, sizes["median_of"])
     one = torch.zeros(1, device=device)
-    collective = timed(lambda: dist.all_reduce(one, group=groups.get(0, world) if world > 1 else None), device, plan["repeats"])
-    tokens = plan["tokens"] or tokens_per_rank
-    work = measure_token_work(cfg, tokens, device, dtype, plan["repeats"])
-    attn = measure_attention(cfg, plan["lengths"], backend, device, dtype, plan["repeats"])
-    layer = measure_layer_overhead(cfg, backend, device, dtype, plan["repeats"])
+    collective = timed(lambda: dist.all_reduce(one, group=groups.get(0, world) if world > 1 else None), device, sizes["median_of"])
+    tokens = sizes["tokens"] or tokens_per_rank
+    work = measure_token_work(cfg, tokens, device, dtype, sizes["median_of"])
+    attn = measure_attention(cfg, sizes["lengths"], backend, device, dtype, sizes["median_of"])
+    layer = measure_layer_overhead(cfg, backend, device, dtype, sizes["median_of"])
     # the runtime's step on step_tokens per rank: every rank alone, in groups of a node (at most the heads allow), in groups of
     # the widest width the heads allow across nodes (where there is more than one node)
     widest = CostModel(cfg, HardwareConfig()).widest_group(Cluster(world, node, step_tokens))
@@ -386,7 +370,7 @@ def calibrate(
         del step_sizes["wide"]
     if step_sizes["node"] == 1:  # no group inside a node the heads allow: nothing pays a call's latency
         del step_sizes["node"]
-    runtime_steps = measure_runtime_steps(cfg, groups, node, device, dtype, plan["repeats"], step_sizes, step_tokens)
+    runtime_steps = measure_runtime_steps(cfg, groups, node, device, dtype, sizes["median_of"], step_sizes, step_tokens)
     peak = peak_flops or dev["matmul_flops"]
     net = fit_all_to_all(a2a, node)
     gemm = fit_efficiency(work, peak)
@@ -394,7 +378,7 @@ def calibrate(
     base = HardwareConfig()
     reading = net.get("reading", base.ratio_reading)
     hw = base.replace(
-        name=f"profile:{run_context()['device']}",
+        name=f"profile:{provenance()['device']}",
         peak_flops=peak,
         gemm_efficiency=gemm["efficiency"],
         attention_efficiency=att["efficiency"],
@@ -418,7 +402,7 @@ def calibrate(
             hw = hw.replace(**{field: max(getattr(hw, field), from_step[field])})
     return {
         "hardware": hw.to_dict(),
-        "context": {**run_context(), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")},
+        "provenance": {**provenance(), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")},
         "world_size": world,
         "gpus_per_node": node,
         "model": cfg.name,
@@ -443,8 +427,8 @@ def report(profile: dict) -> str:
     hw, fits = profile["hardware"], profile["fits"]
     net = fits["all_to_all"]
     lines = [
-        f"hardware profile: {profile['world_size']} ranks in nodes of {profile['gpus_per_node']}, {profile['context']['device']}, "
-        f"commit {profile['context']['commit']}",
+        f"hardware profile: {profile['world_size']} ranks in nodes of {profile['gpus_per_node']}, {profile['provenance']['device']}, "
+        f"commit {profile['provenance']['commit']}",
         f"  all-to-all inside a node: {hw['intra_node_bw'] / 1e9:.3f} GB/s per rank, latency {1e6 * net['intra']['a2a_latency']:.0f} us "
         f"(rel. RMS residual {100 * net['intra']['rel_rms']:.1f}%, {net['intra']['points']} points)",
     ]
@@ -485,55 +469,3 @@ def report(profile: dict) -> str:
     lines.append(f"  {1e3 * hw['collective_latency']:.2f} ms per collective of the world")
     lines.append(f"  memory bandwidth {hw['hbm_bw'] / 1e9:.1f} GB/s, {hw['bytes_per_element']} bytes per element")
     return "\n".join(lines)
-
-
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="tiny", help="model preset whose shapes are measured")
-    ap.add_argument("--gpus-per-node", type=int, default=None, help="default: LOCAL_WORLD_SIZE from the launcher")
-    ap.add_argument("--tokens-per-rank", type=int, default=32768, help="tokens of the token-wise measurement (full mode)")
-    ap.add_argument("--peak-flops", type=float, default=None, help="datasheet peak for MFU (default: the measured matmul rate)")
-    ap.add_argument("--attn-backend", default="auto")
-    ap.add_argument("--quick", action="store_true", help="fewer sizes and repeats: seconds on CPU")
-    ap.add_argument("--step-tokens", type=int, default=STEP_SAMPLE_TOKENS, help="tokens per rank of the runtime steps (fixed costs)")
-    ap.add_argument("--repeats", type=int, default=None, help="timed runs per figure, the median kept (default: 3 quick, 7 full)")
-    ap.add_argument("--out", default="results/profile.json")
-    ap.add_argument("--timeout", type=float, default=600)
-    args = ap.parse_args(argv)
-    rank = int(os.environ.get("RANK", 0))
-    world = int(os.environ.get("WORLD_SIZE", 1))
-    try:
-        cfg = ModelConfig.from_name(args.model)
-        node = args.gpus_per_node or int(os.environ.get("LOCAL_WORLD_SIZE", world))
-        if args.step_tokens < 2:
-            raise PlanError(f"--step-tokens={args.step_tokens}: use 2 or more (a sample needs a label)")
-        if args.repeats is not None and args.repeats < 1:
-            raise PlanError(f"--repeats={args.repeats}: use a count >= 1")
-        if not (math.isfinite(args.timeout) and args.timeout > 0):
-            raise PlanError(f"--timeout={args.timeout} is invalid: use a number > 0")
-        check_output_dir(os.path.dirname(os.path.abspath(args.out)), "--out")
-    except PlanError as e:
-        if rank == 0:
-            print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
-    if "MASTER_ADDR" not in os.environ:
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29513")
-    cuda = torch.cuda.is_available()
-    if cuda:
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-    dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=args.timeout))
-    try:
-        profile = calibrate(cfg, node, args.tokens_per_rank, args.quick, args.peak_flops, args.attn_backend, args.repeats, args.step_tokens)
-    except Exception as e:  # noqa: BLE001 - every failure ends the job with its rank and reason
-        print(f"[rank {rank}] failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
-        os._exit(1)
-    if rank == 0:
-        with open(args.out, "w") as f:
-            json.dump(profile, f, indent=1)
-        print(report(profile))
-        print(f"wrote {args.out}")
-    dist.destroy_process_group()
-
-
-if __name__ == "__main__":
-    main()

@@ -6,7 +6,7 @@
 1. Triton pack/unpack against the torch reference on CUDA tensors, bit for bit, with every fresh
    buffer NaN-poisoned: fp32/bf16/fp16, head dims 1/63/128, Q+K+V (GQA) segments, the entry and
    exit exchanges of solver plans in every mode.
-2. The kernel benchmark (experiments.kernel_bench) with the targets checked: at 64 MB and more,
+2. The kernel benchmark (experiments.bench.kernels) with the targets checked: at 64 MB and more,
    Triton at least 80% of the device-copy bandwidth and faster than the torch path.
 3. flash-attn (when installed) and torch's varlen attention against the torch path
    (tests/test_attention.py -k cuda_backend).
@@ -18,32 +18,26 @@ Writes <out>/gpu_check.json (figures, device, commit) and exits 1 if any check f
 
 from __future__ import annotations
 
-import argparse
 import csv
 import json
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from config import MODES, Cluster, HardwareConfig, ModelConfig
+from config.base import Section, setting
+from config.cli import Command
+from experiments.common import options
+from experiments.common.errors import USER_ERRORS
+from experiments.common.provenance import provenance
 from kernels.exchange import exchange_args
 from kernels.permute import gather_heads, scatter_heads
 from kernels.reference import nan_poisoned_empty
-from solver import (
-    MODES,
-    Cluster,
-    CostModel,
-    HardwareConfig,
-    ModelConfig,
-    head_to_token_plan,
-    make_plan,
-    samples_from_lengths,
-    token_to_head_plan,
-)
-
-from .context import run_context
+from solver import CostModel, head_to_token_plan, make_plan, samples_from_lengths, token_to_head_plan
 
 TARGET_COPY_FRACTION = 0.8
 TARGET_MIN_MB = 64.0
@@ -114,9 +108,10 @@ def bandwidth_misses(rows: list[dict]) -> tuple[int, list[str]]:
 
 def check_bandwidth(out: str) -> dict:
     """Run the kernel benchmark and check its rows of 64 MB and more against the targets."""
-    from experiments import kernel_bench
-
-    kernel_bench.main(["--out", out])
+    rc, log = _run([sys.executable, "-m", "experiments.bench.kernels", "--out", out], 1800)
+    print(log)
+    if rc:
+        return {"ok": False, "rows_checked": 0, "misses": [f"the benchmark failed (rc {rc})"], "csv": None}
     with open(os.path.join(out, "kernel_bench.csv")) as f:
         checked, misses = bandwidth_misses(list(csv.DictReader(f)))
     ok = checked > 0 and not misses
@@ -168,17 +163,29 @@ def check_train(out: str) -> dict:
     return {"ok": rc == 0, "log_tail": log[-1500:]}
 
 
+@dataclass(frozen=True)
+class GpuCheckOptions(Section):
+    SECTION = "gpu_check"
+
+    cpu_smoke: bool = setting(False, "no GPU: check 1 only, small, in Triton's interpreter")
+    out: str = options.out("results/gpu_check")
+
+
+COMMAND = Command("experiments.gpu_check", __doc__, (GpuCheckOptions,))
+
+
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default="results/gpu_check", help="folder for gpu_check.json and the benchmark CSV")
-    ap.add_argument("--cpu-smoke", action="store_true", help="no GPU: check 1 only, small, in Triton's interpreter")
-    args = ap.parse_args(argv)
+    try:
+        args = COMMAND.parse(argv).gpu_check
+    except USER_ERRORS as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     cuda = torch.cuda.is_available()
     if not cuda and not args.cpu_smoke:
         print("gpu_check needs a CUDA device (torch.cuda.is_available() is False); --cpu-smoke runs check 1 here")
         return 2
     os.makedirs(args.out, exist_ok=True)
-    ctx = run_context()
+    ctx = provenance()
     print(f"device: {ctx['device']}  commit {ctx['commit']}  torch {torch.__version__}")
     results = {"context": ctx, "bit_exact": check_bit_exact(torch.device("cuda" if cuda else "cpu"), quick=not cuda)}
     if cuda:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from solver import PlanError
+from experiments.common.errors import InputError
 
 
 @dataclass
@@ -50,7 +50,7 @@ class LengthSource:
     def get(self, step: int) -> StepBatch:
         """The step at position `step`, named by its number (a trace's, or the position)."""
         if step >= len(self.steps):
-            raise PlanError(f"step {step} is past the data ({len(self.steps)} steps)")
+            raise InputError(f"step {step} is past the data ({len(self.steps)} steps)")
         number = self.numbers[step]
         return StepBatch(number, random_tokens(self.steps[step], self.vocab, self.seed, number))
 
@@ -64,7 +64,7 @@ class TokenFileSource:
         lengths = np.diff(self.offsets)
         if (lengths == 0).any():
             bad = int(np.nonzero(lengths == 0)[0][0])
-            raise PlanError(f"document {bad} of {offsets_path!r} is empty; documents need at least one token")
+            raise InputError(f"document {bad} of {offsets_path!r} is empty; documents need at least one token")
         # steps as ranges of documents, streamed whole
         self.bounds = [0]
         total = 0
@@ -85,7 +85,7 @@ class TokenFileSource:
 
     def get(self, step: int) -> StepBatch:
         if step >= len(self):
-            raise PlanError(f"step {step} is past the token file ({len(self)} steps)")
+            raise InputError(f"step {step} is past the token file ({len(self)} steps)")
         a, b = self.bounds[step], self.bounds[step + 1]
         return StepBatch(
             step, {i: np.asarray(self.tokens[self.offsets[d] : self.offsets[d + 1]], dtype=np.int64) for i, d in enumerate(range(a, b))}
@@ -94,33 +94,33 @@ class TokenFileSource:
 
 def load_token_file(path: str, vocab: int) -> np.ndarray:
     if not os.path.exists(path):
-        raise PlanError(f"token file {path!r} does not exist")
+        raise InputError(f"token file {path!r} does not exist")
     try:
         arr = np.load(path, mmap_mode="r", allow_pickle=False)
     except (ValueError, OSError) as e:
-        raise PlanError(f"token file {path!r} is not a readable .npy array ({e})") from None
+        raise InputError(f"token file {path!r} is not a readable .npy array ({e})") from None
     if arr.dtype not in (np.uint16, np.uint32) or arr.ndim != 1:
-        raise PlanError(f"token file {path!r} holds {arr.dtype} of shape {arr.shape}; expected a 1-D uint16 or uint32 array")
+        raise InputError(f"token file {path!r} holds {arr.dtype} of shape {arr.shape}; expected a 1-D uint16 or uint32 array")
     if len(arr) and int(arr.max()) >= vocab:
-        raise PlanError(f"token file {path!r} has token id {int(arr.max())} >= the model's vocab {vocab}")
+        raise InputError(f"token file {path!r} has token id {int(arr.max())} >= the model's vocab {vocab}")
     return arr
 
 
 def load_offsets(path: str, n_tokens: int) -> np.ndarray:
     if not os.path.exists(path):
-        raise PlanError(f"document offsets file {path!r} does not exist")
+        raise InputError(f"document offsets file {path!r} does not exist")
     try:
         off = np.load(path, allow_pickle=False)
     except (ValueError, OSError) as e:
-        raise PlanError(f"document offsets {path!r} is not a readable .npy array ({e})") from None
+        raise InputError(f"document offsets {path!r} is not a readable .npy array ({e})") from None
     if off.ndim != 1 or len(off) < 2 or not np.issubdtype(off.dtype, np.integer):
-        raise PlanError(f"document offsets {path!r}: expected a 1-D integer array [n_docs + 1], got {off.dtype} {off.shape}")
+        raise InputError(f"document offsets {path!r}: expected a 1-D integer array [n_docs + 1], got {off.dtype} {off.shape}")
     if off[0] != 0 or off[-1] != n_tokens:
-        raise PlanError(
+        raise InputError(
             f"document offsets {path!r} must start at 0 and end at the token count {n_tokens}; "
             f"they run from {int(off[0])} to {int(off[-1])}"
         )
     if (np.diff(off) < 0).any():
         bad = int(np.nonzero(np.diff(off) < 0)[0][0])
-        raise PlanError(f"document offsets {path!r} decrease at index {bad} ({int(off[bad])} -> {int(off[bad + 1])})")
+        raise InputError(f"document offsets {path!r} decrease at index {bad} ({int(off[bad])} -> {int(off[bad + 1])})")
     return off.astype(np.int64)

@@ -1,29 +1,36 @@
 """Bandwidth of the pack/unpack kernels around the all-to-all.
 
-    python -m experiments.kernel_bench            # on CUDA: Triton vs torch vs a device copy
-    python -m experiments.kernel_bench --quick    # small sizes (the CPU run uses these)
+    python -m experiments.bench.kernels            # on CUDA: Triton vs torch vs a device copy
+    python -m experiments.bench.kernels --quick    # small sizes (the CPU run uses these)
 
 For each local token count, P and direction it times the pack (entry: head split into per-peer
 blocks) and the unpack (entry: rows placed in the group's sample order, a permutation), and
 reports GB/s counting one read and one write of every element, against torch.clone of the same
-bytes (the copy ceiling) and against the torch reference path. On CPU only the torch path runs
-and the figures are NOT GPU figures. Writes results/kernel_bench.csv.
+bytes (the copy ceiling) and against the torch reference path, for the model's query and key/value
+heads (--model, or --n-heads, --n-kv-heads, --head-dim). On CPU only the torch path runs and the
+figures are NOT GPU figures. Writes <out>/kernel_bench.csv.
 """
 
 from __future__ import annotations
 
-import argparse
 import csv
 import os
+import sys
 import time
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from config import ModelConfig
+from config.base import Section
+from config.cli import Command
+from experiments.common import options
+from experiments.common.errors import USER_ERRORS
+from experiments.common.files import check_output_dir
+from experiments.common.provenance import provenance
 from kernels.exchange import exchange_args
 from kernels.permute import gather_heads, scatter_heads
-
-from .context import run_context
 
 
 class _EntryPlan:
@@ -65,29 +72,41 @@ def _ops(x, a, send):
     return (("pack", pack), ("unpack", unpack))
 
 
+@dataclass(frozen=True)
+class KernelBenchOptions(Section):
+    SECTION = "bench"
+
+    quick: bool = options.quick()
+    out: str = options.out("results")
+
+
+COMMAND = Command(
+    "experiments.bench.kernels", __doc__, (ModelConfig, KernelBenchOptions), only={"model": ("n_heads", "n_kv_heads", "head_dim")}
+)
+
+
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="small sizes")
-    ap.add_argument("--heads", type=int, default=32)
-    ap.add_argument("--kv-heads", type=int, default=32, help="K/V heads moved with Q in one exchange (default 32)")
-    ap.add_argument("--head-dim", type=int, default=128)
-    ap.add_argument("--out", default="results")
-    args = ap.parse_args(argv)
+    try:
+        s = COMMAND.parse(argv)
+        args, m = s.bench, s.model
+        check_output_dir(args.out)
+    except USER_ERRORS as e:
+        sys.exit(f"error: {e}")
     cuda = torch.cuda.is_available()
     dev = torch.device("cuda" if cuda else "cpu")
     dtype = torch.bfloat16
     tokens = [2048, 8192] if (args.quick or not cuda) else [16384, 65536, 131072]
     groups = [8, 16, 32]
     paths = ["triton", "torch"] if cuda else ["torch"]
-    ctx = run_context()
-    segs = [args.heads, args.kv_heads, args.kv_heads]
-    print(f"device: {ctx['device']}  commit {ctx['commit']}  dtype bf16  heads {segs} x {args.head_dim}")
+    ctx = provenance()
+    segs = [m.n_heads, m.n_kv_heads, m.n_kv_heads]
+    print(f"device: {ctx['device']}  commit {ctx['commit']}  dtype bf16  heads {segs} x {m.head_dim}")
     if not cuda:
         print("NOTE: no CUDA device: torch path on CPU only. These are NOT GPU figures; run on a GPU for the kernel targets.")
     rows = []
     print(f"{'tokens':>7} {'P':>3} {'op':>7} {'MB':>8} {'copy GB/s':>10} " + " ".join(f"{p + ' GB/s':>12} {'/copy':>6}" for p in paths))
     for n in tokens:
-        x = torch.randn(n, sum(segs), args.head_dim, device=dev).to(dtype)
+        x = torch.randn(n, sum(segs), m.head_dim, device=dev).to(dtype)
         for p in groups:
             a = exchange_args(_EntryPlan(n, p), segs, dev)
             send = gather_heads(x, a.pack_rows, a.pack_peers, a.pack_map, "torch")
@@ -104,7 +123,6 @@ def main(argv=None):
                     cells.append(f"{bw:12.1f} {bw / copy_bw:6.2f}")
                 rows.append({**row, **ctx})
                 print(f"{n:7d} {p:3d} {op:>7} {mb:8.1f} {copy_bw:10.1f} " + " ".join(cells), flush=True)
-    os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, "kernel_bench.csv")
     keys = sorted({k for r in rows for k in r}, key=lambda k: list(rows[0]).index(k) if k in rows[0] else 99)
     with open(path, "w", newline="") as f:

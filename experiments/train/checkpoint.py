@@ -32,13 +32,13 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from solver import PlanError
+from experiments.common.errors import InputError
 
 NAME = re.compile(r"^step_(\d{7})$")
 MANIFEST, META = "manifest.json", "meta.json"
 
 
-class CheckpointError(PlanError):
+class CheckpointError(InputError):
     """A checkpoint that cannot be used; the message names the file or the mismatch."""
 
 

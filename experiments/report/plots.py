@@ -1,12 +1,10 @@
-"""Plots for the notebooks (the notebooks stay thin: load results, call these).
-
-python -m experiments.plots          # renders docs/figures/*.png from results/ (running the ablation if needed)
-"""
+"""Plots and loaders for the notebooks and the report (the notebooks stay thin: load results, call
+these; python -m experiments.report renders the docs' figures with them)."""
 
 from __future__ import annotations
 
-import argparse
 import os
+import subprocess
 import sys
 
 import matplotlib
@@ -17,21 +15,38 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
-from solver import MODES, CostModel, StepPlan, exchange_bytes, token_to_head_plan  # noqa: E402
-
-from .results import BREAKDOWN, PAPER, read_run  # noqa: E402
+from config import MODES  # noqa: E402
+from experiments.common.errors import InputError  # noqa: E402
+from experiments.common.results import BREAKDOWN, PAPER, read_run  # noqa: E402
+from solver import CostModel, StepPlan, exchange_bytes, token_to_head_plan  # noqa: E402
 
 RESULTS = os.environ.get("REPACK_RESULTS", "results")
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+RUN_FILES = ("steps.csv", "summary.json")
 
 
 def load_or_run_ablation(folder: str | None = None) -> tuple[pd.DataFrame, dict]:
-    """The ablation's rows and summary; runs the ablation on its defaults if there are none."""
+    """The ablation's rows and summary; runs the ablation on its defaults into an empty or missing
+    folder (python -m experiments.ablation). A folder that holds part of a run is never written
+    over: InputError names what is missing."""
     folder = folder or os.path.join(RESULTS, "ablation")
-    if not os.path.exists(os.path.join(folder, "summary.json")):
-        from .ablation import main as ablation_main
-
+    present = [f for f in RUN_FILES if os.path.exists(os.path.join(folder, f))]
+    if present and len(present) < len(RUN_FILES):
+        missing = sorted(set(RUN_FILES) - set(present))
+        raise InputError(f"{folder!r} holds {present} but not {missing}: an incomplete run; move it aside or rerun the ablation there")
+    if not present:
         print(f"no results in {folder}: running the ablation on its defaults", file=sys.stderr)
-        ablation_main(["--out", folder, "--no-progress"])
+        cmd = [sys.executable, "-m", "experiments.ablation", "--out", os.path.abspath(folder), "--no-progress"]
+        subprocess.run(cmd, check=True, cwd=ROOT)
+    return read_ablation(folder)
+
+
+def read_ablation(folder: str) -> tuple[pd.DataFrame, dict]:
+    """A run folder's rows and summary (FileNotFoundError when it holds none)."""
+    if not os.path.exists(os.path.join(folder, "summary.json")):
+        raise FileNotFoundError(folder)
     rows, summary = read_run(folder)
     return pd.DataFrame(rows), summary
 
@@ -215,26 +230,3 @@ def plot_entry_bytes(plan: StepPlan, cost: CostModel, axes=None):
         total = np.nansum(shown)
         ax.set(title=f"Entry exchange bytes {title}: {total:,.0f} MB", xlabel="receiving rank", ylabel="sending rank")
     return axes
-
-
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--out", default="docs/figures")
-    args = ap.parse_args(argv)
-    df, summary = load_or_run_ablation()
-    os.makedirs(args.out, exist_ok=True)
-    fig, axes = plt.subplots(1, 3, figsize=(17, 4.2))
-    plot_mean_changes(summary, axes[:2])
-    plot_breakdown(summary, axes[2])
-    ctx = summary["context"]
-    n = sum(len(v) for v in summary["selected_steps"].values())
-    seeds = summary["config"]["seeds"]
-    fig.suptitle(f"Layerwise Repacking ablation, simulated ({n} steps over seeds {seeds}; commit {ctx['commit']})")
-    fig.tight_layout()
-    path = os.path.join(args.out, "ablation.png")
-    fig.savefig(path, dpi=110)
-    print(f"wrote {path}")
-
-
-if __name__ == "__main__":
-    main()

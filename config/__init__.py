@@ -1,0 +1,42 @@
+"""The config tree: every setting of the project, each with its one-line doc, its check, the
+source of its default and its one command-line spelling (docs/configuration.md lists them).
+
+Plain dataclasses and the standard library: every other package imports this one, and it
+imports nothing of ours (tests/test_structure.py keeps it so).
+
+Sections: model, hardware, cluster, costs (what every step pays whatever its layout), workload,
+planner, optim (the optimizer and its schedule); entry points add their own. `config.cli`
+generates each entry point's command line from its sections and resolves precedence once.
+"""
+
+from .base import Check, Section, SettingError, setting
+from .cluster import Cluster, ceil_pow2
+from .costs import EP_PLACEMENTS, RECOMPUTE, CostsConfig
+from .hardware import RATIO_READINGS, HardwareConfig
+from .model import LAYER_TYPES, ModelConfig
+from .optim import OptimConfig
+from .planner import MODES, PAPER_MODES, PRICINGS, PlannerConfig
+from .workload import TINY_TOKENS_PER_RANK, WorkloadConfig
+
+__all__ = [
+    "Check",
+    "Cluster",
+    "CostsConfig",
+    "EP_PLACEMENTS",
+    "HardwareConfig",
+    "LAYER_TYPES",
+    "MODES",
+    "ModelConfig",
+    "OptimConfig",
+    "PAPER_MODES",
+    "PRICINGS",
+    "PlannerConfig",
+    "RATIO_READINGS",
+    "RECOMPUTE",
+    "Section",
+    "SettingError",
+    "TINY_TOKENS_PER_RANK",
+    "WorkloadConfig",
+    "ceil_pow2",
+    "setting",
+]

@@ -1,0 +1,187 @@
+"""The machinery of the config tree: a setting (a dataclass field with its one-line doc, its check,
+its flag and the source of its default) and a section (a frozen dataclass of settings, checked
+field by field whatever route its values came by: a preset, a config file, a flag, code)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+
+class SettingError(ValueError):
+    """A setting whose value is invalid, or settings that contradict each other. The message names
+    the setting as the user wrote it (a flag, a config file's key, or section.field) and what
+    would be valid."""
+
+
+# ----- checks ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Check:
+    """What a valid value is, in words (completing "it must be ..."), and the test."""
+
+    requirement: str
+    ok: Callable[[Any], bool]
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def int_at_least(lo: int) -> Check:
+    return Check(f"an integer >= {lo}", lambda v: _int(v) and v >= lo)
+
+
+def int_in(lo: int, hi: int) -> Check:
+    return Check(f"an integer in [{lo}, {hi}]", lambda v: _int(v) and lo <= v <= hi)
+
+
+def number_in(lo: float, hi: float, lo_open: bool = False, hi_open: bool = False) -> Check:
+    text = f"a finite number in {'(' if lo_open else '['}{lo:g}, {hi:g}{')' if hi_open else ']'}"
+    return Check(text, lambda v: _number(v) and (v > lo if lo_open else v >= lo) and (v < hi if hi_open else v <= hi))
+
+
+POSITIVE_INT = int_at_least(1)
+NON_NEGATIVE_INT = int_at_least(0)
+POSITIVE = Check("a finite number > 0", lambda v: _number(v) and v > 0)
+NON_NEGATIVE = Check("a finite number >= 0", lambda v: _number(v) and v >= 0)
+FRACTION = number_in(0, 1)
+POWER_OF_TWO = Check("a power of two (1, 2, 4, 8, ...)", lambda v: _int(v) and v >= 1 and v & (v - 1) == 0)
+NON_EMPTY = Check("a non-empty string", lambda v: isinstance(v, str) and v != "")
+
+
+def one_of(choices) -> Check:
+    choices = tuple(choices)
+    return Check(f"one of {list(choices)}", lambda v: v in choices)
+
+
+def optional(check: Check) -> Check:
+    """None (the setting's default follows another setting, as its doc says) or a value `check` passes."""
+    return Check(f"{check.requirement}, or unset", lambda v: v is None or check.ok(v))
+
+
+# ----- settings ------------------------------------------------------------------------------------
+KINDS = (int, float, str, bool, dict, tuple)
+
+
+def setting(
+    default,
+    doc: str,
+    check: Check | None = None,
+    *,
+    kind: type | None = None,
+    flag: str | None = None,
+    source: str | None = None,
+    choices=None,
+    cli: bool = True,
+):
+    """A field of a config section.
+
+    doc: one line, what the setting is; check: what a valid value is (choices give one_of);
+    kind: the value's type where the default does not show it (None); flag: the command-line
+    spelling where it is not --<name-with-dashes>; source: where the default comes from (a
+    datasheet, a paper, a measurement), printed in docs/configuration.md; cli: False keeps it
+    out of every command line (set it in a config file or a preset)."""
+    if kind is None:
+        kind = tuple if isinstance(default, (tuple, list)) else type(default)
+    if kind not in KINDS:
+        raise TypeError(f"setting kind {kind} is not one of {KINDS}")
+    if choices is not None and check is None:
+        check = one_of(choices)
+    meta = {"doc": doc, "check": check, "kind": kind, "flag": flag, "source": source, "choices": choices, "cli": cli}
+    if isinstance(default, dict):
+        return dataclasses.field(default_factory=lambda d=dict(default): dict(d), hash=False, metadata=meta)
+    return dataclasses.field(default=tuple(default) if kind is tuple and default is not None else default, metadata=meta)
+
+
+def of_kind(value, kind: type) -> bool:
+    """Is `value` of the setting kind? (an int is a float; a bool is neither; None is checked by
+    the setting's check, not here)"""
+    if value is None:
+        return True
+    if kind is bool:
+        return isinstance(value, bool)
+    if kind is int:
+        return _int(value)
+    if kind is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if kind is tuple:
+        return isinstance(value, (tuple, list))
+    return isinstance(value, kind)
+
+
+KIND_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "true or false", dict: "an object", tuple: "a list"}
+
+
+def check_value(name: str, value, f: dataclasses.Field) -> None:
+    """Raise SettingError naming `name` unless `value` is of the field's kind and passes its check."""
+    meta = f.metadata
+    kind = meta.get("kind")
+    if kind is not None and not of_kind(value, kind):
+        raise SettingError(f"{name}={value!r} is invalid: it must be {KIND_NAMES[kind]}, not {type(value).__name__}")
+    check = meta.get("check")
+    if check is not None and not check.ok(value):
+        raise SettingError(f"{name}={value!r} is invalid: it must be {check.requirement}")
+
+
+class Section:
+    """A frozen dataclass of settings. Every field is checked when an instance is made (whatever
+    route its values came by), then `check()` checks the fields against each other."""
+
+    SECTION: ClassVar[str] = ""  # the name of the section in config files and results
+    PRESETS: ClassVar[dict[str, Any] | None] = None  # named instances, where the section has any
+
+    def __post_init__(self):
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.metadata.get("kind") is tuple and isinstance(value, list):
+                object.__setattr__(self, f.name, tuple(value))  # from JSON: lists become the tuple the field holds
+            check_value(f"{self.SECTION}.{f.name}", getattr(self, f.name), f)
+        self.check()
+
+    def check(self) -> None:
+        """Checks of the fields against each other; SettingError naming them."""
+
+    def merge(self, changes: dict) -> dict:
+        """The changes to apply to this instance, given the changes a config file and the flags ask
+        for: where one setting's new value changes what another's means (a section's own rule)."""
+        return changes
+
+    def replace(self, **changes):
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def settings(cls) -> dict[str, dataclasses.Field]:
+        return {f.name: f for f in dataclasses.fields(cls)}
+
+    @classmethod
+    def unknown(cls, keys, where: str) -> None:
+        """SettingError naming the first key that is not a setting of this section."""
+        known = cls.settings()
+        bad = sorted(set(keys) - set(known))
+        if bad:
+            raise SettingError(f"{where}{cls.SECTION}.{bad[0]} is not a setting; the {cls.SECTION} settings: {sorted(known)}")
+
+    @classmethod
+    def from_dict(cls, values: dict, where: str = ""):
+        """An instance from a dict of settings (a config file's section, a results file's record);
+        an unknown key is a SettingError naming it."""
+        cls.unknown(values, where)
+        return cls(**values)
+
+    @classmethod
+    def from_name(cls, name: str, **overrides):
+        """The named preset (with `overrides`); SettingError naming the valid presets."""
+        presets = cls.PRESETS or {}
+        if name not in presets:
+            raise SettingError(f"unknown {cls.SECTION} preset {name!r}; valid presets: {sorted(presets)}")
+        return presets[name].replace(**overrides) if overrides else presets[name]

@@ -1,0 +1,110 @@
+"""The hardware section: the rates and latencies the cost model prices, with named presets or a
+profile measured by experiments.calibrate."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from .base import POSITIVE_INT, Section, SettingError, number_in, setting
+
+RATIO_READINGS = ("group", "link")
+H100 = "H100 SXM datasheet"
+
+
+@dataclass(frozen=True)
+class HardwareConfig(Section):
+    """What a step's compute and communication cost on one kind of GPU and network. The GPU
+    presets keep the fixed costs (layer_overhead, collective_latency, a2a_inter_latency) at 0
+    until measured: experiments.calibrate fits every field on the machines at hand."""
+
+    SECTION = "hardware"
+
+    name: str = setting("h100", "the preset or profile these figures came from (results carry it)", cli=False)
+    peak_flops: float = setting(989e12, "dense bf16 FLOP/s per GPU (MFU's denominator)", number_in(0, 1e18, lo_open=True), source=H100)
+    gemm_efficiency: float = setting(
+        0.70,
+        "achieved / peak of large bf16 GEMMs and grouped expert GEMMs",
+        number_in(0, 1, lo_open=True),
+        source="typical achieved large bf16 GEMM on H100 (~650-750 TFLOP/s)",
+    )
+    attention_efficiency: float = setting(
+        0.55, "achieved / peak of varlen flash attention, forward and backward mixed", number_in(0, 1, lo_open=True),
+        source="FlashAttention-2/3 varlen forward + backward",
+    )  # fmt: skip
+    intra_node_bw: float = setting(
+        150e9, "effective all-to-all bytes/s per GPU inside a node", number_in(0, 1e15, lo_open=True),
+        source="DeepEP's intranode all-to-all over NVLink (~150-160 GB/s)",
+    )  # fmt: skip
+    inter_intra_ratio: float = setting(
+        7.0, "intra- over inter-node effective all-to-all rate", number_in(0, 1e6, lo_open=True), flag="--ratio",
+        source="the paper's 'observed effective all-to-all rate is 7.0x lower than inside a node'",
+    )  # fmt: skip
+    ratio_reading: str = setting(
+        "group",
+        "what the ratio compares: group (a whole all-to-all across nodes runs at 1/ratio of the rate of one inside a node) "
+        "or link (a byte to another node costs ratio x one inside)",
+        choices=RATIO_READINGS,
+        source="the paper's figure is a whole-group rate, as are FlexSP's measured 121 GB/s (SP8) and 8.7 GB/s (SP16)",
+    )
+    a2a_latency: float = setting(
+        25e-6, "seconds one all-to-all call costs whatever its bytes (launch and sync)", number_in(0, 60),
+        source="launch and sync of one NCCL collective",
+    )  # fmt: skip
+    a2a_inter_latency: float = setting(
+        0.0, "seconds a call whose group spans nodes adds to a2a_latency (the network's round trip)", number_in(0, 60),
+        source="no sourced GPU figure: 0 unless measured (experiments.calibrate fits it)",
+    )  # fmt: skip
+    bytes_per_element: int = setting(2, "bytes of one activation element (2: bf16)", POSITIVE_INT)
+    hbm_bw: float = setting(
+        3.35e12, "device memory bytes/s (the optimizer step is memory-bound)", number_in(0, 1e15, lo_open=True), source=H100
+    )
+    layer_overhead: float = setting(
+        0.0, "seconds of one layer's forward on every rank whatever its tokens (launches, host work; backward counts twice)",
+        number_in(0, 60), source="0 unless measured (experiments.calibrate fits it)",
+    )  # fmt: skip
+    collective_latency: float = setting(
+        0.0, "seconds of one latency-bound collective (parameter gathers, gradient reductions, the router's all-reduces)",
+        number_in(0, 60), source="0 unless measured (experiments.calibrate fits it)",
+    )  # fmt: skip
+
+    @property
+    def inter_node_bw(self) -> float:
+        return self.intra_node_bw / self.inter_intra_ratio
+
+    @classmethod
+    def from_name(cls, name: str, **overrides) -> HardwareConfig:
+        """A preset by name, or a hardware profile written by experiments.calibrate (a .json path)."""
+        if name.endswith(".json"):
+            return cls.from_profile(name, **overrides)
+        return super().from_name(name, **overrides)
+
+    @classmethod
+    def from_profile(cls, path: str, **overrides) -> HardwareConfig:
+        """The hardware of a profile (experiments.calibrate): its "hardware" section, checked setting
+        by setting like any config. An empty or partial section is an error, not a preset."""
+        try:
+            with open(path) as f:
+                obj = json.load(f)
+        except OSError as e:
+            raise SettingError(f"hardware profile {path!r} cannot be read: {e.strerror or e}") from None
+        except ValueError as e:
+            raise SettingError(f"hardware profile {path!r} is not JSON: {e}") from None
+        section = obj.get("hardware") if isinstance(obj, dict) else None
+        if not isinstance(section, dict):
+            raise SettingError(f"hardware profile {path!r} has no 'hardware' object (write one with python -m experiments.calibrate)")
+        where = f"hardware profile {path!r}: "
+        cls.unknown(section, where)
+        missing = sorted(set(cls.settings()) - set(section))
+        if missing:
+            raise SettingError(f"{where}the profile lacks {missing}: a profile holds every hardware setting (rerun the calibration)")
+        try:
+            return cls(**{**section, **overrides})
+        except SettingError as e:
+            raise SettingError(f"{where}{e}") from None
+
+
+HardwareConfig.PRESETS = {
+    "h100": HardwareConfig(),
+    "h200": HardwareConfig(name="h200"),  # same compute and links as H100 SXM; more HBM
+}

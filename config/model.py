@@ -1,0 +1,120 @@
+"""The model section: the hybrid 1F3S MoE's shapes, with named presets."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+from .base import NON_EMPTY, NON_NEGATIVE, POSITIVE, POSITIVE_INT, Check, Section, SettingError, setting
+
+LAYER_TYPES = ("F", "S")  # F: full causal attention; S: sparse attention of the model's sparse kind
+QWEN3 = "attention and MoE shapes of Qwen3-235B-A22B (2025)"
+
+
+@dataclass(frozen=True)
+class ModelConfig(Section):
+    """The model's shapes. The `paper` preset takes the attention and MoE shapes of a public 2025
+    MoE with 48 layers in the paper's 1F3S pattern; `small` trains on a GPU cluster; `tiny` and
+    `tiny-gqa` run a step on a CPU in well under a second."""
+
+    SECTION = "model"
+
+    name: str = setting("paper", "the preset these shapes came from (results carry it)", cli=False)
+    n_layers: int = setting(48, "transformer blocks", POSITIVE_INT, source="the paper's 1F3S pattern at 48 layers")
+    layer_pattern: str = setting(
+        "FSSS",
+        "layer types tiled over the blocks: F full causal attention, S sparse attention",
+        Check("a non-empty string of 'F' and 'S'", lambda v: isinstance(v, str) and v != "" and set(v) <= set(LAYER_TYPES)),
+        source="the paper: one full layer per three sparse",
+    )
+    hidden: int = setting(4096, "hidden size", POSITIVE_INT, source=QWEN3)
+    n_heads: int = setting(32, "query heads", POSITIVE_INT, source=QWEN3)
+    n_kv_heads: int = setting(8, "key/value heads (grouped-query attention when fewer than the query heads)", POSITIVE_INT, source=QWEN3)
+    head_dim: int = setting(128, "size of one attention head", POSITIVE_INT, source=QWEN3)
+    n_experts: int = setting(128, "routed experts per MoE layer", POSITIVE_INT, source=QWEN3)
+    top_k: int = setting(8, "experts each token is routed to", POSITIVE_INT, source=QWEN3)
+    expert_ffn: int = setting(1536, "hidden size of one expert's SwiGLU", POSITIVE_INT, source=QWEN3)
+    vocab: int = setting(151936, "vocabulary size", POSITIVE_INT, source=QWEN3)
+    sparse_kind: str = setting(
+        "sliding_window", "the registered sparse-attention kind of the S layers", NON_EMPTY, source="Mistral 7B's sliding window"
+    )
+    sparse_params: dict = setting(
+        {"window": 4096},
+        "the sparse kind's parameters, as key=value pairs; a kind declares them with their defaults",
+        Check("an object of parameter names and numbers", lambda v: isinstance(v, dict) and all(isinstance(k, str) for k in v)),
+        source="Mistral 7B's window of 4096",
+    )
+    tie_embeddings: bool = setting(False, "the LM head shares the embedding's weights")
+    rope_theta: float = setting(1e6, "rotary base", POSITIVE, source=QWEN3)
+    norm_eps: float = setting(1e-6, "RMSNorm epsilon", POSITIVE)
+    aux_loss_coef: float = setting(0.0, "weight of the router's load-balancing loss", NON_NEGATIVE)
+
+    def check(self) -> None:
+        if self.n_layers % len(self.layer_pattern):
+            raise SettingError(f"model.n_layers={self.n_layers} is not a multiple of len(model.layer_pattern={self.layer_pattern!r})")
+        if self.n_heads % self.n_kv_heads:
+            raise SettingError(f"model.n_heads={self.n_heads} is not a multiple of model.n_kv_heads={self.n_kv_heads}")
+        if self.top_k > self.n_experts:
+            raise SettingError(f"model.top_k={self.top_k} exceeds model.n_experts={self.n_experts}")
+
+    def merge(self, changes: dict) -> dict:
+        """A new sparse kind starts from that kind's parameters (its declared defaults, unless
+        given); parameters given for the same kind add to this config's."""
+        kind = changes.get("sparse_kind", self.sparse_kind)
+        if kind != self.sparse_kind:
+            return {"sparse_params": {}, **changes}
+        if "sparse_params" in changes:
+            return {**changes, "sparse_params": {**self.sparse_params, **changes["sparse_params"]}}
+        return changes
+
+    # cached: the solvers read these in their inner loops (the fields are frozen)
+    @cached_property
+    def layer_types(self) -> str:
+        """The type of every layer, in order: layer_pattern tiled over n_layers."""
+        return self.layer_pattern * (self.n_layers // len(self.layer_pattern))
+
+    @cached_property
+    def n_full(self) -> int:
+        return self.layer_types.count("F")
+
+    @cached_property
+    def n_sparse(self) -> int:
+        return self.layer_types.count("S")
+
+
+ModelConfig.PRESETS = {
+    "paper": ModelConfig(),
+    # real multi-node runs of the training driver (~0.5B): every head count divides 32, so SP32 parents work
+    "small": ModelConfig(
+        name="small",
+        n_layers=8,
+        hidden=1024,
+        n_heads=32,
+        n_kv_heads=32,
+        head_dim=32,
+        n_experts=16,
+        top_k=2,
+        expert_ffn=1024,
+        vocab=32000,
+        sparse_params={"window": 1024},
+        rope_theta=1e4,
+    ),
+    # a step on a CPU in well under a second; heads divisible by groups up to 8 ranks
+    "tiny": ModelConfig(
+        name="tiny",
+        n_layers=4,
+        hidden=64,
+        n_heads=8,
+        n_kv_heads=8,
+        head_dim=8,
+        n_experts=4,
+        top_k=2,
+        expert_ffn=32,
+        vocab=97,
+        sparse_params={"window": 8},
+        rope_theta=1e4,
+    ),
+}
+# tiny with grouped-query attention, 8 query / 2 key-value heads: SP4 and SP8 groups replicate
+# each key/value head over 2 and 4 ranks
+ModelConfig.PRESETS["tiny-gqa"] = ModelConfig.PRESETS["tiny"].replace(name="tiny-gqa", n_kv_heads=2)

@@ -1,0 +1,34 @@
+"""python -m experiments.ablation: the paper's ablation on the embedded simulator (what it does and
+its settings: python -m experiments.ablation --help, from experiments.ablation.run.DESCRIPTION)."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from experiments.ablation.run import COMMAND, print_tables, run_ablation
+from experiments.common.errors import USER_ERRORS
+from experiments.common.files import check_output_dir
+from experiments.common.results import write_run
+from experiments.common.settings import prepare
+
+
+def main(argv=None):
+    t0 = time.time()
+    try:
+        settings = prepare(COMMAND.parse(argv))  # every input checked before any work, and before anything is written
+        opts = settings.ablation
+        check_output_dir(opts.out)
+        seeds = list(range(settings.workload.seed, settings.workload.seed + opts.seeds))
+        rows, summary = run_ablation(settings, seeds, progress=opts.progress)
+    except USER_ERRORS as e:
+        sys.exit(f"error: {e}")
+    print_tables(rows, summary)
+    csv_path, json_path = write_run(opts.out, rows, summary)
+    p = summary["provenance"]
+    print(f"\nwrote {csv_path} and {json_path}  (commit {p['commit']}, {p['device']}, {time.time() - t0:.1f} s)")
+    return rows, summary
+
+
+if __name__ == "__main__":
+    main()

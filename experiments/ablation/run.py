@@ -1,0 +1,255 @@
+"""The ablation on the embedded simulator, for its entry point (python -m experiments.ablation),
+the sweep and the notebooks: its command line (COMMAND), and the run itself: select the steps
+with parents wider than a node, plan each in every mode, simulate, summarize over seeds, print
+the tables."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import time
+from dataclasses import dataclass
+
+from tqdm import tqdm
+
+from config import MODES, Cluster, CostsConfig, HardwareConfig, ModelConfig, PlannerConfig, WorkloadConfig
+from config.base import POSITIVE_INT, Section, setting
+from config.cli import Command, Settings
+from experiments.common import options
+from experiments.common.provenance import provenance
+from experiments.common.results import PAPER, summarize, summarize_seeds
+from experiments.common.settings import MODEL_CHOICES, cost_model
+from experiments.common.workload import workload_steps
+from solver import CostModel, PlanError, make_plan, samples_from_lengths
+from solver.simulator import simulate
+
+
+@dataclass(frozen=True)
+class AblationOptions(Section):
+    SECTION = "ablation"
+
+    seeds: int = setting(5, "workload seeds, from --seed on (a mean without its range over seeds is not a result)", POSITIVE_INT)
+    out: str = options.out("results/ablation")
+    progress: bool = options.progress()
+
+
+DESCRIPTION = """The paper's ablation on the embedded simulator: baseline, repack, repack+solver, the control
+baseline+solver (the parent solver without repacking), and repack+widths (the width-choosing
+parent solver, beyond the paper: parents change width and share).
+
+    python -m experiments.ablation                 # 5 seeds x 200 steps, the steps with SP16/32 parents
+    python -m experiments.ablation --seeds 1       # one seed (a mean without its range is not a result)
+    python -m experiments.ablation --help          # every setting, by section
+
+For each workload seed, selects the steps among the first --steps whose baseline plan has a
+parent wider than a node, plans each in every mode and simulates them. Prints each mode's
+mean change vs baseline with its [min, max] over seeds next to the paper's figures, the time
+breakdown (with the costs every mode pays) and both MFU conventions, and writes
+<out>/steps.csv and summary.json (schema: experiments.common.results), with every setting.
+Every input is checked before any work: a bad value is a one-line error that names it.
+"""
+SECTIONS = (ModelConfig, HardwareConfig, Cluster, CostsConfig, WorkloadConfig, PlannerConfig)
+COMMAND = Command("experiments.ablation", DESCRIPTION, (*SECTIONS, AblationOptions), choices=MODEL_CHOICES)
+
+
+def select_wide_steps(steps, cluster: Cluster, cost: CostModel, progress=True, pricing: str = "compute") -> list[int]:
+    """Indices (into `steps`) of the steps whose baseline plan has a parent wider than a node."""
+    chosen = []
+    for i, (number, lengths) in enumerate(tqdm(steps, desc="scanning steps", disable=not progress, file=sys.stderr, leave=False)):
+        try:
+            plan = make_plan(samples_from_lengths(lengths), cluster, cost, "baseline", pricing)
+        except PlanError as e:
+            raise PlanError(f"step {number}: {e}") from None
+        if plan.widest_parent > cluster.gpus_per_node:
+            chosen.append(i)
+    return chosen
+
+
+def anchor_load_ratio(plan) -> float | None:
+    """Max over the plan's wide parents: tokens per rank of the layout that holds its longest
+    sample (its anchor child, or the parent itself when not repacked) over the step's mean tokens
+    per rank. Above 1, the anchor child carries more token-wise work than an average rank. A wide
+    parent left without samples (a solver may leave ranks idle) has no anchor; None when no wide
+    parent holds any."""
+    wide = [p for p in plan.wide_parents() if p.group.samples]
+    if not wide:
+        return None
+    mean = sum(n for _, n in plan.lengths) / plan.cluster.world_size
+    out = 0.0
+    for p in wide:
+        anchor = max(p.group.samples, key=lambda s: plan.length_of[s])
+        holder = next(c for c in p.children if anchor in c.samples)
+        out = max(out, sum(plan.length_of[s] for s in holder.samples) / holder.size / mean)
+    return out
+
+
+def plan_row(step: int, lengths, cluster, cost, mode: str, engine: str = "sim", pricing: str = "compute") -> tuple[dict, object]:
+    t0 = time.perf_counter()
+    plan = make_plan(samples_from_lengths(lengths), cluster, cost, mode, pricing)
+    plan_ms = 1e3 * (time.perf_counter() - t0)
+    row = {
+        "engine": engine,
+        "mode": mode,
+        "step": step,
+        "n_samples": len(lengths),
+        "tokens": int(sum(lengths)),
+        "longest": int(max(lengths)),
+        "widest_parent": plan.widest_parent,
+        "wide_parents": len(plan.wide_parents()),
+        "repacked_parents": sum(p.repacked for p in plan.parents),
+        "anchor_load_ratio": anchor_load_ratio(plan),
+        "plan_hash": plan.hash,
+        "plan_ms": round(plan_ms, 3),
+    }
+    return row, plan
+
+
+def simulate_row(row: dict, plan, cost: CostModel) -> dict:
+    r = simulate(plan, cost)
+    row.update(
+        step_time_s=r.step_time,
+        mfu=r.mfu,
+        mfu_noncausal=r.mfu_noncausal,
+        lower_bound_s=r.lower_bound,
+        compute_s=r.compute,
+        intra_comm_s=r.intra_comm,
+        inter_comm_s=r.inter_comm,
+        moe_comm_s=r.moe_comm,
+        grad_sync_s=r.grad_sync,
+        optimizer_s=r.optimizer,
+        imbalance_wait_s=r.imbalance_wait,
+        full_intra_bytes=r.full_intra_bytes,
+        full_inter_bytes=r.full_inter_bytes,
+        sparse_intra_bytes=r.sparse_intra_bytes,
+        sparse_inter_bytes=r.sparse_inter_bytes,
+        exchange_full_s=r.full_exchange,
+        exchange_sparse_s=r.sparse_exchange,
+        model_flops=r.model_flops,
+    )
+    return row
+
+
+def run_ablation(settings: Settings, seeds: list[int], progress: bool = True) -> tuple[list[dict], dict]:
+    """The ablation of `settings` (prepared) over workload `seeds`: rows per (seed, step, mode)
+    and the summary (experiments.common.results)."""
+    cluster, wl, pricing = settings.cluster, settings.workload, settings.planner.baseline_pricing
+    cost = cost_model(settings)
+    if wl.trace:
+        seeds = seeds[:1]  # a trace is one workload: seeds do not change it
+    rows, selected = [], {}
+    for seed in seeds:
+        steps = workload_steps(dataclasses.replace(wl, seed=seed))
+        chosen = select_wide_steps(steps, cluster, cost, progress, pricing)
+        selected[str(seed)] = [steps[i][0] for i in chosen]
+        for i in tqdm(chosen, desc=f"seed {seed}: {len(MODES)} modes", disable=not progress, file=sys.stderr, leave=False):
+            number, lengths = steps[i]
+            for mode in MODES:
+                row, plan = plan_row(number, lengths, cluster, cost, mode, pricing=pricing)
+                rows.append({"seed": seed, **simulate_row(row, plan, cost)})
+    per_seed, over_seeds = summarize_seeds(rows) if rows else ({}, {})
+    summary = {
+        "engine": "sim",
+        "provenance": provenance(),
+        "config": {
+            **settings.to_dict(),
+            "fill": wl.tokens_per_step / (cluster.world_size * cluster.tokens_per_rank),
+            "seeds": seeds,
+            "group_rate_ratios": group_rate_ratios(cost, cluster),
+        },
+        "selected_steps": selected,
+        "modes": summarize(rows) if rows else {},
+        "seeds": per_seed,
+        "over_seeds": over_seeds,
+        "paper": PAPER,
+    }
+    return rows, summary
+
+
+def group_rate_ratios(cost: CostModel, cluster: Cluster) -> dict[str, float]:
+    """The all-to-all rate of an SP8 group over that of SP16 and SP32 groups, as the cost model
+    prices them (what the ratio and its reading imply)."""
+    out, g = {}, cluster.gpus_per_node
+    for wide in (2 * g, 4 * g):
+        if wide <= cluster.world_size:
+            out[f"SP{g}/SP{wide}"] = cost.group_rate(g) / cost.group_rate(wide)
+    return out
+
+
+def _range(e, key, scale=1.0, fmt="+.2f") -> str:
+    v = e.get(key) if e else None
+    if v is None:
+        return "n/a"
+    return f"{scale * v['mean']:{fmt}} [{scale * v['min']:{fmt}}, {scale * v['max']:{fmt}}]"
+
+
+def print_tables(rows, summary, out=None):
+    p = lambda *a: print(*a, file=out or sys.stdout)
+    cfg = summary["config"]
+    cl, hw, tr = cfg["cluster"], cfg["hardware"], cfg["costs"]
+    seeds = cfg["seeds"]
+    n_selected = {s: len(v) for s, v in summary["selected_steps"].items()}
+    p(
+        f"\ncluster {cl['world_size']} ranks ({cl['gpus_per_node']}/node, {cl['tokens_per_rank']} tokens/rank), fill "
+        f"{cfg['fill']:.2f}, model {cfg['model']['name']} ({cfg['model']['sparse_kind']} {cfg['model']['sparse_params']}), "
+        f"baseline pricing {cfg['planner']['baseline_pricing']}"
+    )
+    ratios = ", ".join(f"{k} {v:.2f}x" for k, v in cfg["group_rate_ratios"].items())
+    crossing = f", +{1e6 * hw['a2a_inter_latency']:.0f} us per call across nodes" if hw.get("a2a_inter_latency") else ""
+    p(f"inter/intra ratio {hw['inter_intra_ratio']} read per {hw['ratio_reading']}: group all-to-all rates {ratios}{crossing}")
+    experts = f"EP{tr['ep_degree']} {tr['ep_placement']}-node, {100 * tr['moe_overlap']:.0f}% hidden" if tr["moe_all_to_all"] else "off"
+    grad = f"{100 * tr['grad_sync_overlap']:.0f}% hidden" if tr["grad_sync"] else "off"
+    p(
+        f"costs every mode pays: recompute {tr['recompute']}, experts' all-to-all {experts}, gradient sync {grad}, "
+        f"optimizer {'on' if tr['optimizer'] else 'off'}, router statistics "
+        f"{'a world barrier per MoE layer' if tr.get('router_sync', False) else 'off'}"
+    )
+    p(
+        f"seeds {seeds}: {sum(n_selected.values())} selected steps with SP16/32 parents "
+        f"({', '.join(str(n) for n in n_selected.values())} of {cfg['workload']['steps']} per seed; the paper: 22 of 200)"
+    )
+    if not rows:
+        p("no step needs a parent wider than a node: nothing to compare (try more steps or --long-prob)")
+        return
+    over, modes, paper = summary["over_seeds"], summary["modes"], summary["paper"]
+    p("\nchange vs baseline: mean over seeds [min, max]                                     | the paper")
+    head = f"{'step time %':>24} {'MFU pp':>24} {'MFU pp (non-causal)':>24} {'gain captured %':>22}"
+    p(f"{'mode':>15} | {head} | {'time %':>7} {'MFU pp':>7}")
+    for m in MODES:
+        e = over.get(m)
+        pap = paper.get(m)
+        pap_s = f"{pap['time_change_pct']:+7.2f} {pap['mfu_change_pp']:+7.2f}" if pap else f"{'-':>7} {'-':>7}"
+        p(
+            f"{m:>15} | {_range(e, 'time_change_pct'):>24} {_range(e, 'mfu_change_pp'):>24} {_range(e, 'mfu_noncausal_change_pp'):>24} "
+            f"{_range(e, 'captured_gain_frac', 100, '.1f'):>22} | {pap_s}"
+        )
+    b = over["baseline"]
+    p(
+        f"\nbaseline MFU: ours {_range(b, 'mean_mfu', 100, '.1f')} % (causal), {_range(b, 'mean_mfu_noncausal', 100, '.1f')} % "
+        f"(non-causal); the paper ~{paper['derived_baseline_mfu_pct']:.0f}% (derived, convention not given)"
+    )
+    if "baseline+solver" in modes and "repack+solver" in modes:
+        rs, bs = modes["repack+solver"]["time_change_pct"], modes["baseline+solver"]["time_change_pct"]
+        wide = sum(r["wide_parents"] for r in rows if r["mode"] == "repack+solver")
+        p(
+            f"attribution (all selected steps pooled): repack+solver {rs:+.2f}%, of which the parent solver alone (baseline+solver) "
+            f"{bs:+.2f}%; repack+solver repacks {_repacked_wide(rows)} of its {wide} wide parents"
+        )
+    p("\nmean breakdown per rank (s), all selected steps pooled")
+    cols = [
+        ("compute", "compute_s"),
+        ("intra-comm", "intra_comm_s"),
+        ("inter-comm", "inter_comm_s"),
+        ("experts' a2a", "moe_comm_s"),
+        ("grad sync", "grad_sync_s"),
+        ("optimizer", "optimizer_s"),
+        ("imbalance", "imbalance_wait_s"),
+    ]
+    p(f"{'mode':>15} " + " ".join(f"{name:>12}" for name, _ in cols) + f" {'step':>8}")
+    for m in MODES:
+        e = modes[m]
+        p(f"{m:>15} " + " ".join(f"{e['mean_' + k]:12.3f}" for _, k in cols) + f" {e['mean_step_time_s']:8.3f}")
+
+
+def _repacked_wide(rows) -> int:
+    """Wide parents repack+solver repacks (node-local parents are never repacked)."""
+    return sum(r["repacked_parents"] for r in rows if r["mode"] == "repack+solver")

@@ -1,0 +1,159 @@
+"""One-factor-at-a-time sweep around the ablation's defaults: where does repacking pay?
+
+    python -m experiments.ablation.sweep                           # every factor, both baseline pricings
+    python -m experiments.ablation.sweep --factors fill --seeds 5  # one factor, more seeds
+
+Factors: the fill (global batch over cluster capacity), the inter/intra-node ratio under both
+of its readings (per group, per link), the long-document rate, the sliding window, the cluster
+size (the long-document rate scaled by 64 / ranks, so a step holds as many long documents as on
+the default 64 ranks: a bigger cluster at the same fill packs proportionally more documents per
+step). Every point runs under both baseline pricings, for every seed. Writes one CSV
+(results/sweep/sweep.csv) with a row per (factor, value, pricing, reading, seed, mode).
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import sys
+from dataclasses import dataclass
+
+from tqdm import tqdm
+
+from config import PRICINGS, RATIO_READINGS
+from config.base import POSITIVE_INT, Check, Section, setting
+from config.cli import Command, Settings
+from experiments.ablation.run import SECTIONS, run_ablation
+from experiments.common import options
+from experiments.common.errors import USER_ERRORS
+from experiments.common.files import check_output_dir
+from experiments.common.provenance import provenance
+from experiments.common.settings import MODEL_CHOICES, prepare
+
+# factor -> the values it takes; each point is the defaults with that one factor changed
+FACTORS = {
+    "fill": [0.5, 0.75, 0.9, 0.95],
+    "ratio": [1.0, 2.0, 4.0, 7.0, 10.0, 16.0],
+    "long_share": [2.5e-4, 5e-4, 1e-3, 2e-3],
+    "window": [1024, 4096, 16384],
+    "cluster": [32, 64, 128],
+}
+
+
+@dataclass(frozen=True)
+class SweepOptions(Section):
+    SECTION = "sweep"
+
+    factors: str = setting(
+        ",".join(FACTORS),
+        f"the factors to sweep, comma-separated, from {list(FACTORS)}",
+        Check(f"a comma-separated list from {list(FACTORS)}", lambda v: bool(v) and set(v.split(",")) <= set(FACTORS)),
+    )
+    seeds: int = setting(3, "workload seeds, from --seed on (a mean without its range over seeds is not a result)", POSITIVE_INT)
+    out: str = options.out("results/sweep")
+
+
+COMMAND = Command("experiments.ablation.sweep", __doc__, (*SECTIONS, SweepOptions), defaults={"workload.steps": 100}, choices=MODEL_CHOICES)
+
+
+def point(base: Settings, factor: str, value, pricing: str, reading: str | None) -> Settings:
+    """The settings of one point: `base` with one factor at `value`, under `pricing` (and `reading`)."""
+    s = base.replace(planner=base.planner.replace(baseline_pricing=pricing))
+    if reading is not None:
+        s = s.replace(hardware=s.hardware.replace(ratio_reading=reading))
+    if factor == "fill":
+        return s.replace(workload=s.workload.replace(fill=value, tokens_per_step=None))
+    if factor == "ratio":
+        return s.replace(hardware=s.hardware.replace(inter_intra_ratio=value))
+    if factor == "long_share":
+        return s.replace(workload=s.workload.replace(long_prob=value))
+    if factor == "window":
+        return s.replace(model=s.model.replace(sparse_params={**s.model.sparse_params, "window": value}))
+    # the cluster: as many long documents per step as on 64 ranks
+    return s.replace(cluster=s.cluster.replace(world_size=value), workload=s.workload.replace(long_prob=s.workload.long_prob * 64 / value))
+
+
+COLUMNS = [
+    "factor",
+    "value",
+    "baseline_pricing",
+    "ratio_reading",
+    "seed",
+    "mode",
+    "selected_steps",
+    "mean_step_time_s",
+    "time_change_pct",
+    "mean_mfu",
+    "mfu_change_pp",
+    "mfu_noncausal_change_pp",
+    "captured_gain_frac",
+    "mean_inter_comm_s",
+    "mean_imbalance_wait_s",
+    "commit",
+    "device",
+    "time_utc",
+    "command",
+]
+
+
+def points(factors):
+    """(factor, value, pricing, reading): the ratio under both readings, every factor under both pricings."""
+    for factor in factors:
+        for value in FACTORS[factor]:
+            for pricing in PRICINGS:
+                for reading in RATIO_READINGS if factor == "ratio" else (None,):
+                    yield factor, value, pricing, reading
+
+
+def main(argv=None):
+    try:
+        base = COMMAND.parse(argv)
+        opts = base.sweep
+        check_output_dir(opts.out)
+        prepare(base)  # the defaults' settings checked before any point runs
+    except USER_ERRORS as e:
+        sys.exit(f"error: {e}")
+    prov = provenance()
+    seeds = list(range(base.workload.seed, base.workload.seed + opts.seeds))
+    todo = list(points(opts.factors.split(",")))
+    rows = []
+    for factor, value, pricing, reading in tqdm(todo, desc="sweep", file=sys.stderr):
+        try:
+            _, summary = run_ablation(prepare(point(base, factor, value, pricing, reading)), seeds, progress=False)
+        except USER_ERRORS as e:
+            sys.exit(f"error at {factor}={value}: {e}")
+        used_reading = summary["config"]["hardware"]["ratio_reading"]
+        for seed, modes in summary["seeds"].items():
+            for mode, e in modes.items():
+                rows.append(
+                    {
+                        "factor": factor,
+                        "value": value,
+                        "baseline_pricing": pricing,
+                        "ratio_reading": used_reading,
+                        "seed": seed,
+                        "mode": mode,
+                        "selected_steps": e["steps"],
+                        **{k: e.get(k) for k in COLUMNS if k in e},
+                        **{k: prov[k] for k in ("commit", "device", "time_utc", "command")},
+                    }
+                )
+        over = summary["over_seeds"]
+        if over:
+            r, s = over["repack"]["time_change_pct"], over["repack+solver"]["time_change_pct"]
+            tqdm.write(
+                f"{factor}={value} {pricing} {used_reading}: repack {r['mean']:+.2f}% [{r['min']:+.2f}, {r['max']:+.2f}], "
+                f"repack+solver {s['mean']:+.2f}% [{s['min']:+.2f}, {s['max']:+.2f}]",
+                file=sys.stderr,
+            )
+    path = os.path.join(opts.out, "sweep.csv")
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=COLUMNS)
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: r.get(k, "") for k in COLUMNS})
+    print(f"wrote {path} ({len(rows)} rows)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,65 @@
+"""Memory per rank by model preset and GPU count, sharded (FSDP2) and replicated: an estimate from
+the model's shapes (experiments.train.memory), not a measurement.
+
+    python -m experiments.bench.memory                        # small and paper, 8 .. 128 GPUs
+    python -m experiments.bench.memory --models small --tokens-per-rank 32768
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+from config import Cluster, CostsConfig, HardwareConfig, ModelConfig
+from config.base import Check, Section, number_in, setting
+from config.cli import Command
+from experiments.common.errors import USER_ERRORS
+from experiments.train.memory import GIB, estimate
+from solver import CostModel
+
+GPU_COUNTS = (8, 16, 32, 64, 128)
+
+
+@dataclass(frozen=True)
+class MemoryOptions(Section):
+    SECTION = "memory"
+
+    models: str = setting(
+        "small,paper",
+        "model presets to tabulate, comma-separated",
+        Check(
+            f"a comma-separated list from {list(ModelConfig.PRESETS)}", lambda v: bool(v) and set(v.split(",")) <= set(ModelConfig.PRESETS)
+        ),
+    )
+    gpu_gib: float = setting(80.0, "memory of one GPU in GiB, for the fits columns", number_in(0, 1e6, lo_open=True))
+
+
+COMMAND = Command(
+    "experiments.bench.memory",
+    __doc__,
+    (Cluster, CostsConfig, MemoryOptions),
+    defaults={"cluster.tokens_per_rank": 16384},
+    only={"cluster": ("tokens_per_rank",), "costs": ("recompute",)},
+)
+
+
+def main(argv=None):
+    try:
+        s = COMMAND.parse(argv)
+    except USER_ERRORS as e:
+        sys.exit(f"error: {e}")
+    tokens, recompute, gib = s.cluster.tokens_per_rank, s.costs.recompute, s.memory.gpu_gib
+    print(f"GiB per rank at {tokens} tokens per rank (bf16 compute, recompute {recompute}); fits: under {gib:g} GiB")
+    print(f"{'model':>8} {'params':>8} {'ranks':>6} {'fsdp':>8} {'fits':>5} {'replicated':>11} {'fits':>5}")
+    for name in s.memory.models.split(","):
+        cfg = ModelConfig.from_name(name)
+        params = CostModel(cfg, HardwareConfig()).total_params()
+        for world in GPU_COUNTS:
+            f = estimate(cfg, world, tokens, "fsdp", recompute=recompute)["total"] / GIB
+            r = estimate(cfg, world, tokens, "none", recompute=recompute)["total"] / GIB
+            yes = lambda g: "yes" if g < gib else "no"  # noqa: E731
+            print(f"{name:>8} {params / 1e9:7.2f}B {world:6d} {f:8.1f} {yes(f):>5} {r:11.1f} {yes(r):>5}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,115 @@
+"""Calibrate the cost model on the machines at hand: measure, fit, write a hardware profile.
+
+    # this machine: 4 gloo ranks as 2 nodes of 2, the tiny model
+    torchrun --standalone --nproc-per-node 4 -m experiments.calibrate --gpus-per-node 2 --out results/calibrate
+    # a GPU cluster (on every node), for the model it will train
+    torchrun --nnodes 4 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint $HEAD:29500 \\
+        -m experiments.calibrate --model small --out results/calibrate
+    # then plan with it
+    python -m experiments.ablation --hardware results/calibrate/profile.json
+
+What it measures and fits: experiments.calibrate.measure. It prints every fit with its
+residuals and writes <out>/profile.json: the hardware settings, the measurements, the fits, and
+device, world, commit and date.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import sys
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from config import Cluster, ModelConfig
+from config.base import POSITIVE_INT, Section, int_at_least, number_in, optional, setting
+from config.cli import Command, Derived
+from experiments.calibrate.measure import STEP_SAMPLE_TOKENS, calibrate, report
+from experiments.common import options
+from experiments.common.errors import USER_ERRORS
+from experiments.common.files import check_output_dir
+from experiments.common.settings import MODEL_CHOICES
+from model.attention import BACKENDS
+
+
+@dataclass(frozen=True)
+class CalibrateOptions(Section):
+    SECTION = "calibrate"
+
+    quick: bool = options.quick()
+    median_of: int = setting(
+        None, "timed runs each figure is the median of (default: 3 with --quick, else 7)", optional(POSITIVE_INT), kind=int
+    )
+    step_tokens: int = setting(STEP_SAMPLE_TOKENS, "tokens per rank of the runtime steps that fit the fixed costs", int_at_least(2))
+    datasheet_peak: float = setting(
+        None,
+        "the peak FLOP/s the efficiencies are relative to (default: the measured matmul rate)",
+        optional(number_in(0, 1e18, lo_open=True)),
+        kind=float,
+    )
+    attn_backend: str = options.attn_backend(BACKENDS)
+    out: str = options.out("results/calibrate")
+    timeout: float = options.timeout(600.0)
+
+
+COMMAND = Command(
+    "experiments.calibrate",
+    __doc__,
+    (ModelConfig, Cluster, CalibrateOptions),
+    defaults={
+        "model": "tiny",
+        "cluster.world_size": Derived(lambda s: int(os.environ.get("WORLD_SIZE", 1)), "the launcher's WORLD_SIZE"),
+        "cluster.gpus_per_node": Derived(
+            lambda s: int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", 1))), "the launcher's LOCAL_WORLD_SIZE"
+        ),
+    },
+    exclude=frozenset({"cluster.world_size"}),
+    choices=MODEL_CHOICES,
+)
+
+
+def main(argv=None):
+    rank = int(os.environ.get("RANK", 0))
+    try:
+        s = COMMAND.parse(argv)
+        check_output_dir(s.calibrate.out)
+    except USER_ERRORS as e:
+        if rank == 0:
+            print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    c = s.calibrate
+    if "MASTER_ADDR" not in os.environ:
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29513")
+    cuda = torch.cuda.is_available()
+    if cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    timeout = datetime.timedelta(seconds=c.timeout)
+    dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=s.cluster.world_size, timeout=timeout)
+    try:
+        profile = calibrate(
+            s.model,
+            s.cluster.gpus_per_node,
+            s.cluster.tokens_per_rank,
+            c.quick,
+            c.datasheet_peak,
+            c.attn_backend,
+            c.median_of,
+            c.step_tokens,
+        )
+    except Exception as e:  # noqa: BLE001 - every failure ends the job with its rank and reason
+        print(f"[rank {rank}] failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        os._exit(1)
+    if rank == 0:
+        path = os.path.join(c.out, "profile.json")
+        with open(path, "w") as f:
+            json.dump(profile, f, indent=1)
+        print(report(profile))
+        print(f"wrote {path}")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,30 @@
+"""The settings a run uses, completed from what the command line resolved: the sparse kind's
+declared parameters, the workload's batch in tokens for the cluster (and its documents clipped
+to the widest group where the workload says so), and the cost model they price."""
+
+from __future__ import annotations
+
+from config.cli import Settings
+from solver import CostModel
+from solver.cost import sparse_kinds, with_sparse_defaults
+
+# what a command line with a model section accepts beyond the settings' own checks: the registered
+# sparse kinds (asked when parsing, so a kind registered at run time is one)
+MODEL_CHOICES = {"model.sparse_kind": sparse_kinds}
+
+
+def cost_model(settings: Settings) -> CostModel:
+    """The cost model of the settings' model, hardware and costs, bound to its cluster."""
+    return CostModel(settings.model, settings.hardware, costs=settings.costs).for_cluster(settings.cluster)
+
+
+def prepare(settings: Settings) -> Settings:
+    """`settings` with the sparse kind's parameters filled in with its defaults and the workload
+    resolved for the cluster. Raises SettingError naming a bad one."""
+    s = settings.replace(model=with_sparse_defaults(settings.model))
+    if "workload" not in s.sections:
+        return s
+    wl = s.workload.for_cluster(s.cluster)
+    if wl.clip_to_cluster:
+        wl = wl.clipped(cost_model(s).widest_group(s.cluster) * s.cluster.tokens_per_rank)
+    return s.replace(workload=wl)

@@ -1,0 +1,124 @@
+"""Seeded variable-length workloads and real length traces (the settings: config.WorkloadConfig).
+
+Synthetic steps: documents are drawn i.i.d. from a two-part mixture and streamed into steps of
+about `tokens_per_step` tokens; a document that would overflow a step opens the next one (never
+cut). The body is log-normal (web/code documents: median ~2K tokens, heavy right tail, clipped
+at 32K); with a small probability a document is a long one, log-uniform in [48K, 256K] (books,
+repositories, long-context upsampling). The default long-document rate is chosen so that about
+10% of steps contain a document long enough to need an SP16/32 parent on the default cluster, as
+in the paper (22 of 200 steps); the share is a knob of the sweep.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+
+import numpy as np
+
+from config import WorkloadConfig
+
+from .errors import InputError
+
+
+def generate_steps(cfg: WorkloadConfig) -> list[list[int]]:
+    """`cfg.steps` lists of document lengths. The batch must be in tokens (WorkloadConfig.for_cluster)."""
+    if cfg.tokens_per_step is None:
+        raise ValueError("the workload's batch is a fill: resolve it for a cluster first (WorkloadConfig.for_cluster)")
+    rng = np.random.default_rng(cfg.seed)
+    steps: list[list[int]] = []
+    cur: list[int] = []
+    total = 0
+    while len(steps) < cfg.steps:
+        if rng.random() < cfg.long_prob:
+            n = int(np.exp(rng.uniform(np.log(cfg.long_min), np.log(cfg.long_max))))
+        else:
+            n = int(np.clip(rng.lognormal(np.log(cfg.body_median), cfg.body_sigma), cfg.body_min, cfg.body_max))
+        if cur and total + n > cfg.tokens_per_step:
+            steps.append(cur)
+            cur, total = [], 0
+        cur.append(n)
+        total += n
+    return steps
+
+
+def load_trace(path: str) -> list[tuple[int, list[int]]]:
+    """(step number, lengths) of every step of a trace, in ascending step order, the trace's own
+    step numbers kept. Formats: CSV (`step,length` rows, header optional), JSONL (one object per
+    sample with `step` and `length`, or one list of lengths per line: the line is the step), or
+    .npy (a [n, 2] integer array of step, length). Lengths are integers >= 1: a fraction, nan or
+    inf is an error naming the line, never a silent truncation."""
+    if not os.path.exists(path):
+        raise InputError(f"trace file {path!r} does not exist")
+    rows: list[tuple[int, int]] = []
+    ext = os.path.splitext(path)[1].lower()
+    if ext == ".npy":
+        try:
+            arr = np.load(path, allow_pickle=False)
+        except (ValueError, OSError) as e:
+            raise InputError(f"trace {path!r} is not a readable .npy array of numbers ({e})") from None
+        if arr.ndim != 2 or arr.shape[1] != 2:
+            raise InputError(f"trace {path!r}: expected a [n, 2] array of (step, length), got shape {arr.shape}")
+        if arr.dtype.kind not in "iuf":
+            raise InputError(f"trace {path!r}: expected numbers, got dtype {arr.dtype}")
+        rows = [(_int(a, path, i), _int(b, path, i)) for i, (a, b) in enumerate(arr.tolist(), 1)]
+    elif ext in (".jsonl", ".json"):
+        with open(path) as f:
+            for i, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    obj = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise InputError(f"trace {path!r} line {i}: not JSON ({e})") from None
+                if isinstance(obj, list):
+                    rows += [(i - 1, _int(v, path, i)) for v in obj]
+                elif isinstance(obj, dict) and "step" in obj and "length" in obj:
+                    rows.append((_int(obj["step"], path, i), _int(obj["length"], path, i)))
+                else:
+                    raise InputError(f"trace {path!r} line {i}: expected {{'step': int, 'length': int}} or a list of lengths")
+    elif ext == ".csv":
+        with open(path, newline="") as f:
+            for i, rec in enumerate(csv.reader(f), 1):
+                if not rec or (i == 1 and rec[0].strip().lower() == "step"):
+                    continue
+                if len(rec) != 2:
+                    raise InputError(f"trace {path!r} line {i}: expected 2 columns step,length, got {len(rec)}")
+                rows.append((_int(rec[0], path, i), _int(rec[1], path, i)))
+    else:
+        raise InputError(f"trace {path!r}: unknown extension {ext!r}; use .csv, .jsonl or .npy")
+    if not rows:
+        raise InputError(f"trace {path!r} holds no samples")
+    by_step: dict[int, list[int]] = {}
+    for step, n in rows:
+        if n < 1:
+            raise InputError(f"trace {path!r}: step {step} has a sample of length {n}; lengths must be >= 1")
+        if step < 0:
+            raise InputError(f"trace {path!r}: step {step} is negative")
+        by_step.setdefault(step, []).append(n)
+    return [(s, by_step[s]) for s in sorted(by_step)]
+
+
+def _int(v, path, line) -> int:
+    """v as an integer, or a InputError naming the line: strings and numbers alike, no truncation."""
+    if isinstance(v, bool):
+        raise InputError(f"trace {path!r} line {line}: {v!r} is not an integer")
+    if isinstance(v, int):
+        return v
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        raise InputError(f"trace {path!r} line {line}: {v!r} is not an integer") from None
+    if not math.isfinite(f) or f != int(f):
+        raise InputError(f"trace {path!r} line {line}: {v!r} is not an integer")
+    return int(f)
+
+
+def workload_steps(cfg: WorkloadConfig) -> list[tuple[int, list[int]]]:
+    """(step number, lengths) of the workload's first `steps` steps: the trace's, with its own
+    step numbers, or the generator's."""
+    if cfg.trace:
+        return load_trace(cfg.trace)[: cfg.steps]
+    return list(enumerate(generate_steps(cfg)))

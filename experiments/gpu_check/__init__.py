@@ -1,0 +1,1 @@
+"""The checks that need a GPU, as one prepared run (python -m experiments.gpu_check)."""

@@ -1,0 +1,123 @@
+"""Render the docs' tables and figures from results/ (and from the config tree): one command.
+
+    python -m experiments.report                  # every marked block of docs/*.md, every figure
+    python -m experiments.report --strict         # fail if a block's results are missing
+
+A block in a doc is marked
+
+    <!-- report:NAME ARG ... -->
+    (what the report wrote last time)
+    <!-- /report -->
+
+where NAME is a renderer of experiments.report.tables (or `figure`) and each ARG a path inside
+--results. The report replaces what lies between the markers with the rendered table and one
+provenance line: the command that wrote the results, its commit, device and date. Prose around
+the blocks is written by hand and never touched. A block whose results are missing keeps its old
+content and is named, with the command that would write them.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from dataclasses import dataclass
+
+from config.base import NON_EMPTY, Section, setting
+from config.cli import Command
+from experiments.common import options
+from experiments.common.errors import USER_ERRORS
+from experiments.report import figures
+from experiments.report.tables import RENDERERS
+
+BLOCK = re.compile(r"(<!-- report:(?P<name>[a-z-]+)(?P<args>[^>]*?) -->\n)(?P<body>.*?)(<!-- /report -->)", re.S)
+# what writes the results a block reads, for the message when they are missing
+WRITERS = {
+    "ablation": "python -m experiments.ablation",
+    "sweep": "python -m experiments.ablation.sweep",
+    "solver_bench": "python -m experiments.bench.solver",
+    "host_bench": "python -m experiments.bench.host",
+    "emulated": "python -m experiments.calibrate.emulate --compare (as root)",
+}
+
+
+@dataclass(frozen=True)
+class ReportOptions(Section):
+    SECTION = "report"
+
+    results: str = setting("results", "the folder of the results the docs are rendered from", NON_EMPTY)
+    docs: str = setting("docs", "the folder of the docs whose marked blocks are rendered", NON_EMPTY)
+    strict: bool = setting(False, "fail when a block's results are missing, instead of keeping its old content")
+    progress: bool = options.progress()
+
+
+COMMAND = Command("experiments.report", __doc__, (ReportOptions,))
+
+
+def provenance_line(prov: list[dict]) -> str:
+    parts = []
+    for p in prov:
+        when = (p.get("time_utc") or "")[:10]
+        made = f"`{p['command']}`" if p.get("command") else "its command"
+        at = ", ".join(x for x in (f"commit {p['commit']}" if p.get("commit") else "", p.get("device", ""), when) if x)
+        parts.append(f"{p['where']}: {made}" + (f" ({at})" if at else ""))
+    return "<sub>Rendered by `python -m experiments.report` from " + "; ".join(parts) + ".</sub>"
+
+
+def render_block(name: str, args: list[str], results: str, docs: str) -> str:
+    paths = [os.path.join(results, a) for a in args]
+    if name == "figure":
+        path, prov = figures.render(args[0], paths[1:], os.path.join(docs, "figures"))
+        return f"![{args[0]}]({os.path.relpath(path, docs)})\n\n{provenance_line(prov)}\n"
+    if name not in RENDERERS:
+        raise KeyError(f"no renderer {name!r}; renderers: {sorted(RENDERERS)} and figure")
+    text, prov = RENDERERS[name](*paths)
+    return f"{text}\n\n{provenance_line(prov)}\n"
+
+
+def render_doc(path: str, results: str, docs: str) -> tuple[str, list[str]]:
+    """The doc's text with every block rendered, and what could not be (missing results)."""
+    text = open(path).read()
+    missing: list[str] = []
+
+    def one(m: re.Match) -> str:
+        name, args = m.group("name"), m.group("args").split()
+        try:
+            body = render_block(name, args, results, docs)
+        except FileNotFoundError as e:
+            first = os.path.relpath(str(e.args[0]), results).split(os.sep)[0]
+            writer = WRITERS.get(first.removesuffix(".csv").removesuffix("_joint"), "its experiment")
+            missing.append(f"{os.path.basename(path)}: {name} {' '.join(args)}: {e.args[0]} is missing ({writer})")
+            return m.group(0)
+        return m.group(1) + body + m.group(5)
+
+    return BLOCK.sub(one, text), missing
+
+
+def main(argv=None) -> int:
+    try:
+        opts = COMMAND.parse(argv).report
+    except USER_ERRORS as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    docs = sorted(os.path.join(opts.docs, f) for f in os.listdir(opts.docs) if f.endswith(".md"))
+    missing, rendered = [], 0
+    for path in docs:
+        try:
+            text, gaps = render_doc(path, opts.results, opts.docs)
+        except USER_ERRORS as e:
+            print(f"error: {path}: {e}", file=sys.stderr)
+            return 1
+        missing += gaps
+        rendered += len(BLOCK.findall(text)) - len(gaps)
+        with open(path + ".tmp", "w") as f:
+            f.write(text)
+        os.replace(path + ".tmp", path)
+    print(f"rendered {rendered} blocks in {len(docs)} docs from {opts.results}/")
+    for m in missing:
+        print(f"  not rendered, kept as it was: {m}", file=sys.stderr)
+    return 1 if missing and opts.strict else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,124 @@
+"""Training driver: one process per GPU under torchrun (NCCL), or per CPU rank (gloo).
+
+    # this machine: 8 CPU ranks emulating 4 nodes of 2, tiny model
+    torchrun --standalone --nproc-per-node 8 -m experiments.train --model tiny --gpus-per-node 2 --steps 20
+    # a 4-node x 8-GPU cluster (run on every node)
+    torchrun --nnodes 4 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint $HEAD:29500 \\
+        -m experiments.train --model small --mode repack+solver --steps 200
+
+Every rank computes each step's plan from the same data; the plans' hashes are compared across
+ranks before any exchange. One log line per step from rank 0; results per step in the schema of
+experiments.common.results (engine "torch"); checkpoints saved atomically every --save-every
+steps. A failing rank prints its rank and reason and exits non-zero; torchrun then ends the job,
+and collectives time out after --timeout seconds rather than hang. The world size is the
+launcher's (WORLD_SIZE), and a node's ranks are LOCAL_WORLD_SIZE unless --gpus-per-node says.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import sys
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from config import (
+    MODES,
+    TINY_TOKENS_PER_RANK,
+    Cluster,
+    CostsConfig,
+    HardwareConfig,
+    ModelConfig,
+    OptimConfig,
+    PlannerConfig,
+    WorkloadConfig,
+)
+from config.base import NON_NEGATIVE_INT, POSITIVE_INT, Section, optional, setting
+from config.cli import Command, Derived
+from experiments.common import options
+from experiments.common.errors import USER_ERRORS
+from experiments.common.settings import MODEL_CHOICES
+from experiments.train.driver import check_options, train
+from kernels.permute import PATHS
+from model.attention import BACKENDS
+from model.sharding import SHARDINGS
+
+
+@dataclass(frozen=True)
+class TrainOptions(Section):
+    SECTION = "train"
+
+    mode: str = setting("repack+solver", "the layout mode; all: every step in every mode, without optimizer steps (a replay)")
+    replay: str = setting(None, "an ablation's results folder: run its first seed's selected steps (use --mode all)", kind=str)
+    tokens: str = setting(None, "a token file: a .npy of uint16/uint32 ids, memory-mapped (with --doc-offsets)", kind=str)
+    doc_offsets: str = setting(None, "document offsets .npy [n_docs + 1] of --tokens", kind=str)
+    dtype: str = setting("fp32", "parameter dtype (bf16 autocast on CUDA)", choices=("fp32", "fp64"))
+    pack_backend: str = setting("auto", "pack/unpack kernels: auto (Triton on CUDA, torch elsewhere), triton, torch", choices=PATHS)
+    attn_backend: str = options.attn_backend(BACKENDS)
+    shard: str = setting("fsdp", "fsdp: FSDP2 over every rank; none: replicated parameters, bucketed all-reduce", choices=SHARDINGS)
+    save_every: int = setting(0, "checkpoint every N steps (0: never)", NON_NEGATIVE_INT)
+    ckpt_dir: str = setting("results/checkpoints", "the folder of the run's checkpoints")
+    resume: bool = setting(False, "resume from the latest good checkpoint in --ckpt-dir")
+    resume_step: int = setting(None, "resume from this step's checkpoint (implies --resume)", optional(NON_NEGATIVE_INT), kind=int)
+    stop_after: int = setting(None, "stop (as if interrupted) after this many steps of the run", optional(POSITIVE_INT), kind=int)
+    out: str = options.out("results/train")
+    timeout: float = options.timeout(300.0)
+    repeats: int = options.repeats(1)
+    timers: bool = setting(False, "time each step's phases and exchanges (the device synchronized around each: a measurement run)")
+
+
+def _tiny(s) -> bool:
+    return s.model.name.startswith("tiny")
+
+
+COMMAND = Command(
+    "experiments.train",
+    __doc__,
+    (ModelConfig, HardwareConfig, Cluster, CostsConfig, WorkloadConfig, PlannerConfig, OptimConfig, TrainOptions),
+    defaults={
+        "model": "tiny",
+        "cluster.world_size": Derived(lambda s: int(os.environ.get("WORLD_SIZE", 1)), "the launcher's WORLD_SIZE"),
+        "cluster.gpus_per_node": Derived(
+            lambda s: int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", 1))), "the launcher's LOCAL_WORLD_SIZE"
+        ),
+        "cluster.tokens_per_rank": Derived(lambda s: TINY_TOKENS_PER_RANK if _tiny(s) else 32768, "32 for the tiny models, else 32768"),
+        "workload": Derived(lambda s: "tiny" if _tiny(s) else "default", "tiny for the tiny models, else default"),
+        "workload.steps": 20,
+    },
+    exclude=frozenset({"cluster.world_size"}),
+    choices={"train.mode": (*MODES, "all"), **MODEL_CHOICES},
+)
+
+
+def main(argv=None):
+    rank = int(os.environ.get("RANK", 0))
+    try:
+        settings = COMMAND.parse(argv)
+        check_options(settings)
+    except USER_ERRORS as e:
+        if rank == 0:
+            print(f"error: {e}", file=sys.stderr, flush=True)
+        sys.exit(2)
+    world = settings.cluster.world_size
+    local = int(os.environ.get("LOCAL_RANK", 0))
+    cuda = torch.cuda.is_available()
+    if cuda:
+        torch.cuda.set_device(local)
+    if "MASTER_ADDR" not in os.environ:  # a plain `python -m experiments.train`: one rank
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", "29512")
+    timeout = datetime.timedelta(seconds=settings.train.timeout)
+    dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world, timeout=timeout)
+    try:
+        train(settings, rank, torch.device(f"cuda:{local}" if cuda else "cpu"))
+    except Exception as e:  # noqa: BLE001 - every failure ends the job with its rank and reason
+        print(f"[rank {rank}] failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        sys.stderr.flush()
+        os._exit(1)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

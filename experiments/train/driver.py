@@ -1,0 +1,370 @@
+"""The training driver's work on one rank: set-up (model, data, optimizer, process groups, a
+resumed checkpoint), each step's plans made one step ahead, the measured steps, checkpoints,
+results. Its entry point is experiments/train/__main__.py (python -m experiments.train)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from tqdm import tqdm
+
+from config import MODES, Cluster, CostsConfig, HardwareConfig, ModelConfig, SettingError, WorkloadConfig
+from config.cli import Settings
+from experiments.common.errors import InputError
+from experiments.common.files import check_output_dir, file_identity
+from experiments.common.provenance import provenance
+from experiments.common.results import PAPER, summarize, write_run
+from experiments.common.settings import cost_model, prepare
+from experiments.common.workload import generate_steps, load_trace
+from kernels.exchange import AlignedGroups, CommStats
+from model import HybridMoE
+from model.distributed import run_step
+from model.sharding import shard_model
+from solver import CostModel, PlanError, check_setup, make_plan, samples_from_lengths
+
+from . import checkpoint, memory
+from .data import LengthSource, TokenFileSource
+
+
+def check_options(settings: Settings) -> None:
+    """The driver's own settings against each other and the folders it writes, before any process
+    group or work: a SettingError or InputError naming the flag."""
+    t = settings.train
+    if t.repeats > 1 and t.mode != "all":
+        raise SettingError(f"--repeats={t.repeats} needs --mode all (no optimizer step between repeats); got --mode {t.mode}")
+    if t.tokens and not t.doc_offsets:
+        raise SettingError("--tokens needs --doc-offsets (document boundaries)")
+    check_output_dir(t.out, "--out")
+    if t.save_every or t.resume or t.resume_step is not None:
+        check_output_dir(t.ckpt_dir, "--ckpt-dir")
+
+
+def build_source(settings: Settings):
+    """The run's data: a token file, or the workload (a trace or the generator) with random tokens."""
+    t, wl = settings.train, settings.workload
+    if t.tokens:
+        return TokenFileSource(t.tokens, t.doc_offsets, wl.tokens_per_step, settings.model.vocab)
+    if wl.trace:
+        steps = load_trace(wl.trace)
+        return LengthSource([lengths for _, lengths in steps], settings.model.vocab, wl.seed, [n for n, _ in steps])
+    return LengthSource(generate_steps(wl), settings.model.vocab, wl.seed)
+
+
+def replay_steps(folder: str, seed: int | None = None) -> tuple[list[list[int]], list[int], list[int], dict]:
+    """An ablation run's data (its first seed's, or `seed`'s): every step's lengths and number,
+    the positions of the selected steps, and the ablation's config."""
+    path = os.path.join(folder, "summary.json")
+    try:
+        with open(path) as f:
+            summary = json.load(f)
+        cfg, selected = summary["config"], summary["selected_steps"]
+        workload, seeds = cfg["workload"], cfg["seeds"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise InputError(f"--replay {folder!r}: {path!r} is not an ablation's summary ({type(e).__name__}: {e})") from None
+    seed = seeds[0] if seed is None else seed
+    if str(seed) not in selected:
+        raise InputError(f"--replay {folder!r} has no seed {seed}; its seeds: {sorted(selected)}")
+    wl = WorkloadConfig.from_dict({**workload, "seed": seed}, f"--replay {folder!r}: ")
+    steps = load_trace(wl.trace) if wl.trace else list(enumerate(generate_steps(wl)))
+    position = {n: i for i, (n, _) in enumerate(steps)}
+    return [lengths for _, lengths in steps], [n for n, _ in steps], [position[n] for n in selected[str(seed)]], cfg
+
+
+@dataclass
+class Run:
+    """Everything one rank sets up before step 1."""
+
+    settings: Settings
+    rank: int
+    world: int
+    device: torch.device
+    cost: CostModel
+    source: object  # LengthSource or TokenFileSource
+    step_ids: list[int]  # the data steps this run trains on, in order
+    modes: list[str]
+    model: HybridMoE
+    opt: torch.optim.Optimizer
+    sched: torch.optim.lr_scheduler.LRScheduler
+    groups: AlignedGroups
+    fingerprint: dict
+    start: int = 0  # index into step_ids of the first step to run (after a resume)
+    rows: list[dict] = field(default_factory=list)
+
+    @property
+    def options(self):
+        return self.settings.train
+
+    @property
+    def cfg(self) -> ModelConfig:
+        return self.settings.model
+
+    @property
+    def cluster(self) -> Cluster:
+        return self.settings.cluster
+
+    @property
+    def hw(self) -> HardwareConfig:
+        return self.settings.hardware
+
+    @property
+    def stop(self) -> int:
+        stop_after = self.options.stop_after
+        return len(self.step_ids) if stop_after is None else min(len(self.step_ids), stop_after)
+
+
+def replayed(settings: Settings) -> tuple[Settings, LengthSource, list[int]]:
+    """A replay's settings, data and steps: the ablation's workload (its first seed), its baseline
+    pricing, and its costs when the model is the same (so the plans are the ablation's)."""
+    all_steps, numbers, step_ids, abl = replay_steps(settings.train.replay)
+    s = settings.replace(planner=settings.planner.replace(baseline_pricing=abl["planner"]["baseline_pricing"]))
+    if abl["model"]["name"] == s.model.name:
+        s = s.replace(costs=CostsConfig.from_dict(abl["costs"], f"--replay {settings.train.replay!r}: "))
+    return s, LengthSource(all_steps, s.model.vocab, s.workload.seed, numbers), step_ids
+
+
+def set_up(settings: Settings, rank: int, device: torch.device) -> Run:
+    """Model, cluster, data, optimizer and process groups; restored from a checkpoint on --resume."""
+    settings = prepare(settings)
+    t, world = settings.train, settings.cluster.world_size
+    if t.replay:
+        settings, source, step_ids = replayed(settings)
+    else:
+        source = build_source(settings)
+        step_ids = list(range(min(settings.workload.steps, len(source))))
+    cluster, cost = settings.cluster, cost_model(settings)
+    try:  # the model against the cluster, and every step against both, before step 1
+        allows = check_setup(cluster, cost, (source.lengths(k) for k in step_ids))
+    except PlanError as e:
+        raise PlanError(f"{e} (flags: --tokens-per-rank, --tokens-per-step, --gpus-per-node, --model)") from None
+    if rank == 0:
+        print(allows, flush=True)
+    fp = fingerprint(settings)
+    agree_across_ranks(fp, world)
+    torch.manual_seed(settings.workload.seed)
+    recompute = settings.costs.recompute
+    model = HybridMoE(settings.model, recompute).to(device=device, dtype=torch.float64 if t.dtype == "fp64" else torch.float32)
+    if t.shard == "fsdp":
+        shard_model(model, device)
+    if rank == 0:
+        print(memory.summary(settings.model, world, cluster.tokens_per_rank, t.shard, device.type == "cuda", recompute), flush=True)
+    o = settings.optim
+    opt = torch.optim.AdamW(model.parameters(), lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay)
+    total = settings.workload.steps
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: o.lr_factor(step, total))
+    modes = list(MODES) if t.mode == "all" else [t.mode]
+    run = Run(settings, rank, world, device, cost, source, step_ids, modes, model, opt, sched, AlignedGroups(world), fp)
+    if t.resume or t.resume_step is not None:
+        expect = {"world_size": world, "model": settings.model.to_dict(), "fingerprint": fp}
+        meta = checkpoint.load(t.ckpt_dir, model, opt, expect, t.resume_step)
+        sched.load_state_dict(meta["scheduler"])
+        run.start, run.rows = meta["step"], meta["rows"]
+    return run
+
+
+def fingerprint(settings: Settings) -> dict:
+    """Everything that must agree across the ranks of a run, and between a run and the checkpoint it
+    resumes: the data (generator settings or files, seed), the schedule, the mode, the cluster, the
+    planner. A step's data and plan follow from these and the step number (its plan hash is
+    checked per step)."""
+    t, wl = settings.train, settings.workload
+    return {
+        "mode": t.mode,
+        "dtype": t.dtype,
+        "optim": settings.optim.to_dict(),
+        "planner": settings.planner.to_dict(),
+        "costs": settings.costs.to_dict(),
+        "cluster": settings.cluster.to_dict(),
+        "workload": wl.to_dict(),
+        "trace": file_identity(wl.trace),
+        "tokens": file_identity(t.tokens),
+        "doc_offsets": file_identity(t.doc_offsets),
+        "replay": file_identity(os.path.join(t.replay, "summary.json")) if t.replay else None,
+    }
+
+
+def agree_across_ranks(fp: dict, world: int) -> None:
+    """Once, before step 1: every rank's fingerprint equals rank 0's, or every rank fails naming the
+    first setting that differs and a rank that has it."""
+    fps = [None] * world
+    dist.all_gather_object(fps, fp)
+    for r, other in enumerate(fps):
+        bad = [k for k in fp if other.get(k) != fps[0].get(k)]
+        if bad:
+            k = bad[0]
+            raise SettingError(
+                f"ranks disagree on {k}: rank 0 has {fps[0].get(k)!r}, rank {r} has {other.get(k)!r} (start every rank alike)"
+            )
+
+
+def plan_step(run: Run, k: int):
+    """Data and plans (one per mode) of the k-th step: a pure function of k, so it can be computed
+    ahead in a thread while the previous step runs (a plan does not depend on when it is made)."""
+    batch = run.source.get(run.step_ids[k])
+    try:
+        samples = samples_from_lengths(batch.lengths)
+        return batch, {m: make_plan(samples, run.cluster, run.cost, m, run.settings.planner.baseline_pricing) for m in run.modes}
+    except PlanError as e:
+        raise PlanError(f"step {run.step_ids[k]}: {e}") from None
+
+
+def one_step(run: Run, plan, batch, mode: str) -> dict:
+    """Forward, backward and (unless replaying every mode) the optimizer step; the measured row.
+    Time is the slowest rank's; bytes are summed over ranks."""
+    stats = CommStats(gpus_per_node=run.cluster.gpus_per_node, timed=run.options.timers)
+    timers = {} if run.options.timers else None
+    autocast = torch.bfloat16 if run.device.type == "cuda" and run.options.shard == "none" else None  # fsdp: bf16 parameters
+    _sync(run.device)
+    t0 = time.perf_counter()
+    loss = run_step(
+        run.model,
+        plan,
+        batch.tokens,
+        run.groups,
+        run.options.pack_backend,
+        run.options.attn_backend,
+        stats,
+        autocast_dtype=autocast,
+        timers=timers,
+    )
+    if run.options.mode != "all":
+        run.opt.step()
+        run.sched.step()
+    run.opt.zero_grad(set_to_none=True)
+    _sync(run.device)
+    dt = time.perf_counter() - t0
+    sites = [(s, f) for s in ("full", "sparse") for f in (stats.intra_node_bytes, stats.inter_node_bytes)]
+    b = torch.tensor([f(s) for s, f in sites] + [dt], dtype=torch.float64, device=run.device)
+    dist.all_reduce(b[:4])
+    dist.all_reduce(b[4:], op=dist.ReduceOp.MAX)
+    dt = float(b[4])
+    flops = run.cost.model_flops(batch.lengths)
+    measured = {}
+    if timers is not None:
+        parts = {
+            "host_s": timers["host"],
+            "forward_s": timers["forward"],
+            "backward_s": timers["backward"],
+            "grad_sync_s": timers["grad_sync"],
+            "exchange_full_s": stats.exchange_seconds("full"),
+            "exchange_sparse_s": stats.exchange_seconds("sparse"),
+            "exchange_a2a_s": stats.exchange_seconds("", part="all_to_all"),
+        }
+        t = torch.tensor(list(parts.values()), dtype=torch.float64, device=run.device)
+        dist.all_reduce(t)
+        measured = dict(zip(parts, (t / run.world).tolist()))  # means over ranks
+    return {
+        **measured,
+        "engine": "torch",
+        "mode": mode,
+        "step": batch.step,
+        "n_samples": len(batch.lengths),
+        "tokens": sum(batch.lengths),
+        "longest": max(batch.lengths),
+        "widest_parent": plan.widest_parent,
+        "wide_parents": len(plan.wide_parents()),
+        "repacked_parents": sum(p.repacked for p in plan.parents),
+        "step_time_s": dt,
+        "mfu": flops / (dt * run.world * run.hw.peak_flops),
+        "model_flops": flops,
+        "full_intra_bytes": float(b[0]),
+        "full_inter_bytes": float(b[1]),
+        "sparse_intra_bytes": float(b[2]),
+        "sparse_inter_bytes": float(b[3]),
+        "plan_hash": plan.hash,
+        "loss": float(loss),
+    }
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def log_row(run: Run, row: dict) -> None:
+    """One line per step from rank 0: loss, time, tokens/s, TFLOP/s, MFU and exchanged bytes."""
+    if run.rank != 0:
+        return
+    dt, flops = row["step_time_s"], row["model_flops"]
+    intra = row["full_intra_bytes"] + row["sparse_intra_bytes"]
+    inter = row["full_inter_bytes"] + row["sparse_inter_bytes"]
+    tqdm.write(
+        f"step {row['step']:5d} {row['mode']:>13} loss {row['loss']:.6f} time {dt:.3f}s tok/s {row['tokens'] / dt:,.0f} "
+        f"TFLOP/s {flops / dt / run.world / 1e12:.3f} MFU {100 * row['mfu']:.2f}% a2a intra {intra / 1e6:.2f} MB "
+        f"inter {inter / 1e6:.2f} MB (sparse inter {row['sparse_inter_bytes'] / 1e6:.2f} MB)",
+        file=sys.stdout,
+    )
+    sys.stdout.flush()
+
+
+def save(run: Run, k: int) -> None:
+    """Checkpoint after the k-th step (every --save-every steps), collectively (experiments.train.checkpoint)."""
+    if not run.options.save_every or k % run.options.save_every:
+        return
+    meta = {
+        "model": run.cfg.to_dict(),
+        "fingerprint": run.fingerprint,
+        "scheduler": run.sched.state_dict(),
+        "rows": run.rows,
+        "settings": run.settings.to_dict(),
+    }
+    checkpoint.save(run.options.ckpt_dir, k, run.model, run.opt, meta)
+
+
+def write_results(run: Run) -> None:
+    if run.rank != 0:
+        return
+    summary = {
+        "engine": "torch",
+        "provenance": provenance(),
+        "config": run.settings.to_dict(),
+        "selected_steps": run.step_ids,
+        "modes": summarize(run.rows) if run.rows else {},
+        "paper": PAPER,
+    }
+    csv_path, json_path = write_run(run.options.out, run.rows, summary)
+    print(f"wrote {csv_path} and {json_path}")
+
+
+def train(settings: Settings, rank: int, device: torch.device) -> None:
+    """Set up, then for every step: its plans (made one step ahead), one measured step per mode,
+    a log line each, a checkpoint every --save-every steps; then the results.
+
+    With --timers (a measurement run) the next step's plans are made before this step's, not
+    beside it: on shared CPU cores the planning thread would slow whichever mode runs first. With
+    --mode all the modes take turns running first, so no mode always pays what a step's start costs."""
+    run = set_up(settings, rank, device)
+    bar = tqdm(
+        total=len(run.step_ids) * len(run.modes), initial=run.start * len(run.modes), disable=rank != 0, desc="train", file=sys.stderr
+    )
+    with ThreadPoolExecutor(max_workers=1) as ahead:
+        pending = ahead.submit(plan_step, run, run.start) if run.start < run.stop else None
+        for k in range(run.start, run.stop):
+            batch, plans = pending.result()
+            pending = ahead.submit(plan_step, run, k + 1) if k + 1 < run.stop else None
+            if pending is not None and run.options.timers:
+                pending.result()  # made now, so it does not run beside the timed steps
+            turn = k % len(run.modes)
+            order = run.modes[turn:] + run.modes[:turn]
+            # --repeats rounds over the modes, the fastest of each mode's runs kept (every rank agrees:
+            # step times are the slowest rank's); rounds, not a mode's runs back to back, so a slow
+            # spell of a shared machine falls on every mode alike
+            best = {}
+            for _ in range(run.options.repeats):
+                for mode in order:
+                    row = one_step(run, plans[mode], batch, mode)
+                    if mode not in best or row["step_time_s"] < best[mode]["step_time_s"]:
+                        best[mode] = row
+            for mode in order:
+                run.rows.append(best[mode])
+                log_row(run, best[mode])
+                bar.update(1)
+            save(run, k + 1)
+    bar.close()
+    write_results(run)
