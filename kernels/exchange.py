@@ -3,9 +3,9 @@
 Every exchange of the model is "token layout <-> head layout of a group". A rank's part of it is
 given by a plan object with the attributes of solver.layout.RankExchange (kind, group_start,
 group_size, rank, n_in, n_out, send_counts, recv_counts, pack_rows, unpack_rows); this module
-reads only those plain arrays. Heads: the token-side tensor holds `segments` of heads (Q, K, V:
-[H, Hkv, Hkv]; an attention output: [H]); peer j of a group of P gets the j-th 1/P slice of every
-segment, so Q, K and V travel in one all-to-all. The backward of an exchange is its inverse
+reads only those plain arrays. Heads: the token-side tensor holds parts of heads given by
+`head_counts` (Q, K, V: [H, Hkv, Hkv]; an attention output: [H]); peer j of a group of P gets the
+j-th 1/P slice of every part, so Q, K and V travel in one all-to-all. The backward of an exchange is its inverse
 (entry's backward is an exit over the same layouts, and vice versa).
 """
 
@@ -23,17 +23,17 @@ import torch.distributed as dist
 from .permute import gather_heads, scatter_heads
 
 
-def head_split_map(segments: Sequence[int], group_size: int, replicated: bool = False) -> np.ndarray:
-    """[P, heads per peer] token-side head index of each head a peer gets, segment by segment.
+def head_split_map(head_counts: Sequence[int], group_size: int, replicated: bool = False) -> np.ndarray:
+    """[P, heads per peer] token-side head index of each head a peer gets, part by part.
 
-    A segment of s heads that P divides gives each peer s / P heads. The first segment (query
+    A part of s heads that P divides gives each peer s / P heads. The first part (query
     heads, or an attention output) must split so. A later one (key/value heads) narrower than the
     group, s dividing P, is replicated: peer j gets head j // (P / s), the key/value head its query
     heads attend to in the model's GQA mapping. replicated=True numbers those heads instead by
-    replica slot (peer j: slot j of the segment's P), the layout the way back unpacks into before
+    replica slot (peer j: slot j of the part's P), the layout the way back unpacks into before
     the replicas' gradients are summed (fold_replicas)."""
     off, parts = 0, []
-    for i, s in enumerate(segments):
+    for i, s in enumerate(head_counts):
         if s % group_size == 0:
             k = s // group_size
             parts.append(off + np.arange(group_size)[:, None] * k + np.arange(k)[None, :])
@@ -47,17 +47,17 @@ def head_split_map(segments: Sequence[int], group_size: int, replicated: bool = 
                 off += s
         else:
             raise ValueError(
-                f"a head segment of {s} heads cannot be split over a group of {group_size} ranks: query heads must be a "
+                f"a part of {s} heads cannot be split over a group of {group_size} ranks: query heads must be a "
                 f"multiple of every group size used, and key/value heads a multiple or a divisor of it (then replicated)"
             )
     rows = np.concatenate(parts, axis=1) if parts else np.zeros((group_size, 0), dtype=np.int64)
     return rows.astype(np.int32)
 
 
-def replica_segments(segments: Sequence[int], group_size: int) -> tuple[tuple[int, int], ...] | None:
-    """(heads, replicas) per segment when an exchange over `group_size` replicates any (replicas 1
+def replica_counts(head_counts: Sequence[int], group_size: int) -> tuple[tuple[int, int], ...] | None:
+    """(heads, replicas) per part when an exchange over `group_size` replicates any (replicas 1
     otherwise); None when nothing is replicated."""
-    out = tuple((s, group_size // s if s % group_size and group_size % s == 0 else 1) for s in segments)
+    out = tuple((s, group_size // s if s % group_size and group_size % s == 0 else 1) for s in head_counts)
     return out if any(r > 1 for _, r in out) else None
 
 
@@ -86,7 +86,7 @@ class ExchangeArgs:
     from plan.inverse(), so the logic of an exchange lives in one place."""
 
     plan: object
-    segments: tuple[int, ...]
+    head_counts: tuple[int, ...]
     device: torch.device
     in_heads: int
     out_heads: int
@@ -126,12 +126,12 @@ class ExchangeArgs:
     def inverse(self) -> ExchangeArgs:
         """The exchange back (made once, then kept)."""
         if not self._inverse:
-            self._inverse.append(exchange_args(self.plan.inverse(), self.segments, self.device))
+            self._inverse.append(exchange_args(self.plan.inverse(), self.head_counts, self.device))
         return self._inverse[0]
 
 
-def exchange_args(plan, segments: Sequence[int], device: torch.device | str = "cpu") -> ExchangeArgs:
-    """Tensors for one rank's exchange `plan` (a RankExchange-like object) moving `segments` heads.
+def exchange_args(plan, head_counts: Sequence[int], device: torch.device | str = "cpu") -> ExchangeArgs:
+    """Tensors for one rank's exchange `plan` (a RankExchange-like object) moving `head_counts` heads.
 
     >>> import numpy as np
     >>> class P:  # a 1-rank "group": the exchange is a local copy
@@ -142,10 +142,10 @@ def exchange_args(plan, segments: Sequence[int], device: torch.device | str = "c
     """
     device = torch.device(device)
     p = plan.group_size
-    split = torch.as_tensor(head_split_map(segments, p), device=device)
+    split = torch.as_tensor(head_split_map(head_counts, p), device=device)
     hs = split.shape[1]
     ident = torch.arange(hs, dtype=torch.int32, device=device).expand(p, hs).contiguous()
-    tokens_heads = int(sum(segments))
+    tokens_heads = int(sum(head_counts))
     send = [int(c) for c in plan.send_counts]
     recv = [int(c) for c in plan.recv_counts]
 
@@ -155,13 +155,13 @@ def exchange_args(plan, segments: Sequence[int], device: torch.device | str = "c
     def idx(a):
         return torch.as_tensor(np.asarray(a, dtype=np.int64), device=device)
 
-    replicas = replica_segments(segments, p)
+    replicas = replica_counts(head_counts, p)
     if plan.to_heads:  # token side in, head side out: pack splits heads (replicating), unpack keeps them
         pack_map, unpack_map, in_heads, out_heads = split, ident, tokens_heads, hs
     elif replicas is None:
         pack_map, unpack_map, in_heads, out_heads = ident, split, hs, tokens_heads
     else:  # into replica slots, summed by unpack (fold_replicas)
-        slots = torch.as_tensor(head_split_map(segments, p, replicated=True), device=device)
+        slots = torch.as_tensor(head_split_map(head_counts, p, replicated=True), device=device)
         pack_map, unpack_map, in_heads, out_heads = ident, slots, hs, sum(h * r for h, r in replicas)
     if len(plan.pack_rows) != sum(send) or len(plan.unpack_rows) != sum(recv):
         raise ValueError(
@@ -170,7 +170,7 @@ def exchange_args(plan, segments: Sequence[int], device: torch.device | str = "c
         )
     return ExchangeArgs(
         plan=plan,
-        segments=tuple(int(s) for s in segments),
+        head_counts=tuple(int(s) for s in head_counts),
         device=device,
         in_heads=in_heads,
         out_heads=out_heads,
@@ -274,29 +274,36 @@ def dist_transport(groups: AlignedGroups) -> Transport:
     return run
 
 
-def pack(x: torch.Tensor, args: ExchangeArgs, path: str = "auto") -> torch.Tensor:
+def pack(x: torch.Tensor, args: ExchangeArgs, backend: str = "auto") -> torch.Tensor:
     if x.shape[0] != args.n_in or x.shape[1] != args.in_heads:
         raise ValueError(
             f"rank {args.rank}: exchange input has shape {tuple(x.shape)}, the plan expects [{args.n_in}, {args.in_heads}, head_dim]"
         )
-    return gather_heads(x, args.pack_rows, args.pack_peers, args.pack_map, path)
+    return gather_heads(x, args.pack_rows, args.pack_peers, args.pack_map, backend)
 
 
-def unpack(recv: torch.Tensor, args: ExchangeArgs, path: str = "auto") -> torch.Tensor:
-    out = scatter_heads(recv, args.unpack_rows, args.unpack_peers, args.unpack_map, args.n_out, args.out_heads, path)
+def unpack(recv: torch.Tensor, args: ExchangeArgs, backend: str = "auto") -> torch.Tensor:
+    out = scatter_heads(recv, args.unpack_rows, args.unpack_peers, args.unpack_map, args.n_out, args.out_heads, backend)
     return out if args.replicas is None else fold_replicas(out, args.replicas)
 
 
 class _Exchange(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, args, transport, path, stats, site):
-        ctx.args, ctx.transport, ctx.path, ctx.stats, ctx.site = args, transport, path, stats, site
-        return _run(x, args, transport, path, stats, site)
+    def forward(ctx, x, args, transport, backend, stats, site):
+        ctx.args, ctx.transport, ctx.backend, ctx.stats, ctx.site = args, transport, backend, stats, site
+        return _run(x, args, transport, backend, stats, site)
 
     @staticmethod
     def backward(ctx, grad):
         inv = ctx.args.inverse()
-        return _Exchange.apply(grad.contiguous(), inv, ctx.transport, ctx.path, ctx.stats, ctx.site + ".bwd"), None, None, None, None, None
+        return (
+            _Exchange.apply(grad.contiguous(), inv, ctx.transport, ctx.backend, ctx.stats, ctx.site + ".bwd"),
+            None,
+            None,
+            None,
+            None,
+            None,
+        )
 
 
 EXCHANGE_PARTS = ("pack", "all_to_all", "unpack")
@@ -322,34 +329,34 @@ class PhaseClock:
             self.t = t
 
 
-def _run(x, args, transport, path, stats, site):
+def _run(x, args, transport, backend, stats, site):
     clock = PhaseClock(stats.seconds[site] if stats is not None and stats.timed else None, x.device)
-    send = pack(x, args, path)
+    send = pack(x, args, backend)
     clock.lap("pack")
     if stats is not None:
         stats.record(site, args, send.shape[1] * send.shape[2] * send.element_size())
     clock.lap("record")
     recv = transport(send, args)
     clock.lap("all_to_all")
-    out = unpack(recv, args, path)
+    out = unpack(recv, args, backend)
     clock.lap("unpack")
     return out
 
 
 def exchange(
-    x: torch.Tensor, args: ExchangeArgs, transport: Transport, path: str = "auto", stats: CommStats | None = None, site: str = "exchange"
+    x: torch.Tensor, args: ExchangeArgs, transport: Transport, backend: str = "auto", stats: CommStats | None = None, site: str = "exchange"
 ) -> torch.Tensor:
     """One exchange with autograd: [n_in, in_heads, D] -> [n_out, out_heads, D].
 
     Exactly one all-to-all per call (and one per backward). `stats` counts it under `site`.
     """
-    return _Exchange.apply(x, args, transport, path, stats, site)
+    return _Exchange.apply(x, args, transport, backend, stats, site)
 
 
-def exchange_all_ranks(xs: dict[int, torch.Tensor], args: dict[int, ExchangeArgs], path: str = "auto") -> dict[int, torch.Tensor]:
+def exchange_all_ranks(xs: dict[int, torch.Tensor], args: dict[int, ExchangeArgs], backend: str = "auto") -> dict[int, torch.Tensor]:
     """Single-process reference of one exchange on every rank at once: the tests' yardstick, the
-    torch permutation the distributed run is compared with (differentiable through the torch path)."""
-    sends = {r: pack(xs[r], a, path) for r, a in args.items()}
+    torch permutation the distributed run is compared with (differentiable through the torch backend)."""
+    sends = {r: pack(xs[r], a, backend) for r, a in args.items()}
     out = {}
     for r, a in args.items():
         blocks = []
@@ -358,5 +365,5 @@ def exchange_all_ranks(xs: dict[int, torch.Tensor], args: dict[int, ExchangeArgs
             off = int(np.sum(src.send_counts[: a.rank - a.group_start]))
             blocks.append(sends[a.group_start + j][off : off + src.send_counts[a.rank - a.group_start]])
         recv = torch.cat(blocks) if blocks else sends[r][:0]
-        out[r] = unpack(recv, a, path)
+        out[r] = unpack(recv, a, backend)
     return out

@@ -92,18 +92,18 @@ def scatter_heads_triton(
     return _launch(_scatter_heads_kernel, src, (n_out, out_heads, src.shape[2]), out_heads, rows, peers, head_map)
 
 
-PATHS = ("auto", "triton", "torch")
+PACK_BACKENDS = ("auto", "triton", "torch")
 
 
-def resolve_path(path: str, device: torch.device) -> str:
-    if path not in PATHS:
-        raise ValueError(f"pack path {path!r} is not one of {PATHS}")
-    if path == "auto":
+def resolve_pack_backend(backend: str, device: torch.device) -> str:
+    if backend not in PACK_BACKENDS:
+        raise ValueError(f"pack backend {backend!r} is not one of {PACK_BACKENDS}")
+    if backend == "auto":
         return "triton" if device.type == "cuda" else "torch"
-    return path
+    return backend
 
 
-def gather_heads(x, rows, peers, head_map, path: str = "auto") -> torch.Tensor:
+def gather_heads(x, rows, peers, head_map, backend: str = "auto") -> torch.Tensor:
     """Pack: x [N, Hx, D] -> [M, Hs, D] with out[m, h] = x[rows[m], head_map[peers[m], h]].
 
     >>> x = torch.randn(5, 4, 8)
@@ -112,13 +112,13 @@ def gather_heads(x, rows, peers, head_map, path: str = "auto") -> torch.Tensor:
     >>> torch.equal(gather_heads(x, rows, peers, hmap, "triton"), gather_heads(x, rows, peers, hmap, "torch"))
     True
     """
-    if resolve_path(path, x.device) == "triton":
+    if resolve_pack_backend(backend, x.device) == "triton":
         return gather_heads_triton(x, rows, peers, head_map)
     return gather_heads_ref(x, rows, peers, head_map)
 
 
-def scatter_heads(src, rows, peers, head_map, n_out: int, out_heads: int, path: str = "auto") -> torch.Tensor:
+def scatter_heads(src, rows, peers, head_map, n_out: int, out_heads: int, backend: str = "auto") -> torch.Tensor:
     """Unpack: src [M, Hs, D] -> [n_out, out_heads, D] with out[rows[m], head_map[peers[m], h]] = src[m, h]."""
-    if resolve_path(path, src.device) == "triton":
+    if resolve_pack_backend(backend, src.device) == "triton":
         return scatter_heads_triton(src, rows, peers, head_map, n_out, out_heads)
     return scatter_heads_ref(src, rows, peers, head_map, n_out, out_heads)

@@ -1,6 +1,6 @@
 """The hybrid 1F3S MoE model, its attention backends and its distributed step."""
 
 from .attention import register_sparse_attention, sparse_kind, varlen_attention
-from .hybrid import HybridMoE, LocalContext, next_token_labels
+from .hybrid import HybridMoE, LocalPlacement, next_token_labels
 
-__all__ = ["HybridMoE", "LocalContext", "next_token_labels", "register_sparse_attention", "sparse_kind", "varlen_attention"]
+__all__ = ["HybridMoE", "LocalPlacement", "next_token_labels", "register_sparse_attention", "sparse_kind", "varlen_attention"]

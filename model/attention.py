@@ -179,9 +179,10 @@ def chunk_cu(cu_seqlens: np.ndarray, chunk: int) -> np.ndarray:
     return np.concatenate([*bounds, cu[-1:]]).astype(np.int32)
 
 
-def segments(cu_seqlens: np.ndarray, max_seqlen: int, kind: str, params: dict | None) -> tuple[np.ndarray, int, str]:
-    """(cu_seqlens, max_seqlen, kind) that attention of `kind` runs on: a chunked kind is full causal
-    attention on each sample's aligned chunks. Host-side, so a context computes it once per step."""
+def kernel_inputs(cu_seqlens: np.ndarray, max_seqlen: int, kind: str, params: dict | None) -> tuple[np.ndarray, int, str]:
+    """(cu_seqlens, max_seqlen, attention kind) a kernel runs attention of `kind` on: a chunked kind
+    is full causal attention on each sample's aligned chunks. Host-side, so a placement computes it
+    once per step."""
     if kind != "full":
         sk = sparse_kind(kind)
         if sk.split_chunks is not None and sk.fn is None:
@@ -225,7 +226,7 @@ def varlen_attention(q, k, v, cu_seqlens, max_seqlen, kind: str = "full", params
     if sk is not None and sk.fn is not None and backend != "torch":
         return sk.fn(q, k, v, cu_seqlens, max_seqlen, params)
     if sk is not None and sk.split_chunks is not None:
-        cu, mx, kind = segments(cu_seqlens.cpu().numpy(), max_seqlen, kind, params)
+        cu, mx, kind = kernel_inputs(cu_seqlens.cpu().numpy(), max_seqlen, kind, params)
         return varlen_attention(q, k, v, torch.as_tensor(cu, device=q.device), mx, kind, None, backend, fn)
     if backend in WINDOWED and (sk is None or sk.flash_window is not None):
         window = (-1, -1) if sk is None else sk.flash_window(params)

@@ -97,8 +97,8 @@ def all_reduce_sum(x: torch.Tensor) -> torch.Tensor:
     return _AllReduceSum.apply(x)
 
 
-class DistributedContext:
-    """Attention for one rank of one step, with the step's exchanges, segments and rotary tables
+class RankPlacement:
+    """Attention for one rank of one step, with the step's exchanges, attention sites and rotary tables
     precomputed from the plan: nothing in the layers waits on the host."""
 
     def __init__(
@@ -107,13 +107,13 @@ class DistributedContext:
         cfg: ModelConfig,
         rank: int,
         groups: AlignedGroups,
-        path: str = "auto",
+        pack_backend: str = "auto",
         backend: str = "auto",
         stats: CommStats | None = None,
         device="cpu",
         recompute_attention: bool = False,
     ):
-        self.cfg, self.rank, self.path, self.backend, self.stats = cfg, rank, path, backend, stats
+        self.cfg, self.rank, self.pack_backend, self.backend, self.stats = cfg, rank, pack_backend, backend, stats
         self.recompute_attention = recompute_attention  # selective recompute: the kernels re-run in backward
         self.transport = dist_transport(groups)
         parent, child = plan.parent_layout, plan.child_layout
@@ -121,10 +121,10 @@ class DistributedContext:
         self.child_group = child.group_of(rank)
         self.full_entry, self.full_exit, self.sparse_entry, self.sparse_exit = rank_exchanges(plan, cfg, rank, device)
         self.sites = attention_sites(head_cu_seqlens(parent, self.parent_group), head_cu_seqlens(child, self.child_group), cfg, device)
-        self.segments = child.local_segments(rank)  # (sample, start, end) of this rank's tokens, in local order
-        pos = [np.arange(a, b) for _, a, b in self.segments] or [np.zeros(0)]
+        self.chunks = child.local_chunks(rank)  # (sample, start, end) of this rank's tokens, in local order
+        pos = [np.arange(a, b) for _, a, b in self.chunks] or [np.zeros(0)]
         self.positions = torch.as_tensor(np.concatenate(pos), dtype=torch.int64, device=device)
-        self.rotary = Rotary(self.positions, cfg.head_dim, cfg.rope_theta, [(a, b) for _, a, b in self.segments])
+        self.rotary = Rotary(self.positions, cfg.head_dim, cfg.rope_theta, [(a, b) for _, a, b in self.chunks])
         self.reduce = all_reduce_sum
         self.total_tokens = plan.total_tokens
 
@@ -139,15 +139,15 @@ class DistributedContext:
             entry, exit_, p, site = self.sparse_entry, self.sparse_exit, self.child_group.size, "sparse"
         if p == 1:  # a group of one rank holds whole samples in head order: no communication
             return self.sites[kind](*self._heads(qkv, 1), self.backend, self.recompute_attention)
-        y = exchange(qkv, entry, self.transport, self.path, self.stats, f"{site}.entry")
+        y = exchange(qkv, entry, self.transport, self.pack_backend, self.stats, f"{site}.entry")
         o = self.sites[kind](*self._heads(y, p), self.backend, self.recompute_attention)
-        return exchange(o.contiguous(), exit_, self.transport, self.path, self.stats, f"{site}.exit")
+        return exchange(o.contiguous(), exit_, self.transport, self.pack_backend, self.stats, f"{site}.exit")
 
     def local_batch(self, sample_tokens: dict[int, np.ndarray], device="cpu") -> tuple[torch.Tensor, torch.Tensor]:
         """This rank's input tokens and next-token labels (the next token inside the same sample;
-        none after a sample's last), one slice per local segment."""
+        none after a sample's last), one slice per local chunk."""
         toks, labs = [], []
-        for s, a, b in self.segments:
+        for s, a, b in self.chunks:
             t = np.asarray(sample_tokens[s])
             toks.append(t[a:b])
             labs.append(t[a + 1 : b + 1])
@@ -199,7 +199,7 @@ def run_step(
     plan: StepPlan,
     sample_tokens: dict[int, np.ndarray],
     groups: AlignedGroups,
-    path="auto",
+    pack_backend="auto",
     backend="auto",
     stats: CommStats | None = None,
     check_hash: bool = True,
@@ -219,14 +219,14 @@ def run_step(
     if check_hash:
         check_same_plan(plan, dev)
     selective = getattr(model, "recompute", "none") == "selective"
-    ctx = DistributedContext(plan, model.cfg, rank, groups, path, backend, stats, dev, selective)
-    tokens, labels = ctx.local_batch(sample_tokens, dev)
+    place = RankPlacement(plan, model.cfg, rank, groups, pack_backend, backend, stats, dev, selective)
+    tokens, labels = place.local_batch(sample_tokens, dev)
     clock.lap("host")
     if autocast_dtype is not None:
         with torch.autocast(dev.type, dtype=autocast_dtype):
-            loss = model.loss(tokens, labels, ctx, label_count(plan), world)
+            loss = model.loss(tokens, labels, place, label_count(plan), world)
     else:
-        loss = model.loss(tokens, labels, ctx, label_count(plan), world)
+        loss = model.loss(tokens, labels, place, label_count(plan), world)
     clock.lap("forward")
     loss.backward()
     clock.lap("backward")
@@ -240,7 +240,7 @@ def run_step(
 
 
 __all__ = [
-    "DistributedContext",
+    "RankPlacement",
     "LayoutError",
     "all_reduce_sum",
     "allreduce_grads",

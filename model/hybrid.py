@@ -1,8 +1,8 @@
 """The hybrid 1F3S MoE transformer: full (causal) and sparse attention layers by a pattern string.
 
-The model is layout-agnostic: attention goes through a context that knows where the tokens
-are. `LocalContext` runs every sample on one process (the reference); model.distributed's
-`DistributedContext` runs one step of a StepPlan on a process group.
+The model is layout-agnostic: attention goes through a placement that knows where the tokens
+are. `LocalPlacement` runs every sample on one process (the reference); model.distributed's
+`RankPlacement` runs one rank's part of a StepPlan on a process group.
 """
 
 from __future__ import annotations
@@ -17,23 +17,23 @@ from torch.utils.checkpoint import checkpoint
 
 from config import RECOMPUTE, ModelConfig
 
-from .attention import segments, varlen_attention
+from .attention import kernel_inputs, varlen_attention
 from .layers import MoE, Reduce, RMSNorm, Rotary
 
 IGNORE = -100
 
 
-class AttentionContext(Protocol):
+class Placement(Protocol):
     positions: torch.Tensor  # [n] position of each local token inside its sample
     rotary: Rotary  # cos/sin of those positions, computed once per step
     reduce: Reduce | None  # sums over the global batch (aux loss), identity when local
     total_tokens: int  # tokens of the global batch
 
-    def attend(self, qkv: torch.Tensor, kind: str, layer: int) -> torch.Tensor:
-        """qkv [n, H + 2 Hkv, D] (rotary applied) -> attention output [n, H, D] for layer kind 'F' or 'S'."""
+    def attend(self, qkv: torch.Tensor, layer_type: str, layer: int) -> torch.Tensor:
+        """qkv [n, H + 2 Hkv, D] (rotary applied) -> attention output [n, H, D] for layer type 'F' or 'S'."""
 
 
-class LocalContext:
+class LocalPlacement:
     """All samples packed on one process: the single-process reference."""
 
     def __init__(self, lengths, cfg: ModelConfig, backend: str = "auto", device="cpu", recompute_attention: bool = False):
@@ -46,19 +46,20 @@ class LocalContext:
         self.reduce = None
         self.total_tokens = int(sum(lengths))
 
-    def attend(self, qkv, kind, layer):
+    def attend(self, qkv, layer_type, layer):
         h, hkv = self.cfg.n_heads, self.cfg.n_kv_heads
         q, k, v = qkv[:, :h], qkv[:, h : h + hkv], qkv[:, h + hkv :]
-        return self.sites[kind](q, k, v, self.backend, self.recompute_attention)
+        return self.sites[layer_type](q, k, v, self.backend, self.recompute_attention)
 
 
 class Site:
-    """Where one kind of attention layer runs this step: its kind, parameters and segments
-    (cu_seqlens on the device and the longest segment, from the host: no device sync per layer)."""
+    """Where one layer type's attention runs this step: its attention kind ("full" or the sparse
+    kind), parameters and cu_seqlens (on the device, with the longest sequence from the host: no
+    device sync per layer)."""
 
     def __init__(self, cu: np.ndarray, kind: str, params: dict | None, device):
         longest = int(np.diff(cu).max()) if len(cu) > 1 else 0
-        cu, self.max_len, self.kind = segments(cu, longest, kind, params)
+        cu, self.max_len, self.kind = kernel_inputs(cu, longest, kind, params)
         self.params = params if self.kind != "full" else None
         self.cu = torch.as_tensor(cu, dtype=torch.int32, device=device)
 
@@ -85,16 +86,16 @@ class Block(nn.Module):
         self.moe_norm = RMSNorm(cfg.hidden, cfg.norm_eps)
         self.moe = MoE(cfg.hidden, cfg.expert_ffn, cfg.n_experts, cfg.top_k)
 
-    def forward(self, x: torch.Tensor, ctx: AttentionContext, kind: str, layer: int):
+    def forward(self, x: torch.Tensor, place: Placement, layer_type: str, layer: int):
         """x [n, hidden] -> ([n, hidden], aux)"""
         c = self.cfg
         qkv = self.wqkv(self.attn_norm(x)).view(x.shape[0], c.n_heads + 2 * c.n_kv_heads, c.head_dim)
         nq = c.n_heads + c.n_kv_heads
-        qk = ctx.rotary(qkv[:, :nq])
+        qk = place.rotary(qkv[:, :nq])
         qkv = torch.cat([qk, qkv[:, nq:]], dim=1)
-        o = ctx.attend(qkv, kind, layer)
+        o = place.attend(qkv, layer_type, layer)
         x = x + self.wo(o.reshape(x.shape[0], c.n_heads * c.head_dim))
-        m, aux = self.moe(self.moe_norm(x), ctx.reduce, ctx.total_tokens)
+        m, aux = self.moe(self.moe_norm(x), place.reduce, place.total_tokens)
         return x + m, aux
 
 
@@ -103,7 +104,7 @@ class HybridMoE(nn.Module):
     >>> cfg = ModelConfig.from_name("tiny")
     >>> m = HybridMoE(cfg)
     >>> tokens = torch.randint(0, cfg.vocab, (7,))
-    >>> m(tokens, LocalContext([4, 3], cfg, "torch"))[0].shape
+    >>> m(tokens, LocalPlacement([4, 3], cfg, "torch"))[0].shape
     torch.Size([7, 64])
     """
 
@@ -120,17 +121,17 @@ class HybridMoE(nn.Module):
         self.norm = RMSNorm(cfg.hidden, cfg.norm_eps)
         self.lm_head = None if cfg.tie_embeddings else nn.Linear(cfg.hidden, cfg.vocab, bias=False)
 
-    def forward(self, tokens: torch.Tensor, ctx: AttentionContext, labels=None, label_count: int | None = None, world_size: int = 1):
+    def forward(self, tokens: torch.Tensor, place: Placement, labels=None, label_count: int | None = None, world_size: int = 1):
         """tokens [n] -> (final hidden [n, hidden], summed aux loss); with labels, the loss (see
         `loss`). The loss is computed inside forward so that a sharded root (FSDP2) holds its
         parameters - the embedding, and the head tied to it - for the whole of it."""
         x = self.embed(tokens)
         aux = x.new_zeros(())
-        for i, (blk, kind) in enumerate(zip(self.blocks, self.cfg.layer_types)):
+        for i, (blk, layer_type) in enumerate(zip(self.blocks, self.cfg.layer_types)):
             if self.recompute == "full" and torch.is_grad_enabled():  # keep the block's input; re-run it in backward
-                x, a = checkpoint(blk, x, ctx, kind, i, use_reentrant=False)
+                x, a = checkpoint(blk, x, place, layer_type, i, use_reentrant=False)
             else:
-                x, a = blk(x, ctx, kind, i)
+                x, a = blk(x, place, layer_type, i)
             aux = aux + a
         h = self.norm(x)
         if labels is None:
@@ -144,11 +145,11 @@ class HybridMoE(nn.Module):
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         return h @ self.embed.weight.T if self.lm_head is None else self.lm_head(h)
 
-    def loss(self, tokens, labels, ctx: AttentionContext, label_count: int, world_size: int = 1):
+    def loss(self, tokens, labels, place: Placement, label_count: int, world_size: int = 1):
         """This process's share of the global loss: sum of next-token CE over its tokens / the global
         number of labelled tokens, plus aux_loss_coef x aux / world_size (summed over ranks, the
         global loss)."""
-        return self(tokens, ctx, labels, label_count, world_size)
+        return self(tokens, place, labels, label_count, world_size)
 
 
 def next_token_labels(sample_tokens: list[np.ndarray]) -> list[np.ndarray]:

@@ -111,8 +111,6 @@ def exchange_cost_per_token(cluster: Cluster, cost: CostModel) -> dict[int, floa
     return out
 
 
-
-
 def anchor_groups(samples, cluster: Cluster, cost: CostModel, narrowings: int = 0):
     """Per-sample arrays, anchor widths, and the groups laid out widest first: (start, width)
     per anchor, in `anchors` order, then SP1 groups over the remaining ranks.

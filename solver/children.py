@@ -132,7 +132,7 @@ def _greedy(p: ChildProblem, target: float, swaps: bool = True) -> ChildSolution
             continue
         li, ni = lin_of[i], len_of[i]
         best, best_t = -1, float("inf")
-        for c in fill.kinds():
+        for c in fill.shapes():
             k = fill.least_loaded(c, lambda k, need=-(-ni // c): rank_tokens[k] + need <= budget)
             if k >= 0:
                 t = p.child_time(c, lin[k] + li, tok[k] + ni)

@@ -1,9 +1,9 @@
 """The least-loaded-bin fill that the baseline assignment, the parent solver's joint fill and the
-child solver's greedy start share: bins grouped by kind, one heap per kind.
+child solver's greedy start share: bins grouped by shape, one heap per shape.
 
-Every bin of one kind prices a new item alike (same size, same cost line), and a bin's time only
-grows with its load, so the least-loaded bin of a kind that still has room is the only one of
-that kind an item needs to look at: a placement looks at one bin per kind, not at every bin.
+Every bin of one shape prices a new item alike (same size, same cost line), and a bin's time only
+grows with its load, so the least-loaded bin of a shape that still has room is the only one of
+that shape an item needs to look at: a placement looks at one bin per shape, not at every bin.
 
 Loads only grow. A bin whose load rose keeps its old, smaller key until it reaches the top of its
 heap, where it is re-keyed (lazy re-keying): a placement costs O(log bins), with no heap rebuild.
@@ -22,21 +22,21 @@ from collections.abc import Callable, Hashable
 
 
 class LeastLoaded:
-    """Heaps of (load, bin) per kind of bin; `load(bin)` gives a bin's current load."""
+    """Heaps of (load, bin) per shape of bin; `load(bin)` gives a bin's current load."""
 
     def __init__(self, load: Callable[[int], float]):
         self.load = load
         self.heaps: dict[Hashable, list[tuple[float, int]]] = {}
 
-    def add(self, kind: Hashable, b: int) -> None:
-        heapq.heappush(self.heaps.setdefault(kind, []), (self.load(b), b))
+    def add(self, shape: Hashable, b: int) -> None:
+        heapq.heappush(self.heaps.setdefault(shape, []), (self.load(b), b))
 
-    def kinds(self):
+    def shapes(self):
         return self.heaps.keys()
 
-    def least_loaded(self, kind: Hashable, has_room: Callable[[int], bool]) -> int:
-        """The least-loaded bin of `kind` for which has_room(bin) holds, or -1."""
-        heap, load = self.heaps[kind], self.load
+    def least_loaded(self, shape: Hashable, has_room: Callable[[int], bool]) -> int:
+        """The least-loaded bin of `shape` for which has_room(bin) holds, or -1."""
+        heap, load = self.heaps[shape], self.load
         found, skipped = -1, None  # no list made in the common case: a fresh top with room
         while heap:
             key, b = heap[0]

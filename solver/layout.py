@@ -86,7 +86,7 @@ class TokenLayout:
         """The groups whose ranks lie inside `outer`'s (a child layout's children of a parent)."""
         return [g for g in self.groups if outer.start <= g.start < outer.start + outer.size]
 
-    def local_segments(self, rank: int) -> list[tuple[int, int, int]]:
+    def local_chunks(self, rank: int) -> list[tuple[int, int, int]]:
         """(sample_id, first_token, stop_token) of every chunk `rank` holds, in local order."""
         g = self.group_of(rank)
         k = rank - g.start
@@ -327,7 +327,7 @@ def exchange_bytes(plans: Mapping[int, RankExchange], world_size: int, row_bytes
 
 def token_ids(layout: TokenLayout, rank: int) -> np.ndarray:
     """Global id (sample_id << 32 | position) of every local token of `rank`, in local order."""
-    parts = [(np.int64(s) << 32) + np.arange(a, b, dtype=np.int64) for s, a, b in layout.local_segments(rank)]
+    parts = [(np.int64(s) << 32) + np.arange(a, b, dtype=np.int64) for s, a, b in layout.local_chunks(rank)]
     return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
 

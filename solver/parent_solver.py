@@ -35,7 +35,7 @@ class _BinFill:
     A bin's time is its parent's cost.shared_time plus its own cost.rank_time, as PlanEstimate
     prices a parent. A sample joining a parent raises every bin of that parent by its full
     attention share, so keys go stale; they only grow, which the shared least-loaded fill
-    (solver.fill) relies on: one heap per kind of bin (parent size, bin size, own layout)."""
+    (solver.fill) relies on: one heap per shape of bin (parent size, bin size, own layout)."""
 
     def __init__(self, cluster: Cluster, cost: CostModel, linear: np.ndarray, full: np.ndarray, lengths: np.ndarray):
         self.cost, self.budget = cost, cluster.tokens_per_rank
@@ -95,7 +95,7 @@ class _BinFill:
     def place(self, i: int) -> int:
         """Put sample i where the bin it joins finishes earliest; -1 if no bin has room.
 
-        Per kind of bin, the heap's top is the answer when its key is fresh and it has room (the
+        Per shape of bin, the heap's top is the answer when its key is fresh and it has room (the
         common case, checked inline); otherwise LeastLoaded.least_loaded re-keys and skips."""
         n, lin, full = self.lengths[i], self.linear[i], self.full[i]
         budget, bin_rank_tokens, bin_parent, parent_rank_tokens = (
@@ -113,9 +113,9 @@ class _BinFill:
             self.bin_line,
             self.bin_own,
         )
-        best, best_t, best_kind = -1, float("inf"), None
-        for kind, heap in self.fill.heaps.items():
-            size, c = kind[0], kind[1]
+        best, best_t, best_shape = -1, float("inf"), None
+        for shape, heap in self.fill.heaps.items():
+            size, c = shape[0], shape[1]
             need = -(-n // c)
             if need > budget:
                 continue
@@ -124,7 +124,7 @@ class _BinFill:
             p = bin_parent[b]
             if key != parent_shared[p] + bin_own[b] or bin_rank_tokens[b] + need > budget or parent_rank_tokens[p] + need_parent > budget:
                 b = self.fill.least_loaded(
-                    kind,
+                    shape,
                     lambda b, need=need, need_parent=need_parent: (
                         bin_rank_tokens[b] + need <= budget and parent_rank_tokens[bin_parent[b]] + need_parent <= budget
                     ),
@@ -136,10 +136,10 @@ class _BinFill:
             a, fixed = bin_line[b]
             t = ((parent_full[p] + full) / size + parent_fixed[p]) + ((bin_linear[b] + lin + a * (bin_tokens[b] + n)) / c + fixed)
             if t < best_t:
-                best, best_t, best_kind = b, t, kind
+                best, best_t, best_shape = b, t, shape
         if best >= 0:
             self.add(best, i)
-            heap = self.fill.heaps[best_kind]
+            heap = self.fill.heaps[best_shape]
             if heap[0][1] == best:  # re-keyed at once (solver.fill); its siblings' entries when they surface
                 heapq.heapreplace(heap, (parent_shared[bin_parent[best]] + bin_own[best], best))
         return best

@@ -31,7 +31,7 @@ class _Kid:
         self.size, self.members, self.linear, self.tokens, self.rank_tokens = size, members, linear, tokens, rank_tokens
 
 
-class _Config:
+class _Membership:
     """Members of a parent with their sums, and its children (None: the parent's own layout)."""
 
     __slots__ = ("ids", "tokens", "linear", "full", "rank_tokens", "kids")
@@ -43,27 +43,27 @@ class _Config:
 class _GroupState:
     """One parent: its current configuration and estimated time, with O(children) trial moves."""
 
-    def __init__(self, group: Group, ids: list[int], ctx: _Context, kids: Kids | None = None):
-        self.group, self.ctx = group, ctx
+    def __init__(self, group: Group, ids: list[int], prices: _StepPrices, kids: Kids | None = None):
+        self.group, self.prices = group, prices
         self.size = group.size
-        self.wide = ctx.repack and group.size > ctx.cluster.gpus_per_node  # may have children
-        self.children_problem = ctx.children_problem(group.size)  # prices a child inside this parent
-        self.own_line = ctx.cost.child_line(group.size, group.size)
+        self.wide = prices.repack and group.size > prices.cluster.gpus_per_node  # may have children
+        self.children_problem = prices.children_problem(group.size)  # prices a child inside this parent
+        self.own_line = prices.cost.child_line(group.size, group.size)
         if kids is not None and self.wide:  # a start that comes with its children (the joint fill)
             self.config = self._config(ids, kids)
             self.time = self.price(self.config)
         else:
             self.set(ids)
 
-    def _config(self, ids, kids_members) -> _Config:
-        c, size = self.ctx, self.size
+    def _config(self, ids, kids_members) -> _Membership:
+        c, size = self.prices, self.size
         kids = None
         if kids_members is not None:
             kids = [_Kid(kid_size, list(m), *c.sums(m, kid_size)[1:]) for kid_size, m in kids_members]
         full, linear, tokens, rank_tokens = c.sums(ids, size)
-        return _Config(list(ids), tokens, linear, full, rank_tokens, kids)
+        return _Membership(list(ids), tokens, linear, full, rank_tokens, kids)
 
-    def set(self, ids: list[int], hint: _Config | None = None) -> None:
+    def set(self, ids: list[int], hint: _Membership | None = None) -> None:
         """New members. A trial move's configuration (`hint`) is taken as it is: its children are
         a valid assignment and its price an upper bound; the planner polishes the children it
         returns (children.polish_children). Without a hint the children are solved (quick)."""
@@ -71,31 +71,31 @@ class _GroupState:
             self.config, self.time = hint, self.price(hint)
             return
         kids = None
-        ids = sorted(ids, key=self.ctx.order.__getitem__)  # longest first, then by id
-        lens = tuple(map(self.ctx.length_of.__getitem__, ids))
-        if self.wide and ids and lens[0] <= self.ctx.node_cap:
-            sol = solve_sorted(lens, self.size, self.ctx.cluster, self.ctx.cost, True)
+        ids = sorted(ids, key=self.prices.order.__getitem__)  # longest first, then by id
+        lens = tuple(map(self.prices.length_of.__getitem__, ids))
+        if self.wide and ids and lens[0] <= self.prices.node_cap:
+            sol = solve_sorted(lens, self.size, self.prices.cluster, self.prices.cost, True)
             if sol is not None:
                 kids = [(c, [ids[i] for i in m]) for c, m in zip(sol.sizes, sol.members)]
         self.config = self._config(ids, kids)
         self.time = self.price(self.config)
 
-    def price(self, cf: _Config) -> float:
+    def price(self, cf: _Membership) -> float:
         """The parent's time in this configuration, as PlanEstimate prices it (from cached sums):
         the shared part plus the slowest child, or the own layout where that is faster (as
         children.solve_children decides)."""
         if not cf.ids:
             return 0.0
-        shared = self.ctx.cost.shared_time(cf.full, self.size)
+        shared = self.prices.cost.shared_time(cf.full, self.size)
         own = rank_time(cf.linear, cf.tokens, self.size, self.own_line)
         if cf.kids is not None:
             return shared + min(own, max(self.children_problem.child_time(k.size, k.linear, k.tokens) for k in cf.kids))
         return shared + own
 
-    def removing(self, a: int, cf: _Config | None = None) -> _Config:
+    def removing(self, a: int, cf: _Membership | None = None) -> _Membership:
         """The configuration without sample `a` (it leaves its child)."""
         cf = cf or self.config
-        c = self.ctx
+        c = self.prices
         n, lin = c.length_of[a], c.linear[a]
         kids = None
         if cf.kids is not None:
@@ -105,7 +105,7 @@ class _GroupState:
                 else _Kid(k.size, [s for s in k.members if s != a], k.linear - lin, k.tokens - n, k.rank_tokens - ceil_div(n, k.size))
                 for k in cf.kids
             ]
-        return _Config(
+        return _Membership(
             [s for s in cf.ids if s != a],
             cf.tokens - n,
             cf.linear - lin,
@@ -114,11 +114,11 @@ class _GroupState:
             kids,
         )
 
-    def adding(self, a: int, cf: _Config | None = None) -> _Config | None:
+    def adding(self, a: int, cf: _Membership | None = None) -> _Membership | None:
         """The configuration with sample `a`; None if it does not fit the token budget. It joins
         the child where it finishes earliest."""
         cf = cf or self.config
-        c = self.ctx
+        c = self.prices
         budget, n, lin = c.cluster.tokens_per_rank, c.length_of[a], c.linear[a]
         if cf.rank_tokens + ceil_div(n, self.size) > budget:
             return None
@@ -135,10 +135,13 @@ class _GroupState:
                 k = cf.kids[best]
                 kids = list(cf.kids)
                 kids[best] = _Kid(k.size, k.members + [a], k.linear + lin, k.tokens + n, k.rank_tokens + ceil_div(n, k.size))
-        return _Config(cf.ids + [a], cf.tokens + n, cf.linear + lin, cf.full + c.full[a], cf.rank_tokens + ceil_div(n, self.size), kids)
+        return _Membership(cf.ids + [a], cf.tokens + n, cf.linear + lin, cf.full + c.full[a], cf.rank_tokens + ceil_div(n, self.size), kids)
 
 
-class _Context:
+class _StepPrices:
+    """Per-sample prices of one step (linear, full-attention and whole-sample seconds), its child
+    problems by parent size, and the samples' longest-first order: what every _GroupState reads."""
+
     def __init__(self, length_of, cluster: Cluster, cost: CostModel, repack: bool = True):
         self.length_of, self.cluster, self.cost, self.repack = length_of, cluster, cost, repack
         self.node_cap = cluster.gpus_per_node * cluster.tokens_per_rank
@@ -201,8 +204,8 @@ def rebalance(
     MOVES_PER_PARENT per parent plus MOVES_BASE, capped at MAX_MOVES), and it stops once the last
     `window` moves together gained less than `min_gain` of the step time. repack=False: every
     parent keeps its own layout (the parent solver without repacking, a control)."""
-    ctx = _Context(length_of, cluster, cost.for_cluster(cluster), repack)
-    states = [_GroupState(g, list(g.samples), ctx, kids) for g, kids in start]
+    prices = _StepPrices(length_of, cluster, cost.for_cluster(cluster), repack)
+    states = [_GroupState(g, list(g.samples), prices, kids) for g, kids in start]
     max_moves = min(MOVES_PER_PARENT * len(states) + MOVES_BASE, MAX_MOVES) if max_moves is None else max_moves
     times = np.array([s.time for s in states])
     history = []  # the step time before each move
@@ -213,21 +216,21 @@ def rebalance(
         if len(history) > window and history[-window - 1] - cur < min_gain * cur:
             break
         src = states[worst]
-        by_cost = sorted(src.config.ids, key=lambda s: -ctx.sample_cost[s])
+        by_cost = sorted(src.config.ids, key=lambda s: -prices.sample_cost[s])
         # a spread of sizes: large samples move much load, small ones fine-tune
         picks = sorted(set(np.linspace(0, len(by_cost) - 1, min(n_samples, len(by_cost))).round().astype(int)))
         cands = [by_cost[i] for i in picks]
         near = np.argpartition(times, min(n_targets, len(times) - 1))[: n_targets + 1]
         targets = [int(k) for k in sorted(near, key=lambda k: (times[k], k)) if k != worst][:n_targets]
         # swap partners come from each target's members, costliest first
-        ranked = {k: sorted(states[k].config.ids, key=lambda b: -ctx.sample_cost[b]) for k in targets}
+        ranked = {k: sorted(states[k].config.ids, key=lambda b: -prices.sample_cost[b]) for k in targets}
         best = None
         for a in cands:
             out_w = src.removing(a)
             t_worst = src.price(out_w)
             if t_worst >= cur:
                 continue
-            cost_a = ctx.sample_cost[a]
+            cost_a = prices.sample_cost[a]
             for k in targets:
                 dst = states[k]
                 moved = dst.adding(a)
@@ -235,7 +238,7 @@ def rebalance(
                     t = max(t_worst, dst.price(moved))
                     if t < cur * (1 - 1e-9) and (best is None or t < best[0]):
                         best = (t, k, out_w, moved)
-                for b in [b for b in ranked[k] if ctx.sample_cost[b] < cost_a][:SWAP_PARTNERS]:
+                for b in [b for b in ranked[k] if prices.sample_cost[b] < cost_a][:SWAP_PARTNERS]:
                     into_k = dst.adding(a, dst.removing(b))
                     into_w = src.adding(b, out_w)
                     if into_k is None or into_w is None:

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from config import Cluster, HardwareConfig, ModelConfig, SettingError
-from model import HybridMoE, LocalContext, register_sparse_attention, varlen_attention
+from model import HybridMoE, LocalPlacement, register_sparse_attention, varlen_attention
 from model.attention import flash_available, torch_varlen_attention
 from solver import CostModel, make_plan, samples_from_lengths
 from solver.cost import attention_flops
@@ -169,8 +169,8 @@ def test_registering_a_sparse_kind_reaches_model_solver_and_simulator():
     register_sparse_attention("causal_test", mask=lambda qp, kp, p: qp >= kp, flops=strided_flops(1.5), params=params, overwrite=True)
     model = HybridMoE(cfg).double()
     tokens = torch.randint(0, cfg.vocab, (16,))
-    h, _ = model(tokens, LocalContext([11, 5], cfg, "torch"))
-    h_causal, _ = model(tokens, LocalContext([11, 5], cfg.replace(sparse_kind="causal_test"), "torch"))
+    h, _ = model(tokens, LocalPlacement([11, 5], cfg, "torch"))
+    h_causal, _ = model(tokens, LocalPlacement([11, 5], cfg.replace(sparse_kind="causal_test"), "torch"))
     assert torch.isfinite(h).all() and not torch.allclose(h, h_causal)
 
     # the solver and the simulator: they price the registered FLOPs. Doubling them adds exactly
@@ -199,6 +199,6 @@ def test_tied_embeddings_share_the_table_and_train():
     assert model.lm_head is None
     tokens = torch.randint(0, cfg.vocab, (9,))
     labels = torch.cat([tokens[1:5], torch.tensor([-100]), tokens[6:], torch.tensor([-100])])
-    loss = model.loss(tokens, labels, LocalContext([5, 4], cfg, "torch"), 7)
+    loss = model.loss(tokens, labels, LocalPlacement([5, 4], cfg, "torch"), 7)
     loss.backward()
     assert torch.isfinite(loss) and model.embed.weight.grad.abs().sum() > 0

@@ -21,6 +21,7 @@ def _body(rank, world, path):
             json.dump(profile, f)
 
 
+@pytest.mark.slow
 def test_a_quick_calibration_writes_a_profile_the_planners_accept(tmp_path, capsys):
     path = str(tmp_path / "profile.json")
     run_distributed(_body, 4, path)

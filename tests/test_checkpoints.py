@@ -160,6 +160,7 @@ class _nothing:
         return False
 
 
+@pytest.mark.slow
 def test_checkpoints_are_exact_atomic_checked_and_never_run_code(tmp_path):
     run_distributed(_body, 2, str(tmp_path))
     shutil.rmtree(tmp_path / "ck", ignore_errors=True)

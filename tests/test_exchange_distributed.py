@@ -1,6 +1,7 @@
 """Exchanges over gloo: 8 spawned ranks, emulated nodes of 2, compared with the single-process permutation."""
 
 import numpy as np
+import pytest
 import torch
 
 from config import Cluster
@@ -46,13 +47,13 @@ def _check_exchanges(rank, world, QKV):
     ref_out = exchange_all_ranks({r: ref_heads[r][:, : QKV[0] // 8].contiguous() for r in range(world)}, exit_, "torch")
     sum((ref_out[r] * weights[r]).sum() + ref_heads[r].sum() for r in range(world)).backward()
 
-    for path in ("torch", "triton"):
+    for backend in ("torch", "triton"):
         stats = CommStats(gpus_per_node=NODE)
         x = xs[rank].clone().requires_grad_()
-        heads = exchange(x, entry[rank], transport, path, stats, "full.entry")
+        heads = exchange(x, entry[rank], transport, backend, stats, "full.entry")
         assert torch.equal(heads, ref_heads[rank].detach())
         q_heads = heads[:, : QKV[0] // 8].contiguous()  # this rank's slice of the query heads
-        out = exchange(q_heads, exit_[rank], transport, path, stats, "full.exit")
+        out = exchange(q_heads, exit_[rank], transport, backend, stats, "full.exit")
         # entry then exit with the repacking layout returns every token to the rank the child layout names
         assert torch.equal(out, xs[rank][:, : QKV[0]])
         # the backward runs our _Exchange.backward (the inverse exchanges, over gloo); the yardstick
@@ -72,11 +73,12 @@ def _check_exchanges(rank, world, QKV):
         assert crossing > 0 or xs[rank].shape[0] == 0  # the parent spans nodes: entry bytes cross them
         # the sparse layers' own exchange stays inside the child: no byte crosses a node
         sp = token_to_head_plan(child, child)[rank]
-        y = exchange(xs[rank], exchange_args(sp, QKV), transport, path, stats, "sparse.entry")
+        y = exchange(xs[rank], exchange_args(sp, QKV), transport, backend, stats, "sparse.entry")
         assert y.shape[0] == sum(child.lengths[s] for s in child.group_of_rank()[rank].samples)
         assert stats.inter_node_bytes("sparse") == 0
 
 
+@pytest.mark.slow
 def test_exchange_over_gloo_matches_single_process_permutation():
     run_distributed(_body, WORLD)
 

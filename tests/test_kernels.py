@@ -45,11 +45,11 @@ def test_triton_pack_unpack_bit_exact_with_reference(plan, dtype, dim):
     dt = DTYPES[dtype]
     world = plan.cluster.world_size
     # 16 query heads split over every group drawn here; 2 key/value heads, replicated in SP4/SP8
-    segments = [16, 2, 2]
+    head_counts = [16, 2, 2]
     entry = token_to_head_plan(plan.child_layout, plan.parent_layout)
     for r in range(world):
-        a = exchange_args(entry[r], segments)
-        x = features(token_ids(plan.child_layout, r), sum(segments), dim, dt)
+        a = exchange_args(entry[r], head_counts)
+        x = features(token_ids(plan.child_layout, r), sum(head_counts), dim, dt)
         ref = gather_heads(x, a.pack_rows, a.pack_peers, a.pack_map, "torch")
         tri = gather_heads(x, a.pack_rows, a.pack_peers, a.pack_map, "triton")
         assert not torch.isnan(tri).any() and torch.equal(tri, ref)
@@ -71,8 +71,8 @@ def test_triton_pack_unpack_bit_exact_with_reference(plan, dtype, dim):
 @settings(
     max_examples=INTERPRETED_EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
 )
-@given(plan=small_plans(), path=st.sampled_from(["torch", "triton"]))
-def test_entry_then_exit_repacks_every_token_to_its_owner(plan, path):
+@given(plan=small_plans(), backend=st.sampled_from(["torch", "triton"]))
+def test_entry_then_exit_repacks_every_token_to_its_owner(plan, backend):
     from solver import head_token_ids, token_ids
 
     world, heads, dim = plan.cluster.world_size, 16, 5
@@ -82,14 +82,14 @@ def test_entry_then_exit_repacks_every_token_to_its_owner(plan, path):
     ent = {r: exchange_args(entry[r], [heads]) for r in range(world)}
     ext = {r: exchange_args(exit_[r], [heads]) for r in range(world)}
     xs = {r: features(token_ids(child, r), heads, dim, torch.float32) for r in range(world)}
-    hs = exchange_all_ranks(xs, ent, path)
+    hs = exchange_all_ranks(xs, ent, backend)
     by_rank = parent.group_of_rank()
     for r in range(world):
         g = by_rank[r]
         j = r - g.start
         want = features(head_token_ids(parent, g), heads, dim, torch.float32)[:, j * heads // g.size : (j + 1) * heads // g.size]
         assert torch.equal(hs[r], want)
-    back = exchange_all_ranks(hs, ext, path)
+    back = exchange_all_ranks(hs, ext, backend)
     for r in range(world):
         assert torch.equal(back[r], xs[r])
 
@@ -99,34 +99,35 @@ def test_qkv_travel_in_one_exchange_with_gqa_head_split():
     assert m.tolist() == [[0, 1, 2, 3, 8, 10], [4, 5, 6, 7, 9, 11]]
     # wider than the key/value heads: each rank gets the one its query heads attend to
     assert head_split_map([8, 2, 2], 4).tolist() == [[0, 1, 8, 10], [2, 3, 8, 10], [4, 5, 9, 11], [6, 7, 9, 11]]
-    with pytest.raises(ValueError, match="a head segment of 3 heads cannot be split over a group of 2 ranks"):
+    with pytest.raises(ValueError, match="a part of 3 heads cannot be split over a group of 2 ranks"):
         head_split_map([8, 3, 3], 2)
-    with pytest.raises(ValueError, match="a head segment of 2 heads cannot be split over a group of 4 ranks"):
+    with pytest.raises(ValueError, match="a part of 2 heads cannot be split over a group of 4 ranks"):
         head_split_map([2], 4)  # query heads are never replicated
 
 
 @pytest.mark.usefixtures("poison_empty")
-@pytest.mark.parametrize("path", ["torch", "triton"])
-def test_gqa_entry_sends_each_rank_its_kv_head_and_the_way_back_sums_the_replicas(path):
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_gqa_entry_sends_each_rank_its_kv_head_and_the_way_back_sums_the_replicas(backend):
     from solver import Group, TokenLayout, head_token_ids, token_ids
 
     lengths = {0: 9, 1: 5, 2: 1}
     parent = TokenLayout((Group(0, 4, (0, 1, 2)),), lengths)
     child = TokenLayout((Group(0, 2, (0,)), Group(2, 1, (1,)), Group(3, 1, (2,))), lengths)
-    segments, dim = [8, 2, 2], 3  # SP4 over 2 key/value heads: each replicated on 2 ranks
+    head_counts, dim = [8, 2, 2], 3  # SP4 over 2 key/value heads: each replicated on 2 ranks
     entry = token_to_head_plan(child, parent)
-    ent = {r: exchange_args(entry[r], segments) for r in range(4)}
+    ent = {r: exchange_args(entry[r], head_counts) for r in range(4)}
     xs = {r: features(token_ids(child, r), 12, dim, torch.float64) for r in range(4)}
-    heads = exchange_all_ranks(xs, ent, path)
+    heads = exchange_all_ranks(xs, ent, backend)
     whole = features(head_token_ids(parent, parent.groups[0]), 12, dim, torch.float64)
     for j in range(4):  # rank j: query heads 2j, 2j+1 and the key/value head j // 2 they attend to (8 // 2 per KV head)
         want = torch.cat([whole[:, 2 * j : 2 * j + 2], whole[:, 8 + j // 2 : 9 + j // 2], whole[:, 10 + j // 2 : 11 + j // 2]], dim=1)
         assert torch.equal(heads[j], want)
-    back = exchange_all_ranks(heads, {r: a.inverse() for r, a in ent.items()}, path)
+    back = exchange_all_ranks(heads, {r: a.inverse() for r, a in ent.items()}, backend)
     for r in range(4):  # the backward: each query head once, each key/value head from its 2 replicas
         assert torch.equal(back[r][:, :8], xs[r][:, :8]) and torch.equal(back[r][:, 8:], 2 * xs[r][:, 8:])
 
 
+@pytest.mark.slow
 def test_gpu_check_script_runs_its_cpu_smoke_and_refuses_without_cuda(tmp_path):
     import json
 

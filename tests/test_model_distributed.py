@@ -10,7 +10,7 @@ import torch.distributed as dist
 import model.distributed as model_distributed
 from config import MODES, Cluster, CostsConfig, HardwareConfig, ModelConfig
 from kernels.exchange import AlignedGroups, CommStats
-from model import HybridMoE, LocalContext, next_token_labels
+from model import HybridMoE, LocalPlacement, next_token_labels
 from model.distributed import LayoutError, label_count, run_step, validate
 from model.sharding import full_tensor, shard_model
 from solver import CostModel, Group, ParentPlan, StepPlan, make_plan, samples_from_lengths
@@ -67,7 +67,7 @@ def reference(lengths, cfg=CFG):
     ids = list(range(len(lengths)))
     tokens = torch.as_tensor(np.concatenate([toks[i] for i in ids]))
     labels = torch.as_tensor(np.concatenate(next_token_labels([toks[i] for i in ids])))
-    loss = model.loss(tokens, labels, LocalContext(lengths, cfg, "torch"), sum(n - 1 for n in lengths))
+    loss = model.loss(tokens, labels, LocalPlacement(lengths, cfg, "torch"), sum(n - 1 for n in lengths))
     loss.backward()
     return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
 
@@ -85,16 +85,16 @@ def _body(rank, world, refs):
         # ones, which already hold the replicated (SP8) and split (SP2) key/value heads
         plans = solver_plans(cfg) if name == "mha" else solver_plans(cfg)[2:3]
         for plan in plans + [base, rep]:
-            # the Triton kernels move data bit-exactly like the torch path (test_kernels); here they
+            # the Triton kernels move data bit-exactly like the torch pack (test_kernels); here they
             # run once per head layout, on the hand-made repacked plan, to show the whole step through them
-            for path in ("torch", "triton") if plan is rep else ("torch",):
+            for pack in ("torch", "triton") if plan is rep else ("torch",):
                 model = make_model(cfg)
                 stats = CommStats(gpus_per_node=NODE)
-                loss = run_step(model, plan, sample_tokens(LENGTHS), groups, path, "torch", stats)
+                loss = run_step(model, plan, sample_tokens(LENGTHS), groups, pack, "torch", stats)
                 torch.testing.assert_close(loss, ref_loss, rtol=1e-10, atol=1e-12)
                 for n, p in model.named_parameters():
-                    torch.testing.assert_close(p.grad, ref_grads[n], rtol=1e-9, atol=1e-11, msg=f"{name} {plan.mode} {path} {n}")
-                counts[(plan.hash, path)] = stats
+                    torch.testing.assert_close(p.grad, ref_grads[n], rtol=1e-9, atol=1e-11, msg=f"{name} {plan.mode} {pack} {n}")
+                counts[(plan.hash, pack)] = stats
         if name == "mha":  # FSDP2: the same loss, and the gathered gradients, in the paper's three modes
             # with each activation-recompute setting once (recompute re-runs exchanges and kernels:
             # the same numbers)
@@ -136,6 +136,7 @@ def _body(rank, world, refs):
             assert counted.tolist() == priced, (name, plan.mode, counted.tolist(), priced)
 
 
+@pytest.mark.slow
 def test_distributed_step_matches_single_process_in_every_mode():
     refs = {name: reference(LENGTHS, cfg) for name, cfg in CONFIGS.items()}  # once, here; every rank compares with them
     run_distributed(_body, WORLD, refs)

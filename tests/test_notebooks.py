@@ -19,6 +19,7 @@ def test_notebooks_are_committed_without_outputs():
         assert all(not c.get("outputs") for c in nb.cells if c.cell_type == "code"), name
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", NOTEBOOKS)
 def test_notebook_runs(name, tmp_path, monkeypatch):
     results = tmp_path / "results"

@@ -40,6 +40,7 @@ def losses(folder):
     return {r["step"]: r["loss"] for r in rows}
 
 
+@pytest.mark.slow
 def test_three_modes_same_losses_results_parse_and_resume_matches(tmp_path):
     # one step in every mode (no optimizer updates between them): the same losses. 4 ranks in
     # nodes of 1 (half the start-up of 8): step 0's SP2 parent spans two nodes and is repacked
@@ -86,6 +87,7 @@ def test_three_modes_same_losses_results_parse_and_resume_matches(tmp_path):
     assert losses(tmp_path / "resumed") == full
 
 
+@pytest.mark.slow
 def test_a_sample_too_long_for_the_cluster_fails_before_step_1_with_its_reason(tmp_path):
     trace = tmp_path / "t.csv"
     trace.write_text("step,length\n0,10\n1,10\n1,100000\n")
@@ -116,7 +118,15 @@ def test_corrupt_token_files_are_clear_errors(tmp_path):
     (tmp_path / "junk.npy").write_bytes(b"not an array")
     with pytest.raises(InputError, match="not a readable .npy array"):
         TokenFileSource(str(tmp_path / "junk.npy"), str(offs), 100, 97)
-    p = torchrun(2, "--tokens", str(tmp_path / "junk.npy"), "--doc-offsets", str(offs), "--out", str(tmp_path / "o"), timeout=120)
+
+
+@pytest.mark.slow
+def test_a_corrupt_token_file_ends_the_run_under_torchrun_with_its_reason(tmp_path):
+    (tmp_path / "junk.npy").write_bytes(b"not an array")
+    np.save(tmp_path / "off.npy", np.array([0, 8, 20]))
+    p = torchrun(
+        2, "--tokens", str(tmp_path / "junk.npy"), "--doc-offsets", str(tmp_path / "off.npy"), "--out", str(tmp_path / "o"), timeout=120
+    )
     assert p.returncode != 0 and "not a readable .npy array" in p.stderr
 
 

@@ -65,6 +65,7 @@ def _hash_body(rank, world):
     agree_across_ranks({"mode": "repack", "seed": 0}, world)
 
 
+@pytest.mark.slow
 def test_plan_hash_or_run_settings_that_differ_across_ranks_fail_on_every_rank():
     run_distributed(_hash_body, 4)
 

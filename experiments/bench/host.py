@@ -5,8 +5,8 @@
 
 A benchmark, not a test: for each cluster size it plans one default step (repack+solver) and
 times, for a spread of ranks, the host work of model.distributed.run_step before the forward:
-the DistributedContext (the rank's four exchanges - full-layer entry and exit, sparse-layer
-entry and exit - with their device index tensors, both attention sites' segments, the rotary
+the RankPlacement (the rank's four exchanges - full-layer entry and exit, sparse-layer
+entry and exit - with their device index tensors, both attention sites' cu_seqlens, the rotary
 tables) and the rank's tokens and labels (local_batch). Targets: < 10 ms at 1024 ranks and
 < 40 ms at 4096 (the worst rank). Writes results/host_bench.csv.
 """
@@ -31,7 +31,7 @@ from experiments.common.files import check_output_dir
 from experiments.common.provenance import provenance
 from experiments.common.workload import generate_steps
 from experiments.train.data import random_tokens
-from model.distributed import DistributedContext
+from model.distributed import RankPlacement
 from solver import CostModel, make_plan, samples_from_lengths
 
 TARGETS_MS = {1024: 10.0, 4096: 40.0}
@@ -39,7 +39,7 @@ TARGETS_MS = {1024: 10.0, 4096: 40.0}
 
 def rank_host_work(plan, cfg: ModelConfig, rank: int, tokens: dict[int, np.ndarray]) -> None:
     """What run_step builds for `rank` from a plan before the forward (on the CPU device)."""
-    ctx = DistributedContext(plan, cfg, rank, groups=None)  # no exchange runs here: no process groups needed
+    ctx = RankPlacement(plan, cfg, rank, groups=None)  # no exchange runs here: no process groups needed
     ctx.local_batch(tokens)
     ctx.rotary.tables(torch.float32)  # made on first use, in the first layer
 

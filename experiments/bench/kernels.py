@@ -99,16 +99,16 @@ def main(argv=None):
     groups = [8, 16, 32]
     paths = ["triton", "torch"] if cuda else ["torch"]
     ctx = provenance()
-    segs = [m.n_heads, m.n_kv_heads, m.n_kv_heads]
-    print(f"device: {ctx['device']}  commit {ctx['commit']}  dtype bf16  heads {segs} x {m.head_dim}")
+    head_counts = [m.n_heads, m.n_kv_heads, m.n_kv_heads]
+    print(f"device: {ctx['device']}  commit {ctx['commit']}  dtype bf16  heads {head_counts} x {m.head_dim}")
     if not cuda:
         print("NOTE: no CUDA device: torch path on CPU only. These are NOT GPU figures; run on a GPU for the kernel targets.")
     rows = []
     print(f"{'tokens':>7} {'P':>3} {'op':>7} {'MB':>8} {'copy GB/s':>10} " + " ".join(f"{p + ' GB/s':>12} {'/copy':>6}" for p in paths))
     for n in tokens:
-        x = torch.randn(n, sum(segs), m.head_dim, device=dev).to(dtype)
+        x = torch.randn(n, sum(head_counts), m.head_dim, device=dev).to(dtype)
         for p in groups:
-            a = exchange_args(_EntryPlan(n, p), segs, dev)
+            a = exchange_args(_EntryPlan(n, p), head_counts, dev)
             send = gather_heads(x, a.pack_rows, a.pack_peers, a.pack_map, "torch")
             mb = x.numel() * x.element_size() / 1e6
             t_copy = _time(x.clone, cuda)

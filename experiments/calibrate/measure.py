@@ -85,16 +85,16 @@ def measure_all_to_all(groups: AlignedGroups, node: int, sizes: list[int], cfg: 
     from solver import Group, TokenLayout, token_to_head_rank  # noqa: PLC0415
 
     rank, world = dist.get_rank(), dist.get_world_size()
-    segments = [cfg.n_heads, cfg.n_kv_heads, cfg.n_kv_heads]
-    row = sum(segments) * cfg.head_dim * torch.tensor([], dtype=dtype).element_size()  # one token's Q, K and V
+    head_counts = [cfg.n_heads, cfg.n_kv_heads, cfg.n_kv_heads]
+    row = sum(head_counts) * cfg.head_dim * torch.tensor([], dtype=dtype).element_size()  # one token's Q, K and V
     transport = dist_transport(groups)
     rows, p = [], 2
     while p <= world:
         for per_peer in sizes:
             n = max(1, per_peer * p // row)  # tokens per rank: each peer gets 1/p of every token's heads
             layout = TokenLayout(tuple(Group(s, p, (s,)) for s in range(0, world, p)), {s: n * p for s in range(0, world, p)})
-            args = exchange_args(token_to_head_rank(layout, layout, rank), segments, device)
-            x = torch.zeros(n, sum(segments), cfg.head_dim, device=device, dtype=dtype)
+            args = exchange_args(token_to_head_rank(layout, layout, rank), head_counts, device)
+            x = torch.zeros(n, sum(head_counts), cfg.head_dim, device=device, dtype=dtype)
             t = timed(lambda: exchange(x, args, transport, "torch"), device, repeats)  # noqa: B023
             rows.append({"group_size": p, "spans_nodes": p > node, "bytes_per_peer": n * row // p, "seconds": t})
         p *= 2
@@ -189,11 +189,11 @@ def measure_token_work(cfg: ModelConfig, tokens: int, device, dtype, repeats: in
 def measure_layer_overhead(cfg: ModelConfig, backend: str, device, dtype, repeats: int) -> float:
     """Seconds of one whole layer (norms, projections, rotary, attention, experts), forward +
     backward, on a single token: its fixed cost, whatever the tokens."""
-    from model import LocalContext  # noqa: PLC0415
+    from model import LocalPlacement  # noqa: PLC0415
 
     torch.manual_seed(0)
     model = HybridMoE(cfg).to(device=device, dtype=dtype)
-    ctx = LocalContext([1], cfg, backend, device)
+    ctx = LocalPlacement([1], cfg, backend, device)
     x = torch.randn(1, cfg.hidden, device=device, dtype=dtype, requires_grad=True)
 
     def step():

@@ -4,7 +4,7 @@
     python3 -m experiments.gpu_check --cpu-smoke                  # here: check 1 only, interpreted
 
 1. Triton pack/unpack against the torch reference on CUDA tensors, bit for bit, with every fresh
-   buffer NaN-poisoned: fp32/bf16/fp16, head dims 1/63/128, Q+K+V (GQA) segments, the entry and
+   buffer NaN-poisoned: fp32/bf16/fp16, head dims 1/63/128, Q+K+V (GQA) head_counts, the entry and
    exit exchanges of solver plans in every mode.
 2. The kernel benchmark (experiments.bench.kernels) with the targets checked: at 64 MB and more,
    Triton at least 80% of the device-copy bandwidth and faster than the torch path.
@@ -67,12 +67,12 @@ def check_bit_exact(device: torch.device, quick: bool) -> dict:
     compared, failures = 0, []
     with nan_poisoned_empty():
         for plan in _plans(world, g, budget, seed=0, modes=("repack",) if quick else MODES):
-            segments = [heads] if plan.widest_parent > 8 else [heads, 8, 8]
+            head_counts = [heads] if plan.widest_parent > 8 else [heads, 8, 8]
             entry = token_to_head_plan(plan.child_layout, plan.parent_layout)
             exit_ = head_to_token_plan(plan.parent_layout, plan.child_layout)
             for kind, ex in (("entry", entry), ("exit", exit_)):
                 for r in range(world):
-                    a = exchange_args(ex[r], segments, device)
+                    a = exchange_args(ex[r], head_counts, device)
                     for dt in dtypes:
                         for dim in dims:
                             x = torch.randn(a.n_in, a.in_heads, dim, device=device).to(DTYPES[dt])

@@ -46,7 +46,7 @@ class ReportOptions(Section):
     SECTION = "report"
 
     results: str = setting("results", "the folder of the results the docs are rendered from", NON_EMPTY)
-    docs: str = setting("docs", "the folder of the docs whose marked blocks are rendered", NON_EMPTY)
+    docs: str = setting("docs", "the folder of the docs whose marked blocks are rendered (and the README beside it)", NON_EMPTY)
     strict: bool = setting(False, "fail when a block's results are missing, instead of keeping its old content")
     progress: bool = options.progress()
 
@@ -54,7 +54,12 @@ class ReportOptions(Section):
 COMMAND = Command("experiments.report", __doc__, (ReportOptions,))
 
 
-def provenance_line(prov: list[dict]) -> str:
+def provenance_line(prov: list[dict], commits: bool = True) -> str:
+    """What a block was rendered from: each source's command, commit, device and date (commits=False:
+    the README's short form, which points to docs/ for the rest)."""
+    if not commits:
+        made = ", ".join(f"`{p['command']}`" for p in prov if p.get("command"))
+        return f"<sub>Rendered by `python -m experiments.report` from the results of {made}; with provenance in docs/results.md.</sub>"
     parts = []
     for p in prov:
         when = (p.get("time_utc") or "")[:10]
@@ -64,26 +69,30 @@ def provenance_line(prov: list[dict]) -> str:
     return "<sub>Rendered by `python -m experiments.report` from " + "; ".join(parts) + ".</sub>"
 
 
-def render_block(name: str, args: list[str], results: str, docs: str) -> str:
+def render_block(name: str, args: list[str], results: str, docs: str, here: str, commits: bool = True) -> str:
+    """One block's markdown; `here` is the folder of the file it goes into (image links are relative to it)."""
     paths = [os.path.join(results, a) for a in args]
     if name == "figure":
         path, prov = figures.render(args[0], paths[1:], os.path.join(docs, "figures"))
-        return f"![{args[0]}]({os.path.relpath(path, docs)})\n\n{provenance_line(prov)}\n"
+        return f"![{args[0]}]({os.path.relpath(path, here)})\n\n{provenance_line(prov, commits)}\n"
     if name not in RENDERERS:
         raise KeyError(f"no renderer {name!r}; renderers: {sorted(RENDERERS)} and figure")
     text, prov = RENDERERS[name](*paths)
-    return f"{text}\n\n{provenance_line(prov)}\n"
+    return f"{text}\n\n{provenance_line(prov, commits)}\n"
 
 
 def render_doc(path: str, results: str, docs: str) -> tuple[str, list[str]]:
-    """The doc's text with every block rendered, and what could not be (missing results)."""
+    """The doc's text with every block rendered, and what could not be (missing results). The
+    README's blocks carry no commit hashes (its provenance is the docs')."""
     text = open(path).read()
+    here = os.path.dirname(os.path.abspath(path))
+    commits = os.path.basename(path) != "README.md"
     missing: list[str] = []
 
     def one(m: re.Match) -> str:
         name, args = m.group("name"), m.group("args").split()
         try:
-            body = render_block(name, args, results, docs)
+            body = render_block(name, args, results, docs, here, commits)
         except FileNotFoundError as e:
             first = os.path.relpath(str(e.args[0]), results).split(os.sep)[0]
             writer = WRITERS.get(first.removesuffix(".csv").removesuffix("_joint"), "its experiment")
@@ -100,7 +109,9 @@ def main(argv=None) -> int:
     except USER_ERRORS as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    readme = os.path.join(os.path.dirname(os.path.abspath(opts.docs)), "README.md")
     docs = sorted(os.path.join(opts.docs, f) for f in os.listdir(opts.docs) if f.endswith(".md"))
+    docs += [readme] if os.path.exists(readme) else []
     missing, rendered = [], 0
     for path in docs:
         try:

@@ -92,6 +92,22 @@ def ablation(folder: str) -> tuple[str, list[dict]]:
     return text, [run_provenance(s, folder)]
 
 
+def headline(folder: str) -> tuple[str, list[dict]]:
+    """The README's headline: the paper's modes and the one beyond it, ours next to the paper's."""
+    _, s = _read(folder)
+    over = s["over_seeds"]
+    out = []
+    for m in ("repack", "repack+solver", "repack+widths"):
+        if m not in over:
+            continue
+        paper = PAPER.get(m)
+        theirs = f"{paper['time_change_pct']:+.2f}%, {paper['mfu_change_pp']:+.2f} pp" if paper else "(beyond the paper)"
+        ours = f"{over[m]['time_change_pct']['mean']:+.1f}%, {over[m]['mfu_change_pp']['mean']:+.1f} pp"
+        out.append([MODE_NOTES.get(m, m), ours, theirs])
+    text = table(["mode", "ours: step time, MFU vs baseline (mean over 5 seeds)", "the paper"], out)
+    return text, [run_provenance(s, folder)]
+
+
 def variant_label(cfg: dict) -> str:
     c = cfg["costs"]
     paid = c["recompute"] != "none" or c["moe_all_to_all"] or c["grad_sync"] or c["optimizer"] or c["router_sync"]
@@ -306,6 +322,7 @@ def settings(*names: str) -> tuple[str, list[dict]]:
 
 RENDERERS: dict[str, Callable[..., tuple[str, list[dict]]]] = {
     "ablation": ablation,
+    "headline": headline,
     "ablation-variants": ablation_variants,
     "breakdown": breakdown,
     "sweep": sweep,

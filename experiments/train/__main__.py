@@ -41,7 +41,7 @@ from experiments.common import options
 from experiments.common.errors import USER_ERRORS
 from experiments.common.settings import MODEL_CHOICES
 from experiments.train.driver import check_options, train
-from kernels.permute import PATHS
+from kernels.permute import PACK_BACKENDS
 from model.attention import BACKENDS
 from model.sharding import SHARDINGS
 
@@ -55,7 +55,7 @@ class TrainOptions(Section):
     tokens: str = setting(None, "a token file: a .npy of uint16/uint32 ids, memory-mapped (with --doc-offsets)", kind=str)
     doc_offsets: str = setting(None, "document offsets .npy [n_docs + 1] of --tokens", kind=str)
     dtype: str = setting("fp32", "parameter dtype (bf16 autocast on CUDA)", choices=("fp32", "fp64"))
-    pack_backend: str = setting("auto", "pack/unpack kernels: auto (Triton on CUDA, torch elsewhere), triton, torch", choices=PATHS)
+    pack_backend: str = setting("auto", "pack/unpack kernels: auto (Triton on CUDA, torch elsewhere), triton, torch", choices=PACK_BACKENDS)
     attn_backend: str = options.attn_backend(BACKENDS)
     shard: str = setting("fsdp", "fsdp: FSDP2 over every rank; none: replicated parameters, bucketed all-reduce", choices=SHARDINGS)
     save_every: int = setting(0, "checkpoint every N steps (0: never)", NON_NEGATIVE_INT)

@@ -1,0 +1,62 @@
+"""The estimate of a parent's time, written out slowly and readably: the definition the solvers' fast
+paths re-type for speed (PlanEstimate.parent_time and parent_times, the parent solver's joint fill
+_BinFill, the rebalance's trial moves _GroupState.price, the child solver's ChildProblem.child_time),
+and that tests/test_reference.py checks each of them against on random instances.
+
+It reads only the cost model's per-sample costs (CostModel.full_cost, linear_cost) and its
+exchange timeline (CostModel.layer_exchange_time, what the simulator charges a rank), at the
+groups' real positions: none of the cached cost lines the fast paths use.
+
+A parent's time is what its slowest rank spends on the work the layout decides:
+- every rank of the parent does 1/P of each of its samples' full attention (all passes), and
+  waits for its full layers' exchange calls (their latency);
+- each child's ranks split the child's samples evenly: their token-wise and sparse-attention
+  work, their own exchanges at every sparse layer, and their share of the parent's exchanges at
+  every full layer (bytes per token: the rank's rows go to the parent's peers);
+the parent's time is the shared part plus its slowest child's. The step's estimate is its slowest
+parent's time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from .cost import CostModel
+from .layout import Group
+from .plan import ParentPlan
+
+
+def shared_time(parent: Group, length_of: Mapping[int, int], cost: CostModel) -> float:
+    """Seconds every rank of `parent` spends on its full attention and its full layers' exchange latencies."""
+    full_attention = sum(float(cost.full_cost(length_of[s])) for s in parent.samples) / parent.size
+    latencies = cost.model.n_full * cost.layer_exchange_time(0.0, parent.start, parent.size, parent.start)
+    return full_attention + latencies
+
+
+def child_time(child: Group, parent: Group, length_of: Mapping[int, int], cost: CostModel) -> float:
+    """Seconds a rank of `child` (inside `parent`; the parent itself when it is not repacked) spends
+    on everything that runs in the child layout, with its tokens split evenly over the child."""
+    m = cost.model
+    tokens_per_rank = sum(length_of[s] for s in child.samples) / child.size
+    work = sum(float(cost.linear_cost(length_of[s])) for s in child.samples) / child.size
+    rank = child.start
+    sparse_exchanges = m.n_sparse * cost.layer_exchange_time(tokens_per_rank, child.start, child.size, rank)
+    full_bytes = cost.layer_exchange_time(tokens_per_rank, parent.start, parent.size, rank) - cost.layer_exchange_time(
+        0.0, parent.start, parent.size, rank
+    )
+    return work + sparse_exchanges + m.n_full * full_bytes
+
+
+def parent_time(parent: ParentPlan, length_of: Mapping[int, int], cost: CostModel) -> float:
+    """Seconds of one parent plan: its shared part plus its slowest child's (0 for an empty parent)."""
+    g = parent.group
+    if not g.samples:
+        return 0.0
+    return shared_time(g, length_of, cost) + max(child_time(c, g, length_of, cost) for c in parent.children)
+
+
+def best_layout_time(group: Group, children: tuple[Group, ...], length_of: Mapping[int, int], cost: CostModel) -> float:
+    """Seconds of a wide parent that takes the faster of its children and its own layout (what the
+    child solver decides, and the rebalance's trial moves price)."""
+    own = ParentPlan(group, (group,), "its own layout")
+    return min(parent_time(own, length_of, cost), parent_time(ParentPlan(group, children), length_of, cost))

@@ -1,0 +1,186 @@
+"""The solvers' fast paths price a parent as the slow, readable definition does (solver.reference):
+PlanEstimate (one parent, and many at once with numpy), the parent solver's joint fill (a bin's
+time, and the bin a placement picks), the rebalance's trial moves, and the child solver's child
+time, on random parents, children, samples and hardware."""
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from config import Cluster, CostsConfig, HardwareConfig, ModelConfig
+from solver import CostModel, Group, make_plan
+from solver import reference as ref
+from solver.children import child_problem
+from solver.estimate import PlanEstimate
+from solver.parent_solver import _BinFill
+from solver.plan import NODE_LOCAL, ParentPlan
+from solver.rebalance import _GroupState, _StepPrices
+from tests.strategies import batches, clusters
+
+REL = 1e-9  # the fast paths sum in another order
+
+
+@st.composite
+def costs(draw):
+    """A cost model with every term switched on somewhere: both ratio readings, latencies inside
+    and across nodes, every recompute."""
+    model = ModelConfig.from_name(draw(st.sampled_from(["tiny", "tiny-gqa", "paper"])))
+    hw = HardwareConfig(
+        ratio_reading=draw(st.sampled_from(["group", "link"])),
+        inter_intra_ratio=draw(st.sampled_from([1.0, 3.5, 7.0])),
+        a2a_latency=draw(st.sampled_from([0.0, 25e-6])),
+        a2a_inter_latency=draw(st.sampled_from([0.0, 1e-3])),
+    )
+    return CostModel(model, hw, costs=CostsConfig(recompute=draw(st.sampled_from(["full", "selective", "none"]))))
+
+
+@st.composite
+def node_split(draw, node: int) -> list[int]:
+    """A node's ranks cut into aligned power-of-two children, in rank order."""
+    if node == 1 or draw(st.booleans()):
+        return [node]
+    return draw(node_split(node // 2)) + draw(node_split(node // 2))
+
+
+@st.composite
+def parents(draw):
+    """(cluster, cost, parent plan, length_of): a parent (wide or node-local) at an aligned start,
+    its node-local children (or itself), and samples assigned to them at random."""
+    node = draw(st.sampled_from([1, 2, 4, 8]))
+    size = node * draw(st.sampled_from([1, 2, 4]))
+    cluster = Cluster(2 * size, node, 4096)
+    start = draw(st.sampled_from([0, size]))
+    sizes = [c for _ in range(size // node) for c in draw(node_split(node))] if size > node else [size]
+    n = draw(st.integers(1, 14))
+    lengths = draw(st.lists(st.one_of(st.integers(1, 256), st.integers(256, 3 * 4096)), min_size=n, max_size=n))
+    owner = draw(st.lists(st.integers(0, len(sizes) - 1), min_size=n, max_size=n))
+    at, children = start, []
+    for k, c in enumerate(sizes):
+        children.append(Group(at, c, tuple(i for i in range(n) if owner[i] == k)))
+        at += c
+    group = Group(start, size, tuple(range(n)))
+    repacked = size > node
+    plan = ParentPlan(group, tuple(children) if repacked else (group,), "" if repacked else NODE_LOCAL)
+    return cluster, draw(costs()).for_cluster(cluster), plan, dict(enumerate(lengths))
+
+
+@given(parents())
+def test_plan_estimate_prices_a_parent_as_the_reference(case):
+    cluster, cost, plan, length_of = case
+    est = PlanEstimate(length_of, cluster, cost)
+    own = ParentPlan(plan.group, (plan.group,), "its own layout")
+    want = [ref.parent_time(plan, length_of, cost), ref.parent_time(own, length_of, cost)]
+    assert est.parent_time(plan) == pytest.approx(want[0], rel=REL)
+    np.testing.assert_allclose(est.parent_times([plan, own]), want, rtol=REL)
+
+
+@given(st.data())
+def test_every_modes_plan_is_priced_as_the_reference(data):
+    cluster = data.draw(clusters(max_nodes=4))
+    samples = data.draw(batches(cluster, fill=0.6))
+    cost = data.draw(costs()).for_cluster(cluster)
+    length_of = {s.id: s.length for s in samples}
+    est = PlanEstimate(length_of, cluster, cost)
+    for mode in ("baseline", "repack", "repack+solver", "repack+widths"):
+        plan = make_plan(samples, cluster, cost, mode)
+        want = [ref.parent_time(p, length_of, cost) for p in plan.parents]
+        np.testing.assert_allclose(est.parent_times(plan.parents), want, rtol=REL, err_msg=mode)
+
+
+@given(parents(), st.data())
+def test_the_joint_fill_prices_a_bin_and_places_a_sample_as_the_reference(case, data):
+    """Two parents: the case's (wide with children, or node-local) and one of half its width in its
+    own layout on the other half of the cluster (a sample's full attention weighs differently on
+    the two); the first samples go where the plan has them, the rest by place(),
+    which must pick the bin where the sample finishes earliest."""
+    cluster, cost, plan, length_of = case
+    n = len(length_of)
+    lengths = np.array([length_of[i] for i in range(n)])
+    fill = _BinFill(cluster, cost, cost.linear_cost(lengths), cost.full_cost(lengths), lengths)
+    g = plan.group
+    other = Group(cluster.world_size // 2 - g.start, max(1, g.size // 2), ())
+    bins = {0: fill.add_parent(g.size, [c.size for c in plan.children] if plan.repacked else None), 1: fill.add_parent(other.size, None)}
+    layouts = {0: (g, plan.children), 1: (other, (other,))}
+    for i in range(data.draw(st.integers(0, n // 2))):  # at least half the samples go through place()
+        fill.add(bins[0][next(k for k, c in enumerate(plan.children) if i in c.samples)], i)
+
+    def bin_time(b: int, extra: tuple[int, ...] = ()) -> float:
+        """The reference's time of bin b (its parent's shared part and the child it is), with `extra` samples added."""
+        p = fill.bin_parent[b]
+        parent, children = layouts[p]
+        parent = Group(parent.start, parent.size, tuple(fill.parent_members[p]) + extra)
+        child = children[bins[p].index(b)]
+        child = parent if child.size == parent.size else Group(child.start, child.size, tuple(fill.bin_members[b]) + extra)
+        return ref.shared_time(parent, length_of, cost) + ref.child_time(child, parent, length_of, cost)
+
+    every = bins[0] + bins[1]
+    for b in every:
+        assert fill.time(b) == pytest.approx(bin_time(b), rel=REL)
+    budget = cluster.tokens_per_rank
+    for i in range(len(fill.parent_members[0]), n):
+        room = [
+            b
+            for b in every
+            if fill.bin_rank_tokens[b] - (-length_of[i] // fill.bin_size[b]) <= budget
+            and fill.parent_rank_tokens[fill.bin_parent[b]] - (-length_of[i] // fill.parent_size[fill.bin_parent[b]]) <= budget
+        ]
+        best = min((bin_time(b, (i,)) for b in room), default=None)
+        b = fill.place(i)
+        if best is None:
+            assert b == -1
+            continue
+        assert bin_time(b) == pytest.approx(best, rel=REL), "the fill put the sample where it does not finish earliest"
+        assert fill.time(b) == pytest.approx(bin_time(b), rel=REL)
+
+
+@given(parents(), st.data())
+def test_the_rebalance_prices_trial_moves_as_the_reference(case, data):
+    cluster, cost, plan, length_of = case
+    g = plan.group
+    if not plan.repacked:
+        return  # trial moves of children: a wide parent's
+    n = len(length_of)
+    outside = n  # one more sample, not in the parent, to move in
+    length_of = {**length_of, outside: data.draw(st.integers(1, cluster.tokens_per_rank))}
+    prices = _StepPrices(length_of, cluster, cost, repack=True)
+    kids = tuple((c.size, c.samples) for c in plan.children)
+    state = _GroupState(g, list(g.samples), prices, kids)
+
+    def priced(members) -> float:
+        """The reference's time of the parent with its children holding `members` (a list per child)."""
+        children = tuple(Group(c.start, c.size, tuple(m)) for c, m in zip(plan.children, members))
+        return ref.best_layout_time(Group(g.start, g.size, tuple(s for m in members for s in m)), children, length_of, cost)
+
+    assert state.time == pytest.approx(priced([c.samples for c in plan.children]), rel=REL)
+    a = data.draw(st.sampled_from(g.samples))
+    out = state.removing(a)
+    assert state.price(out) == pytest.approx(priced([k.members for k in out.kids]), rel=REL)
+    into = state.adding(outside)
+    if into is None:  # over the parent's budget
+        return
+    parent = Group(g.start, g.size, g.samples + (outside,))
+    if into.kids is None:  # no child has room for it: the parent's own layout
+        assert state.price(into) == pytest.approx(ref.parent_time(ParentPlan(parent, (parent,)), length_of, cost), rel=REL)
+        return
+    assert state.price(into) == pytest.approx(priced([k.members for k in into.kids]), rel=REL)
+    # it joined the child where it finishes earliest
+    chosen = next(k for k, kid in enumerate(into.kids) if outside in kid.members)
+    times = [ref.child_time(Group(c.start, c.size, c.samples + (outside,)), parent, length_of, cost) for c in plan.children]
+    fits = [
+        k for k, c in enumerate(plan.children) if sum(-(-length_of[s] // c.size) for s in c.samples + (outside,)) <= cluster.tokens_per_rank
+    ]
+    assert times[chosen] == pytest.approx(min(times[k] for k in fits), rel=REL)
+
+
+@given(parents())
+def test_the_child_problem_prices_a_child_as_the_reference(case):
+    cluster, cost, plan, length_of = case
+    g = plan.group
+    p = child_problem([], g.size, cluster, cost)
+    for c in plan.children:
+        if c.size > cluster.gpus_per_node:
+            continue  # the child problem's children are node-local
+        linear = sum(float(cost.linear_cost(length_of[s])) for s in c.samples)
+        tokens = sum(length_of[s] for s in c.samples)
+        assert p.child_time(c.size, linear, tokens) == pytest.approx(ref.child_time(c, g, length_of, cost), rel=REL)
