@@ -28,7 +28,7 @@ from config.cli import Command
 from experiments.common import options
 from experiments.common.errors import USER_ERRORS
 from experiments.report import figures
-from experiments.report.tables import RENDERERS
+from experiments.report.tables import NAMED, RENDERERS
 
 BLOCK = re.compile(r"(<!-- report:(?P<name>[a-z-]+)(?P<args>[^>]*?) -->\n)(?P<body>.*?)(<!-- /report -->)", re.S)
 # what writes the results a block reads, for the message when they are missing
@@ -71,7 +71,7 @@ def provenance_line(prov: list[dict], commits: bool = True) -> str:
 
 def render_block(name: str, args: list[str], results: str, docs: str, here: str, commits: bool = True) -> str:
     """One block's markdown; `here` is the folder of the file it goes into (image links are relative to it)."""
-    paths = [os.path.join(results, a) for a in args]
+    paths = args if name in NAMED else [os.path.join(results, a) for a in args]
     if name == "figure":
         path, prov = figures.render(args[0], paths[1:], os.path.join(docs, "figures"))
         return f"![{args[0]}]({os.path.relpath(path, here)})\n\n{provenance_line(prov, commits)}\n"

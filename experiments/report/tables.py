@@ -251,7 +251,7 @@ def memory() -> tuple[str, list[dict]]:
                 f"{replicated:.1f}",
             ]
         )
-    text = table(["model", "parameters", *(f"{w} GPUs" for w in worlds), "replicated"], out)
+    text = "GiB per rank:\n\n" + table(["model", "parameters", *(f"FSDP2, {w} GPUs" for w in worlds), "replicated"], out)
     return text, [{"command": "python -m experiments.bench.memory", "where": "the model presets (an estimate from the shapes)"}]
 
 
@@ -320,6 +320,7 @@ def settings(*names: str) -> tuple[str, list[dict]]:
     return "\n\n".join(blocks), [{"command": "python -m experiments.report", "where": "the config tree (config/)"}]
 
 
+NAMED = {"settings"}  # renderers whose arguments are names (sections), not paths inside results/
 RENDERERS: dict[str, Callable[..., tuple[str, list[dict]]]] = {
     "ablation": ablation,
     "headline": headline,
