@@ -130,6 +130,11 @@ def check_value(name: str, value, f: dataclasses.Field) -> None:
         raise SettingError(f"{name}={value!r} is invalid: it must be {check.requirement}")
 
 
+def flag_of(f: dataclasses.Field) -> str:
+    """A setting's one command-line spelling."""
+    return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
+
+
 class Section:
     """A frozen dataclass of settings. Every field is checked when an instance is made (whatever
     route its values came by), then `check()` checks the fields against each other."""
@@ -162,6 +167,12 @@ class Section:
     @classmethod
     def settings(cls) -> dict[str, dataclasses.Field]:
         return {f.name: f for f in dataclasses.fields(cls)}
+
+    @classmethod
+    def spelt(cls, name: str) -> str:
+        """A setting as both routes name it, for errors a check of several settings raises:
+        'workload.fill (--fill)'."""
+        return f"{cls.SECTION}.{name} ({flag_of(cls.settings()[name])})"
 
     @classmethod
     def unknown(cls, keys, where: str) -> None:

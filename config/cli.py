@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .base import Section, SettingError, check_value
+from .base import Section, SettingError, check_value, flag_of
 
 CONFIG_FLAG = "--config"
 
@@ -75,10 +75,6 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str):
         raise SettingError(f"{message} (python -m {self.prog.split()[-1]} --help lists every setting)")
-
-
-def flag_of(f: dataclasses.Field) -> str:
-    return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
 
 
 def _parse_params(items: Sequence[str], flag: str) -> dict:

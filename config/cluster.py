@@ -4,7 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .base import POSITIVE_INT, POWER_OF_TWO, Section, SettingError, setting
+from .base import POSITIVE_INT, POWER_OF_TWO, Section, SettingError, int_in, setting
+
+# 16M tokens on one rank: far past any accelerator's memory for a transformer's activations; a
+# larger budget is a typo, and planning or generating a step of it would not end in useful time
+MAX_TOKENS_PER_RANK = 1 << 24
 
 
 def ceil_pow2(x: float) -> int:
@@ -27,15 +31,15 @@ class Cluster(Section):
         8, "ranks per node: node-local children are aligned power-of-two rank ranges inside one", POWER_OF_TWO, source="8 GPUs a node"
     )
     tokens_per_rank: int = setting(
-        32768, "per-rank token budget: the most tokens a rank holds in any layout", POSITIVE_INT,
+        32768, "per-rank token budget: the most tokens a rank holds in any layout", int_in(1, MAX_TOKENS_PER_RANK),
         source="32K-token activations per GPU with full recompute",
     )  # fmt: skip
 
     def check(self) -> None:
         if self.world_size % self.gpus_per_node:
             raise SettingError(
-                f"cluster.world_size={self.world_size} is not a multiple of cluster.gpus_per_node={self.gpus_per_node}; "
-                f"valid world sizes are k * {self.gpus_per_node}"
+                f"{self.spelt('world_size')}={self.world_size} is not a multiple of {self.spelt('gpus_per_node')}="
+                f"{self.gpus_per_node}; valid world sizes are k * {self.gpus_per_node}"
             )
 
     @property

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .base import FRACTION, POSITIVE_INT, Section, number_in, setting
+from .base import FRACTION, POSITIVE_INT, POWER_OF_TWO, Section, number_in, optional, setting
 
 RECOMPUTE = ("full", "selective", "none")
 EP_PLACEMENTS = ("intra", "inter")
@@ -29,7 +29,13 @@ class CostsConfig(Section):
     moe_all_to_all: bool = setting(
         True, "price the experts' dispatch and combine all-to-all", source="top-8 at hidden 4096 moves ~8x a Ulysses exchange's bytes"
     )
-    ep_degree: int = setting(8, "expert-parallel degree: ranks that share one layer's experts", POSITIVE_INT, source="EP8: one node's GPUs")
+    ep_degree: int = setting(
+        None,
+        "expert-parallel degree: ranks that share one layer's experts (default: a node's ranks, at most 8, dividing the experts)",
+        optional(POWER_OF_TWO),
+        kind=int,
+        source="EP8: one node's GPUs",
+    )
     ep_placement: str = setting("intra", "an expert-parallel group inside a node (intra) or across nodes (inter)", choices=EP_PLACEMENTS)
     moe_overlap: float = setting(
         0.8, "share of the experts' all-to-all hidden behind compute", FRACTION,

@@ -51,11 +51,14 @@ class ModelConfig(Section):
 
     def check(self) -> None:
         if self.n_layers % len(self.layer_pattern):
-            raise SettingError(f"model.n_layers={self.n_layers} is not a multiple of len(model.layer_pattern={self.layer_pattern!r})")
+            raise SettingError(
+                f"{self.spelt('n_layers')}={self.n_layers} is not a multiple of the length of "
+                f"{self.spelt('layer_pattern')}={self.layer_pattern!r}"
+            )
         if self.n_heads % self.n_kv_heads:
-            raise SettingError(f"model.n_heads={self.n_heads} is not a multiple of model.n_kv_heads={self.n_kv_heads}")
+            raise SettingError(f"{self.spelt('n_heads')}={self.n_heads} is not a multiple of {self.spelt('n_kv_heads')}={self.n_kv_heads}")
         if self.top_k > self.n_experts:
-            raise SettingError(f"model.top_k={self.top_k} exceeds model.n_experts={self.n_experts}")
+            raise SettingError(f"{self.spelt('top_k')}={self.top_k} exceeds {self.spelt('n_experts')}={self.n_experts}")
 
     def merge(self, changes: dict) -> dict:
         """A new sparse kind starts from that kind's parameters (its declared defaults, unless

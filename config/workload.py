@@ -49,7 +49,8 @@ class WorkloadConfig(Section):
     def check(self) -> None:
         if self.body_min > self.body_max or self.long_min > self.long_max:
             raise SettingError(
-                f"workload bounds are crossed: body [{self.body_min}, {self.body_max}], long [{self.long_min}, {self.long_max}]"
+                f"workload bounds are crossed: body [{self.body_min}, {self.body_max}] (--body-min, --body-max), "
+                f"long [{self.long_min}, {self.long_max}] (--long-min, --long-max)"
             )
 
     def batch_tokens(self, cluster: Cluster) -> int:
@@ -61,7 +62,8 @@ class WorkloadConfig(Section):
         tokens = int(self.fill * cluster.world_size * cluster.tokens_per_rank)
         if tokens < 1:
             raise SettingError(
-                f"workload.fill={self.fill!r} of {cluster.world_size} x {cluster.tokens_per_rank} tokens is less than one token a step"
+                f"{self.spelt('fill')}={self.fill!r} of {cluster.world_size} x {cluster.tokens_per_rank} tokens is less than one "
+                f"token a step: use a larger fill, or --tokens-per-step"
             )
         return tokens
 

@@ -11,6 +11,7 @@ j-th 1/P slice of every part, so Q, K and V travel in one all-to-all. The backwa
 
 from __future__ import annotations
 
+import datetime
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -231,15 +232,16 @@ class AlignedGroups:
     """torch.distributed subgroups for every aligned power-of-two rank range of size >= 2.
 
     new_group must be called by every rank in the same order; building all of them once, in a
-    fixed order, keeps that true whatever the plans are."""
+    fixed order, keeps that true whatever the plans are. timeout: how long a collective on them
+    may wait (a subgroup does not inherit the default group's; give the run's)."""
 
-    def __init__(self, world_size: int | None = None):
+    def __init__(self, world_size: int | None = None, timeout: datetime.timedelta | None = None):
         self.world_size = world_size or dist.get_world_size()
         self.groups: dict[tuple[int, int], object] = {}
         size = 2
         while size <= self.world_size:
             for start in range(0, self.world_size - size + 1, size):
-                self.groups[(start, size)] = dist.new_group(list(range(start, start + size)))
+                self.groups[(start, size)] = dist.new_group(list(range(start, start + size)), timeout=timeout)
             size *= 2
 
     def get(self, start: int, size: int):

@@ -17,15 +17,17 @@ from torch import nn
 SHARDINGS = ("fsdp", "none")  # none: replicated parameters, gradients all-reduced in buckets
 
 
-def shard_model(model: nn.Module, device: torch.device, mixed_precision: bool | None = None) -> nn.Module:
+def shard_model(model: nn.Module, device: torch.device, mixed_precision: bool | None = None, timeout=None) -> nn.Module:
     """fully_shard each block, then the root, over every rank. mixed_precision (default: on CUDA):
-    bf16 parameters in forward and backward, fp32 gradient reduction, fp32 sharded master copy."""
+    bf16 parameters in forward and backward, fp32 gradient reduction, fp32 sharded master copy.
+    timeout (a timedelta): how long FSDP's collectives may wait (its group does not inherit the
+    default group's)."""
     from torch.distributed.device_mesh import DeviceMesh  # noqa: PLC0415  (needs a process group)
     from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard  # noqa: PLC0415
 
     # a process group of its own: FSDP's collectives never share a queue with the step's own
     # collectives on the world group (the aux loss's all-reduce, forward and backward)
-    mesh = DeviceMesh.from_group(_shard_group(), device.type, mesh_dim_names=("shard",))
+    mesh = DeviceMesh.from_group(_shard_group(timeout), device.type, mesh_dim_names=("shard",))
     if mixed_precision is None:
         mixed_precision = device.type == "cuda"
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if mixed_precision else MixedPrecisionPolicy()
@@ -42,12 +44,12 @@ def shard_model(model: nn.Module, device: torch.device, mixed_precision: bool | 
 _GROUPS: dict = {}
 
 
-def _shard_group():
+def _shard_group(timeout=None):
     """FSDP's process group of every rank, made once per default group (every rank shards the same
     models in the same order, so every rank finds it made, or makes it, at the same call)."""
     key = id(dist.distributed_c10d._get_default_group())
     if key not in _GROUPS:
-        _GROUPS[key] = dist.new_group(list(range(dist.get_world_size())))
+        _GROUPS[key] = dist.new_group(list(range(dist.get_world_size())), timeout=timeout)
     return _GROUPS[key]
 
 

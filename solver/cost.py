@@ -24,6 +24,7 @@ FWD_BWD_COMPUTE = FWD_COMPUTE + BWD_COMPUTE
 FWD_BWD_EXCHANGES = 2  # every exchange runs once forward and once (its inverse) backward
 COLLECTIVES_PER_SHARD = 3  # per sharded module and step: gather forward, gather backward, reduce gradients
 FLOPS_PER_MAC = 2.0  # a multiply-accumulate is two FLOPs: a [n, k] x [k, m] matmul costs 2 n k m
+DEFAULT_EP = 8  # expert parallelism over a node of 8 GPUs, where the costs leave the degree unset
 
 
 # ----- attention FLOPs ------------------------------------------------------------------------
@@ -157,6 +158,7 @@ class CostModel:
         self.layer_compute_passes = FWD_BWD_COMPUTE + (FWD_COMPUTE if full_recompute else 0.0)
         self.attention_passes = FWD_BWD_COMPUTE + (FWD_COMPUTE if tr.recompute in ("full", "selective") else 0.0)
         self.exchange_passes = FWD_BWD_EXCHANGES + (1 if full_recompute else 0)
+        self.ep_degree = self._ep_degree()
         # exposed seconds per token of one layer's expert dispatch + combine, every pass
         self.moe_token_time = self._moe_token_time() if tr.moe_all_to_all else 0.0
         self._lines: dict[int, tuple[float, float]] = {}  # exchange_line per group size
@@ -215,7 +217,7 @@ class CostModel:
             return 0.0
         per_param = tr.grad_bytes + tr.param_bytes
         experts = self.expert_params()
-        ep = min(tr.ep_degree, world_size)
+        ep = min(self.ep_degree, world_size)
         replicas = world_size / ep
         dense_bytes = (self.total_params() - experts) * per_param * (world_size - 1) / world_size
         expert_bytes = experts / ep * per_param * (replicas - 1) / replicas
@@ -233,14 +235,39 @@ class CostModel:
             return 0.0
         return self.total_params() / world_size * tr.optimizer_bytes_per_param / self.hw.hbm_bw
 
+    def _ep_degree(self) -> int:
+        """The expert-parallel degree: the costs' where given, checked against the experts (it
+        divides them) and, bound to a cluster with EP inside a node, the node (it fits); else a
+        node's ranks, at most DEFAULT_EP, and the largest power of two of those that divides the
+        experts (EP8 for the paper's model)."""
+        tr, m, node = self.costs, self.model, self.gpus_per_node
+        intra = tr.ep_placement == "intra"
+        if tr.ep_degree is None:
+            ep = min(DEFAULT_EP, node if (node is not None and intra) else DEFAULT_EP)
+            while m.n_experts % ep:
+                ep //= 2
+            return ep
+        ep = tr.ep_degree
+        if m.n_experts % ep:
+            raise SettingError(
+                f"costs.ep_degree (--ep-degree)={ep} does not divide model.n_experts (--n-experts)={m.n_experts}: each rank of "
+                f"an expert-parallel group holds n_experts / ep_degree experts"
+            )
+        if intra and node is not None and ep > node:
+            raise SettingError(
+                f"costs.ep_degree (--ep-degree)={ep} is wider than a node of {node} ranks (--gpus-per-node), and "
+                f"costs.ep_placement (--ep-placement) is intra: use an EP degree of at most {node}, or --ep-placement inter"
+            )
+        return ep
+
     def _moe_token_time(self) -> float:
         """Exposed seconds per token of one layer's expert dispatch and combine (fwd, bwd and a
         recompute pass if any): top_k copies of the hidden state out and back, the share
         (ep - 1) / ep to other ranks, at NVLink rate inside a node or the inter-node rate."""
-        tr, m, hw = self.costs, self.model, self.hw
-        if tr.ep_degree == 1:
+        tr, m, hw, ep = self.costs, self.model, self.hw, self.ep_degree
+        if ep == 1:
             return 0.0
-        bytes_per_token = 2 * m.top_k * m.hidden * hw.bytes_per_element * (tr.ep_degree - 1) / tr.ep_degree
+        bytes_per_token = 2 * m.top_k * m.hidden * hw.bytes_per_element * (ep - 1) / ep
         bw = hw.intra_node_bw if tr.ep_placement == "intra" else hw.inter_node_bw
         return (1 - tr.moe_overlap) * self.exchange_passes * bytes_per_token / bw
 

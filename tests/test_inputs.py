@@ -47,7 +47,7 @@ def run_ablation_cli(tmp_path, *args):
         (["--sparse-kind", "nope"], "argument --sparse-kind: invalid choice: 'nope' (choose from "),
         (["--moe-overlap", "1.5"], "--moe-overlap=1.5 is invalid"),
         (["--ep-degree", "0"], "--ep-degree=0 is invalid"),
-        (["--world-size", "12"], "cluster.world_size=12 is not a multiple of cluster.gpus_per_node=8"),
+        (["--world-size", "12"], "cluster.world_size (--world-size)=12 is not a multiple of cluster.gpus_per_node (--gpus-per-node)=8"),
         (["--fill", "0.5", "--tokens-per-step", "1000"], "--fill and --tokens-per-step set the same thing two ways"),
         (["--steps", "x"], "argument --steps: invalid int value: 'x'"),
     ],
@@ -73,7 +73,10 @@ def test_bad_flags_are_one_line_errors(tmp_path, args, message):
         ('{"hardware": {"inter_intra_ratio": "7"}}', "hardware.inter_intra_ratio='7' is invalid: it must be a number, not str"),
         ('{"workload": {"seed": -1}}', "workload.seed=-1 is invalid"),
         ('{"model": {"preset": "huge"}}', "model.preset: unknown model preset 'huge'"),
-        ('{"cluster": {"world_size": 12}}', "cluster.world_size=12 is not a multiple of cluster.gpus_per_node=8"),
+        (
+            '{"cluster": {"world_size": 12}}',
+            "cluster.world_size (--world-size)=12 is not a multiple of cluster.gpus_per_node (--gpus-per-node)=8",
+        ),
     ],
 )
 def test_bad_config_files_are_one_line_errors(tmp_path, content, message):

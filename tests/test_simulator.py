@@ -31,11 +31,15 @@ def test_single_rank_step_is_the_sum_of_its_layer_costs():
     r = simulate(plan, BARE)
     assert r.step_time == pytest.approx(3.0 * (layers + head + attention), rel=1e-9)
     assert r.intra_comm == r.inter_comm == r.imbalance_wait == r.moe_comm == r.grad_sync == r.optimizer == 0
-    # the complete one: full recompute (layers and attention 4 forwards, the LM head 3), the
-    # experts' all-to-all (top-8 copies of the hidden state out and back, 7/8 of them off the
-    # rank, over NVLink, 3 passes, 20% exposed), the optimizer over all parameters (one rank)
+    # the complete one: full recompute (layers and attention 4 forwards, the LM head 3), no
+    # experts' all-to-all (the default EP degree is a node's ranks: one here), the optimizer over
+    # all parameters (one rank)
     r = simulate(plan, PAPER)
-    moe = lens.sum() * m.n_layers * 0.2 * 3 * 2 * m.top_k * m.hidden * 2 * 7 / 8 / 150e9
+    assert r.moe_comm == 0 and r.step_time == pytest.approx(r.compute + r.optimizer, rel=1e-9)
+    # with an EP8 group across nodes: top-8 copies of the hidden state out and back, 7/8 of them off
+    # the rank, at the inter-node rate (7x below 150 GB/s), 3 passes, 20% exposed
+    r = simulate(plan, CostModel(m, HardwareConfig(), costs=CostsConfig(ep_placement="inter", ep_degree=8)))
+    moe = lens.sum() * m.n_layers * 0.2 * 3 * 2 * m.top_k * m.hidden * 2 * 7 / 8 / (150e9 / 7)
     q, kv = m.n_heads * m.head_dim, m.n_kv_heads * m.head_dim
     params = m.n_layers * (m.hidden * (q + 2 * kv) + q * m.hidden + m.hidden * m.n_experts + m.n_experts * 3 * m.hidden * m.expert_ffn)
     params += 2 * m.vocab * m.hidden  # embedding and LM head

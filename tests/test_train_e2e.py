@@ -1,8 +1,6 @@
 """The training driver end to end under torchrun: gloo ranks in emulated nodes, tiny model."""
 
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -11,28 +9,7 @@ from config import MODES
 from experiments.common.errors import InputError
 from experiments.common.results import read_run
 from experiments.train.data import TokenFileSource, load_offsets
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def torchrun(nproc: int, *args, timeout=240):
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc-per-node={nproc}",
-        "-m",
-        "experiments.train",
-        "--model",
-        "tiny",
-        "--gpus-per-node",
-        "2",
-        "--timeout",
-        "60",
-        *args,
-    ]
-    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+from tests.dist_utils import single_rank, torchrun
 
 
 def losses(folder):
@@ -69,11 +46,12 @@ def test_three_modes_same_losses_results_parse_and_resume_matches(tmp_path):
 
     # training with updates, checkpointed every 2 steps; then resumed from the step-2 checkpoint
     # (as after an interruption there): exactly the uninterrupted losses of steps 3 and 4 on CPU.
-    # 4 ranks (2 emulated nodes) with a budget that holds the tiny workload: half the start-up
-    budget = ("--tokens-per-rank", "64")
+    # 2 ranks in nodes of 1 (a parent of both spans the emulated nodes) with a budget that holds
+    # the tiny workload: a quarter of the 8 ranks' start-up
+    budget = ("--tokens-per-rank", "64", "--gpus-per-node", "1")
     ck = tmp_path / "ck"
     p = torchrun(
-        4, *budget, "--mode", "repack+solver", "--steps", "4", "--save-every", "2", "--ckpt-dir", str(ck), "--out", str(tmp_path / "full")
+        2, *budget, "--mode", "repack+solver", "--steps", "4", "--save-every", "2", "--ckpt-dir", str(ck), "--out", str(tmp_path / "full")
     )
     assert p.returncode == 0, p.stderr[-3000:]
     full = losses(tmp_path / "full")
@@ -81,7 +59,7 @@ def test_three_modes_same_losses_results_parse_and_resume_matches(tmp_path):
     assert sorted(os.listdir(ck)) == ["latest", "step_0000002", "step_0000004"]  # no torn .tmp folders
     (ck / "latest").write_text("step_0000002")
     p = torchrun(
-        4, *budget, "--mode", "repack+solver", "--steps", "4", "--ckpt-dir", str(ck), "--resume", "--out", str(tmp_path / "resumed")
+        2, *budget, "--mode", "repack+solver", "--steps", "4", "--ckpt-dir", str(ck), "--resume", "--out", str(tmp_path / "resumed")
     )
     assert p.returncode == 0, p.stderr[-3000:]
     assert losses(tmp_path / "resumed") == full
@@ -91,10 +69,10 @@ def test_three_modes_same_losses_results_parse_and_resume_matches(tmp_path):
 def test_a_sample_too_long_for_the_cluster_fails_before_step_1_with_its_reason(tmp_path):
     trace = tmp_path / "t.csv"
     trace.write_text("step,length\n0,10\n1,10\n1,100000\n")
-    p = torchrun(2, "--trace", str(trace), "--steps", "2", "--out", str(tmp_path / "o"), timeout=120)
+    p = single_rank("--trace", str(trace), "--steps", "2", "--out", str(tmp_path / "o"))
     assert p.returncode != 0
     assert "failed: PlanError: step 1: a sample of 100000 tokens needs SP4096 at tokens_per_rank=32" in p.stderr
-    assert "use tokens_per_rank >= 50000" in p.stderr and "--tokens-per-rank" in p.stderr
+    assert "use tokens_per_rank >= 100000" in p.stderr and "--tokens-per-rank" in p.stderr
     assert " loss " not in p.stdout, "no step may run"
 
 
@@ -121,12 +99,10 @@ def test_corrupt_token_files_are_clear_errors(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_corrupt_token_file_ends_the_run_under_torchrun_with_its_reason(tmp_path):
+def test_a_corrupt_token_file_ends_the_run_with_its_reason(tmp_path):
     (tmp_path / "junk.npy").write_bytes(b"not an array")
     np.save(tmp_path / "off.npy", np.array([0, 8, 20]))
-    p = torchrun(
-        2, "--tokens", str(tmp_path / "junk.npy"), "--doc-offsets", str(tmp_path / "off.npy"), "--out", str(tmp_path / "o"), timeout=120
-    )
+    p = single_rank("--tokens", str(tmp_path / "junk.npy"), "--doc-offsets", str(tmp_path / "off.npy"), "--out", str(tmp_path / "o"))
     assert p.returncode != 0 and "not a readable .npy array" in p.stderr
 
 

@@ -23,15 +23,12 @@ def check_output_dir(path: str, flag: str = "--out") -> None:
 
 
 def file_identity(path: str | None) -> dict | None:
-    """A data file's identity: its size and the sha256 of its first and last MiB (a token file may
-    be many GB; the same file copied to every node gives the same identity). A change in the
-    middle of the file that keeps its size is not seen."""
+    """A data file's identity: its size and the sha256 of all of it, read in 1 MiB blocks (the same
+    file copied to every node gives the same identity; a change anywhere in it, a different one)."""
     if not path:
         return None
-    size = os.path.getsize(path)
     h = hashlib.sha256()
     with open(path, "rb") as f:
-        h.update(f.read(1 << 20))
-        f.seek(max(0, size - (1 << 20)))
-        h.update(f.read(1 << 20))
-    return {"name": os.path.basename(path), "bytes": size, "sha256_ends": h.hexdigest()[:16]}
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return {"name": os.path.basename(path), "bytes": os.path.getsize(path), "sha256": h.hexdigest()[:16]}

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import os
 
 import numpy as np
@@ -135,28 +136,54 @@ def summarize_seeds(rows: list[dict]) -> tuple[dict, dict]:
     return {str(s): v for s, v in per_seed.items()}, over
 
 
+def strict_json(obj):
+    """`obj` with every non-finite float written as the string "nan", "inf" or "-inf": strict JSON
+    (a bare NaN token is not JSON), and a diverged run's loss still reads as what it was."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return "nan" if math.isnan(obj) else ("inf" if obj > 0 else "-inf")
+    if isinstance(obj, dict):
+        return {k: strict_json(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [strict_json(v) for v in obj]
+    if isinstance(obj, np.generic):
+        return strict_json(obj.item())
+    return obj
+
+
 def write_run(folder: str, rows: list[dict], summary: dict) -> tuple[str, str]:
+    """steps.csv and summary.json (strict JSON), each written whole and then renamed into place."""
     os.makedirs(folder, exist_ok=True)
     csv_path = os.path.join(folder, "steps.csv")
-    with open(csv_path, "w", newline="") as f:
+    with open(csv_path + ".tmp", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=STEP_COLUMNS)
         w.writeheader()
         for r in rows:
             w.writerow({k: r.get(k, "") for k in STEP_COLUMNS})
+    os.replace(csv_path + ".tmp", csv_path)
     json_path = os.path.join(folder, "summary.json")
     with open(json_path + ".tmp", "w") as f:
-        json.dump(summary, f, indent=2, sort_keys=True, default=float)
+        json.dump(strict_json(summary), f, indent=2, sort_keys=True, allow_nan=False)
     os.replace(json_path + ".tmp", json_path)
     return csv_path, json_path
 
 
 def read_run(folder: str) -> tuple[list[dict], dict]:
-    """Rows (typed by STEP_COLUMN_TYPES; an empty cell is None) and the summary of a run folder."""
-    with open(os.path.join(folder, "summary.json")) as f:
-        summary = json.load(f)
+    """Rows (typed by STEP_COLUMN_TYPES; an empty cell is None) and the summary of a run folder,
+    checked against each other: the rows of each mode are as many as the summary counted (a
+    steps.csv cut short, even at a row boundary, is an error naming it)."""
+    for name in ("summary.json", "steps.csv"):
+        if not os.path.isfile(os.path.join(folder, name)):
+            raise InputError(f"{folder!r} has no {name}: not a run's results (or an incomplete one)")
+    try:
+        with open(os.path.join(folder, "summary.json")) as f:
+            summary = json.load(f)
+    except ValueError as e:
+        raise InputError(f"{folder}/summary.json is not JSON ({e})") from None
     rows = []
     with open(os.path.join(folder, "steps.csv"), newline="") as f:
         for i, r in enumerate(csv.DictReader(f), 2):
+            if None in r or None in r.values():
+                raise InputError(f"{folder}/steps.csv line {i} has {'more' if None in r else 'fewer'} cells than the header")
             for k, v in r.items():
                 kind = STEP_COLUMN_TYPES.get(k)
                 if kind is None:
@@ -169,4 +196,11 @@ def read_run(folder: str) -> tuple[list[dict], dict]:
                 except ValueError:
                     raise InputError(f"{folder}/steps.csv line {i}: column {k!r} = {v!r} is not a {kind.__name__}") from None
             rows.append(r)
+    for mode, entry in (summary.get("modes") or {}).items():
+        have = sum(r["mode"] == mode for r in rows)
+        if isinstance(entry, dict) and entry.get("steps") != have:
+            raise InputError(
+                f"{folder}/steps.csv has {have} rows of mode {mode} but summary.json counted {entry.get('steps')}: "
+                f"the two files disagree (one was cut short or replaced)"
+            )
     return rows, summary

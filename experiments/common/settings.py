@@ -19,9 +19,12 @@ def cost_model(settings: Settings) -> CostModel:
 
 
 def prepare(settings: Settings) -> Settings:
-    """`settings` with the sparse kind's parameters filled in with its defaults and the workload
-    resolved for the cluster. Raises SettingError naming a bad one."""
+    """`settings` with the sparse kind's parameters filled in with its defaults, the expert-parallel
+    degree checked against the model and the cluster (or chosen: a node's, dividing the experts),
+    and the workload resolved for the cluster. Raises SettingError naming a bad one."""
     s = settings.replace(model=with_sparse_defaults(settings.model))
+    if "costs" in s.sections and "cluster" in s.sections:  # the expert-parallel degree checked, and set where left to its default
+        s = s.replace(costs=s.costs.replace(ep_degree=cost_model(s).ep_degree))
     if "workload" not in s.sections:
         return s
     wl = s.workload.for_cluster(s.cluster)

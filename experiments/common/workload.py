@@ -15,6 +15,7 @@ import csv
 import json
 import math
 import os
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -23,25 +24,38 @@ from config import WorkloadConfig
 from .errors import InputError
 
 
-def generate_steps(cfg: WorkloadConfig) -> list[list[int]]:
-    """`cfg.steps` lists of document lengths. The batch must be in tokens (WorkloadConfig.for_cluster)."""
+def iter_steps(cfg: WorkloadConfig) -> Iterator[list[int]]:
+    """The workload's steps one at a time, `cfg.steps` of them: a run of many steps never holds
+    them all. The batch must be in tokens (WorkloadConfig.for_cluster)."""
     if cfg.tokens_per_step is None:
         raise ValueError("the workload's batch is a fill: resolve it for a cluster first (WorkloadConfig.for_cluster)")
     rng = np.random.default_rng(cfg.seed)
-    steps: list[list[int]] = []
+    made = 0
     cur: list[int] = []
     total = 0
-    while len(steps) < cfg.steps:
+    while made < cfg.steps:
         if rng.random() < cfg.long_prob:
             n = int(np.exp(rng.uniform(np.log(cfg.long_min), np.log(cfg.long_max))))
         else:
             n = int(np.clip(rng.lognormal(np.log(cfg.body_median), cfg.body_sigma), cfg.body_min, cfg.body_max))
         if cur and total + n > cfg.tokens_per_step:
-            steps.append(cur)
+            yield cur
+            made += 1
             cur, total = [], 0
         cur.append(n)
         total += n
-    return steps
+
+
+def generate_steps(cfg: WorkloadConfig) -> list[list[int]]:
+    """`cfg.steps` lists of document lengths (iter_steps, all at once)."""
+    return list(iter_steps(cfg))
+
+
+def longest_step(cfg: WorkloadConfig) -> tuple[int, int]:
+    """(the longest document, the most tokens of a step) the generator can make, from its settings
+    alone: a step holds at most tokens_per_step unless one document is longer, alone."""
+    longest = max(cfg.body_max, cfg.long_max) if cfg.long_prob > 0 else cfg.body_max
+    return longest, max(cfg.tokens_per_step, longest)
 
 
 def load_trace(path: str) -> list[tuple[int, list[int]]]:

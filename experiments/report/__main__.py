@@ -110,20 +110,27 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     readme = os.path.join(os.path.dirname(os.path.abspath(opts.docs)), "README.md")
+    if not os.path.isdir(opts.docs):
+        print(f"error: --docs {opts.docs!r} is not a folder of docs", file=sys.stderr)
+        return 2
     docs = sorted(os.path.join(opts.docs, f) for f in os.listdir(opts.docs) if f.endswith(".md"))
     docs += [readme] if os.path.exists(readme) else []
     missing, rendered = [], 0
     for path in docs:
         try:
             text, gaps = render_doc(path, opts.results, opts.docs)
-        except USER_ERRORS as e:
+        except (*USER_ERRORS, OSError) as e:
             print(f"error: {path}: {e}", file=sys.stderr)
             return 1
         missing += gaps
         rendered += len(BLOCK.findall(text)) - len(gaps)
-        with open(path + ".tmp", "w") as f:
-            f.write(text)
-        os.replace(path + ".tmp", path)
+        try:
+            with open(path + ".tmp", "w") as f:
+                f.write(text)
+            os.replace(path + ".tmp", path)
+        except OSError as e:
+            print(f"error: {path!r} cannot be written: {e.strerror or e}", file=sys.stderr)
+            return 1
     print(f"rendered {rendered} blocks in {len(docs)} docs from {opts.results}/")
     for m in missing:
         print(f"  not rendered, kept as it was: {m}", file=sys.stderr)

@@ -59,6 +59,12 @@ def load_measured(folder: str | None = None) -> tuple[pd.DataFrame, dict] | None
     return pd.DataFrame(rows), summary
 
 
+def mode_means(df: pd.DataFrame, columns=("step_time_s", "mfu", "loss")) -> pd.DataFrame:
+    """Each mode's mean of `columns`, a nan or inf in a column kept as such (pandas' own mean skips a
+    nan: a diverged step would vanish from the mean loss)."""
+    return df.groupby("mode")[list(columns)].agg(lambda s: s.mean(skipna=False))
+
+
 def plot_step_times(df: pd.DataFrame, ax=None):
     ax = ax or plt.figure(figsize=(12, 4)).gca()
     d = df.assign(step_label=df["seed"].astype(str) + ":" + df["step"].astype(str))

@@ -14,7 +14,7 @@ import numpy as np
 
 import config
 from config import MODES, PAPER_MODES, HardwareConfig, ModelConfig, Section
-from config.cli import flag_of
+from config.base import flag_of
 from experiments.common.errors import InputError
 from experiments.common.results import PAPER, read_run
 from experiments.train.memory import GIB, estimate

@@ -40,7 +40,7 @@ from config.cli import Command, Derived
 from experiments.common import options
 from experiments.common.errors import USER_ERRORS
 from experiments.common.settings import MODEL_CHOICES
-from experiments.train.driver import check_options, train
+from experiments.train.driver import check_options, stuck_ranks, train
 from kernels.permute import PACK_BACKENDS
 from model.attention import BACKENDS
 from model.sharding import SHARDINGS
@@ -67,6 +67,7 @@ class TrainOptions(Section):
     timeout: float = options.timeout(300.0)
     repeats: int = options.repeats(1)
     timers: bool = setting(False, "time each step's phases and exchanges (the device synchronized around each: a measurement run)")
+    allow_nonfinite: bool = setting(False, "go on past a step whose loss is nan or inf (by default the run fails there)")
 
 
 def _tiny(s) -> bool:
@@ -92,6 +93,11 @@ COMMAND = Command(
 )
 
 
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return text[0] if text else ""
+
+
 def main(argv=None):
     rank = int(os.environ.get("RANK", 0))
     try:
@@ -114,7 +120,9 @@ def main(argv=None):
     try:
         train(settings, rank, torch.device(f"cuda:{local}" if cuda else "cpu"))
     except Exception as e:  # noqa: BLE001 - every failure ends the job with its rank and reason
-        print(f"[rank {rank}] failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        timed_out = isinstance(e, dist.DistBackendError) or "timed out" in str(e).lower() or "timeout" in str(e).lower()
+        note = f" {stuck_ranks(rank, world)}" if timed_out else ""
+        print(f"[rank {rank}] failed: {type(e).__name__}: {_first_line(e)}{note}", file=sys.stderr, flush=True)
         sys.stderr.flush()
         os._exit(1)
     dist.destroy_process_group()

@@ -92,7 +92,21 @@ def _reader(path: str):
             md.storage_meta.load_id = self.load_id
             return md
 
+        def read_data(self, plan, planner):
+            try:
+                return super().read_data(plan, planner)
+            except CheckpointError:
+                raise
+            except Exception as e:  # noqa: BLE001 - a damaged shard, whatever DCP's reader raised: named in one line
+                files = sorted({self.storage_data[item.storage_index].relative_path for item in plan.items})
+                raise CheckpointError(f"{os.path.join(self.path, files[0])!r} cannot be read ({_first_line(e)})") from None
+
     return SafeReader(path)
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0] if text else ''}"
 
 
 def _planner():
@@ -101,7 +115,10 @@ def _planner():
 
     class SafeLoadPlanner(DefaultLoadPlanner):
         def load_bytes(self, read_item, value):
-            obj = torch.load(value, weights_only=True)  # plain numbers, tuples, dicts: never code
+            try:
+                obj = torch.load(value, weights_only=True)  # plain numbers, tuples, dicts: never code
+            except Exception as e:  # noqa: BLE001 - a crafted or damaged item: named, never run
+                raise CheckpointError(f"the item {read_item.dest_index.fqn!r} is not plain data ({_first_line(e)})") from None
             if self.flatten_state_dict:
                 set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
             else:
@@ -218,8 +235,13 @@ def verify(folder: str, rank: int = 0, world: int = 1) -> None:
             manifest = json.load(f)
     except (OSError, ValueError) as e:
         raise CheckpointError(f"{mpath!r} is missing or unreadable ({e}): the checkpoint is incomplete or damaged") from None
+    shaped = isinstance(manifest, dict) and all(
+        isinstance(v, dict) and isinstance(v.get("bytes"), int) and isinstance(v.get("sha256"), str) for v in manifest.values()
+    )
+    if not shaped:
+        raise CheckpointError(f"{mpath!r} is not a manifest (an object of file: {{bytes, sha256}}): the checkpoint is damaged")
     present = sorted(f for f in os.listdir(folder) if f != MANIFEST)
-    if not isinstance(manifest, dict) or sorted(manifest) != present:
+    if sorted(manifest) != present:
         extra = sorted(set(present) - set(manifest if isinstance(manifest, dict) else ()))
         missing = sorted(set(manifest if isinstance(manifest, dict) else ()) - set(present))
         raise CheckpointError(f"checkpoint {folder!r} does not match its manifest: files missing {missing}, not listed {extra}")
@@ -234,22 +256,28 @@ def verify(folder: str, rank: int = 0, world: int = 1) -> None:
             raise CheckpointError(f"{path!r} fails its sha256 check: the file is damaged")
 
 
-def _verify_all(folder: str) -> str | None:
-    """verify() split over the ranks; every rank gets the first error any rank found, or None."""
-    rank, world = dist.get_rank(), dist.get_world_size()
-    try:
-        verify(folder, rank, world)
-        err = None
-    except CheckpointError as e:
-        err = str(e)
-    errs = [None] * world
+def _agree(err: str | None) -> str | None:
+    """The first error any rank found (every rank gets the same one), or None: ranks decide
+    together, so no rank falls back alone and leaves the others waiting in a collective."""
+    errs = [None] * dist.get_world_size()
     dist.all_gather_object(errs, err)
     return next((e for e in errs if e), None)
 
 
+def _read_json(path: str):
+    """A checkpoint's JSON file; CheckpointError naming it when it is not (binary, cut, damaged)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError) as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        raise CheckpointError(f"{path!r} is not readable JSON ({_first_line(e)})") from None
+
+
 def read_meta(folder: str) -> dict:
-    with open(os.path.join(folder, META)) as f:
-        return json.load(f)
+    meta = _read_json(os.path.join(folder, META))
+    if not isinstance(meta, dict) or not {"step", "world_size", "model", "fingerprint"} <= set(meta):
+        raise CheckpointError(f"{os.path.join(folder, META)!r} lacks the step, world size, model or run fingerprint")
+    return meta
 
 
 def check_compatible(meta: dict, expect: dict, folder: str) -> None:
@@ -261,49 +289,128 @@ def check_compatible(meta: dict, expect: dict, folder: str) -> None:
             f"{meta['world_size']} ranks (plans, data and results are per world size)"
         )
     for key, what in (("model", "holds another model"), ("fingerprint", "is of another run")):
-        a, b = meta[key], expect[key]
+        a, b = _flat(meta[key]), _flat(expect[key])
         diff = [f"{k}={a.get(k)!r} there, {b.get(k)!r} here" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
         if diff:
             raise CheckpointError(f"{folder!r} {what}: {'; '.join(diff[:4])}")
 
 
-def load(ckpt_dir: str, model, opt, expect: dict, step: int | None = None) -> dict:
-    """Collective. Load the checkpoint of `step`, or the latest; a damaged latest falls back to the
-    newest good one with a warning. Returns its meta (rows, scheduler state, step); restores this
-    rank's RNG states."""
+def _flat(d: dict, prefix: str = "") -> dict:
+    """{'workload': {'seed': 0}} -> {'workload.seed': 0}: a difference named by the setting that differs."""
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            out |= _flat(v, f"{prefix}{k}.")
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def _checked(folder: str, expect: dict) -> tuple[dict, dict]:
+    """This rank's checks of one checkpoint before anything is loaded: its share of the files
+    against the manifest, the meta and the run it belongs to, DCP's metadata through the safe
+    unpickler, and this rank's RNG states. (meta, rng states); CheckpointError naming the file."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    verify(folder, rank, world)
+    meta = read_meta(folder)
+    check_compatible(meta, expect, folder)
+    path = os.path.join(folder, ".metadata")
+    try:
+        with open(path, "rb") as f:  # read here first: DCP would hide our error in its own
+            _MetadataUnpickler(f).load()
+    except CheckpointError:
+        raise
+    except Exception as e:  # noqa: BLE001 - a damaged pickle, whatever it raises: named in one line
+        raise CheckpointError(f"{path!r} is not DCP metadata ({_first_line(e)})") from None
+    rng = _read_json(os.path.join(folder, f"rng_rank{rank}.json"))
+    if not isinstance(rng, dict) or not {"torch", "numpy", "python"} <= set(rng):
+        raise CheckpointError(f"{os.path.join(folder, f'rng_rank{rank}.json')!r} holds no RNG states")
+    return meta, rng
+
+
+def _load_shards(folder: str, model, opt) -> str | None:
+    """Collective: model and optimizer from the checkpoint's shards; None, or the error in one line
+    (every rank gets DCP's failure, whichever rank's read failed)."""
     import torch.distributed.checkpoint as dcp  # noqa: PLC0415
+    from torch.distributed.checkpoint.api import CheckpointException  # noqa: PLC0415  (a BaseException)
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict  # noqa: PLC0415
 
+    model_sd, optim_sd = get_state_dict(model, opt)
+    state = {"model": model_sd, "optim": optim_sd}
+    try:
+        dcp.load(state, storage_reader=_reader(folder), planner=_planner())
+    except (Exception, CheckpointException) as e:  # noqa: BLE001 - DCP gathers every rank's failure into one exception
+        return _dcp_failure(e, folder)
+    set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    return None
+
+
+def _dcp_failure(e: BaseException, folder: str) -> str:
+    """One line from DCP's exception: the first rank's failure (ours name the file), else its first line."""
+    failures = getattr(e, "failures", None) or {}
+    for r in sorted(failures):
+        inner = failures[r]
+        inner = inner[0] if isinstance(inner, tuple) else inner
+        if isinstance(inner, BaseException):
+            text = str(inner) if isinstance(inner, CheckpointError) else _first_line(inner)
+            return f"checkpoint {folder!r}, rank {r}: {text}"
+    return f"checkpoint {folder!r}: {_first_line(e)}"
+
+
+def candidates(ckpt_dir: str, step: int | None) -> list[str]:
+    """The checkpoints --resume tries, in order: `step`'s; or the one `latest` names, then every
+    other complete one, newest first."""
     if step is not None:
-        names = [step_name(step)]
-        if not os.path.isdir(os.path.join(ckpt_dir, names[0])):
+        name = step_name(step)
+        if not os.path.isdir(os.path.join(ckpt_dir, name)):
             raise CheckpointError(
-                f"--resume-step {step}: no folder {names[0]!r} in {ckpt_dir!r}; complete checkpoints: {checkpoints(ckpt_dir)}"
+                f"--resume-step {step}: no folder {name!r} in {ckpt_dir!r}; complete checkpoints: {checkpoints(ckpt_dir)}"
             )
-    else:
-        first = latest(ckpt_dir)
-        names = [first] + [n for n in checkpoints(ckpt_dir) if n < first]
+        return [name]
+    first = latest(ckpt_dir)
+    return [first] + [n for n in checkpoints(ckpt_dir) if n != first]
+
+
+def load(ckpt_dir: str, model, opt, expect: dict, step: int | None = None) -> dict:
+    """Collective. Load the checkpoint of `step`, or the newest usable one of this run: `latest`
+    first, then every other complete checkpoint newest first, skipping (with a warning naming
+    each) the damaged ones and those of another run. Returns its meta (rows, scheduler state,
+    step); restores this rank's RNG states. Every defect is one line naming the file; the ranks
+    decide together which checkpoint to load."""
     errors = []
-    for name in names:
+    for name in candidates(ckpt_dir, step):
         folder = os.path.join(ckpt_dir, name)
-        err = _verify_all(folder)
+        try:
+            meta, rng = _checked(folder, expect)
+            err = None
+        except CheckpointError as e:
+            err = str(e)
+        err = _agree(err) or _agree(_load_shards(folder, model, opt))
         if err is None:
-            break
+            set_rng_state(rng)
+            return meta
         errors.append(err)
         if step is None and dist.get_rank() == 0:
             warnings.warn(f"checkpoint {name} is unusable ({err}); trying the one before", stacklevel=2)
-    else:
-        raise CheckpointError(
-            errors[0] if len(errors) == 1 else f"no usable checkpoint in {ckpt_dir!r}: {errors[0]} (and {len(errors) - 1} more)"
-        )
-    meta = read_meta(folder)
-    check_compatible(meta, expect, folder)
-    with open(os.path.join(folder, ".metadata"), "rb") as f:  # read here first: DCP would hide our error in its own
-        _MetadataUnpickler(f).load()
-    model_sd, optim_sd = get_state_dict(model, opt)
-    state = {"model": model_sd, "optim": optim_sd}
-    dcp.load(state, storage_reader=_reader(folder), planner=_planner())
-    set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
-    with open(os.path.join(folder, f"rng_rank{dist.get_rank()}.json")) as f:
-        set_rng_state(json.load(f))
-    return meta
+    raise CheckpointError(
+        errors[0] if len(errors) == 1 else f"no usable checkpoint in {ckpt_dir!r}: {errors[0]} (and {len(errors) - 1} more)"
+    )
+
+
+def refuse_others(ckpt_dir: str, expect: dict) -> None:
+    """A new run (no --resume) writes its checkpoints only into a folder that holds none: another
+    run's would be replaced and lose its `latest`, and this run's own would be overwritten. One
+    line naming what is there and the flag to choose."""
+    found = checkpoints(ckpt_dir)
+    if not found:
+        return
+    try:
+        meta = read_meta(os.path.join(ckpt_dir, found[0]))
+        check_compatible(meta, expect, os.path.join(ckpt_dir, found[0]))
+        whose = f"this run's own, up to step {meta['step']}: --resume continues it"
+    except CheckpointError as e:
+        whose = f"another run's ({e}): --resume would skip them"
+    raise CheckpointError(
+        f"--ckpt-dir {ckpt_dir!r} holds checkpoints ({', '.join(found[:3])}{', ...' if len(found) > 3 else ''}), {whose}; "
+        f"a new run writes into a new --ckpt-dir, never over them"
+    )

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from experiments.common.errors import InputError
+from experiments.common.workload import iter_steps
 
 
 @dataclass
@@ -53,6 +54,40 @@ class LengthSource:
             raise InputError(f"step {step} is past the data ({len(self.steps)} steps)")
         number = self.numbers[step]
         return StepBatch(number, random_tokens(self.steps[step], self.vocab, self.seed, number))
+
+
+class GeneratedSource:
+    """Steps of the synthetic workload, generated as the run reaches them (the generator is
+    sequential: a step is made once every step before it is): a run of many steps holds a few at
+    a time, and starts at once. Tokens are random, a pure function of (seed, step)."""
+
+    KEEP = 4  # steps kept behind the furthest one made: the run plans one step ahead
+
+    def __init__(self, workload, vocab: int):
+        self.workload, self.vocab, self.seed = workload, vocab, workload.seed
+        self._steps = iter_steps(workload)
+        self._made: dict[int, list[int]] = {}
+        self._next = 0
+
+    def __len__(self):
+        return self.workload.steps
+
+    def _lengths(self, step: int) -> list[int]:
+        if step >= len(self):
+            raise InputError(f"step {step} is past the data ({len(self)} steps)")
+        if step < self._next - self.KEEP:
+            raise ValueError(f"step {step} was made and dropped: the run reads its steps in order")
+        while self._next <= step:
+            self._made[self._next] = next(self._steps)
+            self._made.pop(self._next - self.KEEP - 1, None)
+            self._next += 1
+        return self._made[step]
+
+    def lengths(self, step: int) -> tuple[int, list[int]]:
+        return step, list(self._lengths(step))
+
+    def get(self, step: int) -> StepBatch:
+        return StepBatch(step, random_tokens(self._lengths(step), self.vocab, self.seed, step))
 
 
 class TokenFileSource:

@@ -4,10 +4,13 @@ results. Its entry point is experiments/train/__main__.py (python -m experiments
 
 from __future__ import annotations
 
+import datetime
 import json
+import math
 import os
 import sys
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -22,7 +25,7 @@ from experiments.common.files import check_output_dir, file_identity
 from experiments.common.provenance import provenance
 from experiments.common.results import PAPER, summarize, write_run
 from experiments.common.settings import cost_model, prepare
-from experiments.common.workload import generate_steps, load_trace
+from experiments.common.workload import generate_steps, load_trace, longest_step
 from kernels.exchange import AlignedGroups, CommStats
 from model import HybridMoE
 from model.distributed import run_step
@@ -30,7 +33,35 @@ from model.sharding import shard_model
 from solver import CostModel, PlanError, check_setup, make_plan, samples_from_lengths
 
 from . import checkpoint, memory
-from .data import LengthSource, TokenFileSource
+from .data import GeneratedSource, LengthSource, TokenFileSource
+
+
+class NonFiniteLoss(RuntimeError):
+    """A step's loss is nan or inf: the run failed there."""
+
+
+TIMED_OUT = "repack/timed_out"  # store key prefix: the ranks that saw a collective time out
+
+
+def stuck_ranks(rank: int, world: int, wait: float = 5.0) -> str:
+    """After a collective timed out on this rank: which ranks did not (they are stopped, or gone,
+    or somewhere else entirely). Every rank that times out says so in the job's store, and reads,
+    for up to `wait` seconds, which ranks have not (the live ones time out within moments of each
+    other: they wait on the same collectives)."""
+    try:
+        store = dist.distributed_c10d._get_default_store()
+        store.set_timeout(datetime.timedelta(seconds=wait))
+        store.set(f"{TIMED_OUT}/{rank}", "1")
+        deadline = time.monotonic() + wait
+        silent = list(range(world))
+        while silent and time.monotonic() < deadline:
+            silent = [r for r in silent if not store.check([f"{TIMED_OUT}/{r}"])]
+            time.sleep(0.2)
+    except Exception as e:  # noqa: BLE001 - the store's own host may be the stuck one
+        return f"(the job's store did not answer in {wait:g} s: {type(e).__name__}; its host may be the stuck rank)"
+    if not silent:
+        return "(every rank timed out: a collective of the whole job did not complete)"
+    return f"(rank(s) {silent} did not time out with the others: stopped, stuck or gone)"
 
 
 def check_options(settings: Settings) -> None:
@@ -54,7 +85,45 @@ def build_source(settings: Settings):
     if wl.trace:
         steps = load_trace(wl.trace)
         return LengthSource([lengths for _, lengths in steps], settings.model.vocab, wl.seed, [n for n, _ in steps])
-    return LengthSource(generate_steps(wl), settings.model.vocab, wl.seed)
+    return GeneratedSource(wl, settings.model.vocab)
+
+
+def check_generated(settings: Settings, cost: CostModel) -> None:
+    """What every step of the generated workload will hold, checked from its settings before step
+    1 (the steps themselves are made as the run reaches them): its longest document fits the
+    widest group the heads allow, and its batch fits the cluster."""
+    wl, cluster = settings.workload, settings.cluster
+    longest, batch = longest_step(wl)
+    widest = cost.widest_group(cluster) * cluster.tokens_per_rank
+    if longest > widest:
+        raise SettingError(
+            f"the workload's documents reach {longest} tokens (--long-max, --body-max), more than the widest group holds "
+            f"(SP{cost.widest_group(cluster)} x --tokens-per-rank={cluster.tokens_per_rank} = {widest}): use --tokens-per-rank >= "
+            f"{-(-longest // cost.widest_group(cluster))}, shorter documents, or --clip-to-cluster"
+        )
+    capacity = cluster.world_size * cluster.tokens_per_rank
+    if batch > capacity:
+        raise SettingError(
+            f"a step of the workload packs up to {batch} tokens (--tokens-per-step) but the cluster holds {capacity} "
+            f"({cluster.world_size} ranks x --tokens-per-rank={cluster.tokens_per_rank}): give a smaller batch, or a --fill"
+        )
+
+
+def check_memory(settings: Settings, device: torch.device) -> str:
+    """The memory estimate per rank against what this rank has, before anything is built: a model
+    that cannot fit fails here, naming the estimate, instead of in the allocator minutes later.
+    Returns the estimate's line (printed by rank 0)."""
+    t, cluster = settings.train, settings.cluster
+    args = (settings.model, cluster.world_size, cluster.tokens_per_rank, t.shard, device.type == "cuda", settings.costs.recompute)
+    need = memory.estimate(*args)["total"]
+    have = memory.available(device)
+    if have is not None and need > have:
+        raise SettingError(
+            f"model {settings.model.name} needs about {need / memory.GIB:.1f} GiB per rank ({t.shard}, {cluster.world_size} ranks, "
+            f"{cluster.tokens_per_rank} tokens per rank; an estimate, python -m experiments.bench.memory) but this rank has "
+            f"{have / memory.GIB:.1f} GiB: use more ranks, a smaller --tokens-per-rank or --model, or --shard fsdp"
+        )
+    return memory.summary(*args)
 
 
 def replay_steps(folder: str, seed: int | None = None) -> tuple[list[list[int]], list[int], list[int], dict]:
@@ -87,7 +156,7 @@ class Run:
     device: torch.device
     cost: CostModel
     source: object  # LengthSource or TokenFileSource
-    step_ids: list[int]  # the data steps this run trains on, in order
+    step_ids: Sequence[int]  # the data steps this run trains on, in order
     modes: list[str]
     model: HybridMoE
     opt: torch.optim.Optimizer
@@ -137,31 +206,41 @@ def set_up(settings: Settings, rank: int, device: torch.device) -> Run:
         settings, source, step_ids = replayed(settings)
     else:
         source = build_source(settings)
-        step_ids = list(range(min(settings.workload.steps, len(source))))
+        step_ids = range(min(settings.workload.steps, len(source)))  # a range: a run of many steps holds no list of them
     cluster, cost = settings.cluster, cost_model(settings)
-    try:  # the model against the cluster, and every step against both, before step 1
-        allows = check_setup(cluster, cost, (source.lengths(k) for k in step_ids))
+    estimate = check_memory(settings, device)  # first: a model that cannot fit is the first thing to say
+    # the model against the cluster, and every step against both, before step 1: a file's steps one
+    # by one, the generator's from its settings (it makes its steps as the run reaches them)
+    loaded = () if isinstance(source, GeneratedSource) else (source.lengths(k) for k in step_ids)
+    try:
+        allows = check_setup(cluster, cost, loaded)
     except PlanError as e:
         raise PlanError(f"{e} (flags: --tokens-per-rank, --tokens-per-step, --gpus-per-node, --model)") from None
-    if rank == 0:
-        print(allows, flush=True)
+    if isinstance(source, GeneratedSource):
+        check_generated(settings, cost)
     fp = fingerprint(settings)
     agree_across_ranks(fp, world)
+    expect = {"world_size": world, "model": settings.model.to_dict(), "fingerprint": fp}
+    resume = t.resume or t.resume_step is not None
+    if t.save_every and not resume:
+        checkpoint.refuse_others(t.ckpt_dir, expect)
+    if rank == 0:
+        print(allows, flush=True)
     torch.manual_seed(settings.workload.seed)
     recompute = settings.costs.recompute
     model = HybridMoE(settings.model, recompute).to(device=device, dtype=torch.float64 if t.dtype == "fp64" else torch.float32)
+    timeout = datetime.timedelta(seconds=t.timeout)  # every group's collectives, not only the default group's
     if t.shard == "fsdp":
-        shard_model(model, device)
+        shard_model(model, device, timeout=timeout)
     if rank == 0:
-        print(memory.summary(settings.model, world, cluster.tokens_per_rank, t.shard, device.type == "cuda", recompute), flush=True)
+        print(estimate, flush=True)
     o = settings.optim
     opt = torch.optim.AdamW(model.parameters(), lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay)
     total = settings.workload.steps
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: o.lr_factor(step, total))
     modes = list(MODES) if t.mode == "all" else [t.mode]
-    run = Run(settings, rank, world, device, cost, source, step_ids, modes, model, opt, sched, AlignedGroups(world), fp)
-    if t.resume or t.resume_step is not None:
-        expect = {"world_size": world, "model": settings.model.to_dict(), "fingerprint": fp}
+    run = Run(settings, rank, world, device, cost, source, step_ids, modes, model, opt, sched, AlignedGroups(world, timeout), fp)
+    if resume:
         meta = checkpoint.load(t.ckpt_dir, model, opt, expect, t.resume_step)
         sched.load_state_dict(meta["scheduler"])
         run.start, run.rows = meta["step"], meta["rows"]
@@ -207,6 +286,11 @@ def plan_step(run: Run, k: int):
     """Data and plans (one per mode) of the k-th step: a pure function of k, so it can be computed
     ahead in a thread while the previous step runs (a plan does not depend on when it is made)."""
     batch = run.source.get(run.step_ids[k])
+    if sum(batch.lengths) == len(batch.lengths):
+        raise InputError(
+            f"step {batch.step}: every sample is one token long, so the step has no next-token label and no loss "
+            f"(a larger --tokens-per-rank holds longer documents)"
+        )
     try:
         samples = samples_from_lengths(batch.lengths)
         return batch, {m: make_plan(samples, run.cluster, run.cost, m, run.settings.planner.baseline_pricing) for m in run.modes}
@@ -324,7 +408,7 @@ def write_results(run: Run) -> None:
         "engine": "torch",
         "provenance": provenance(),
         "config": run.settings.to_dict(),
-        "selected_steps": run.step_ids,
+        "selected_steps": list(run.step_ids[: run.stop]),
         "modes": summarize(run.rows) if run.rows else {},
         "paper": PAPER,
     }
@@ -365,6 +449,15 @@ def train(settings: Settings, rank: int, device: torch.device) -> None:
                 run.rows.append(best[mode])
                 log_row(run, best[mode])
                 bar.update(1)
+            bad = [m for m in order if not math.isfinite(best[m]["loss"])]
+            if bad and not run.options.allow_nonfinite:  # every rank sees the same loss (a sum over ranks): all stop here
+                write_results(run)
+                kept = checkpoint.checkpoints(run.options.ckpt_dir)[:1] if run.options.save_every else []
+                raise NonFiniteLoss(
+                    f"step {batch.step} ({bad[0]}): the loss is {best[bad[0]]['loss']}; the run stops here, its results so far "
+                    f"written, {'its last checkpoint ' + kept[0] + ' kept' if kept else 'no checkpoint written'} "
+                    f"(--allow-nonfinite goes on)"
+                )
             save(run, k + 1)
     bar.close()
     write_results(run)

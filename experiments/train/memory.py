@@ -10,6 +10,8 @@ and the one prefetched) plus the root's (embedding, head). Replicated: all of it
 
 from __future__ import annotations
 
+import os
+
 from config import HardwareConfig, ModelConfig
 from solver import CostModel
 
@@ -61,3 +63,19 @@ def summary(cfg: ModelConfig, world: int, tokens_per_rank: int, shard: str, mixe
     parts = ", ".join(f"{k} {v / div:.2f}" for k, v in e.items() if k != "total")
     head = f"memory per rank (estimate, {shard}, recompute {recompute}, {world} ranks, {tokens_per_rank} tokens per rank)"
     return f"{head}: {e['total'] / div:.2f} {unit} ({parts})"
+
+
+def available(device) -> float | None:
+    """Bytes this rank can use: the GPU's free memory on CUDA; on a CPU the machine's available
+    memory shared by this node's ranks (LOCAL_WORLD_SIZE); None where it cannot be read."""
+    if device.type == "cuda":
+        import torch  # noqa: PLC0415  (the estimate itself needs no torch)
+
+        free, _ = torch.cuda.mem_get_info(device)
+        return float(free)
+    try:
+        with open("/proc/meminfo") as f:
+            kib = next(int(line.split()[1]) for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError, IndexError):
+        return None
+    return 1024.0 * kib / int(os.environ.get("LOCAL_WORLD_SIZE", 1))

@@ -1,0 +1,83 @@
+"""Faults that once lost data: a new run's checkpoints written over another run's, a resume that
+cannot pass another run's checkpoint, a results folder re-run over what is there."""
+
+import os
+import shutil
+
+import pytest
+
+from experiments.common.errors import InputError
+from experiments.report.plots import load_or_run_ablation
+from experiments.train import checkpoint
+from experiments.train.checkpoint import CheckpointError
+from tests.dist_utils import run_distributed, single_rank
+from tests.test_checkpoints import CFG, _model_and_opt, _nothing, _train_a_step, _weights
+
+
+def _resume_body(rank, world, root):
+    """Run A writes steps 2 and 4; run B's step 6 lands in the same folder and `latest` names it:
+    A's --resume skips B's checkpoint, with a warning naming it, to A's newest (step 4); B's own
+    resume takes step 6."""
+    import torch.distributed as dist
+
+    ck = os.path.join(root, "ck")
+    a = {"model": CFG.to_dict(), "fingerprint": {"seed": 0}, "scheduler": {}, "rows": []}
+    b = {**a, "fingerprint": {"seed": 1}}
+    model, opt = _model_and_opt()
+    _train_a_step(model, opt, 1)
+    checkpoint.save(ck, 2, model, opt, a)
+    _train_a_step(model, opt, 2)
+    checkpoint.save(ck, 4, model, opt, a)
+    at4 = _weights(model)
+    other, oopt = _model_and_opt(seed=5)
+    checkpoint.save(os.path.join(root, "b"), 6, other, oopt, b)
+    dist.barrier()
+    if rank == 0:
+        shutil.copytree(os.path.join(root, "b", "step_0000006"), os.path.join(ck, "step_0000006"))
+        with open(os.path.join(ck, "latest"), "w") as fh:
+            fh.write("step_0000006")
+    dist.barrier()
+    expect_a = {"world_size": world, "model": CFG.to_dict(), "fingerprint": {"seed": 0}}
+    fresh, fopt = _model_and_opt(seed=9)
+    warned = (
+        pytest.warns(UserWarning, match=r"step_0000006 is unusable \(.* is of another run: seed=1 there, 0 here")
+        if rank == 0
+        else _nothing()
+    )
+    with warned:
+        assert checkpoint.load(ck, fresh, fopt, expect_a)["step"] == 4
+    assert all(v.equal(at4[n]) for n, v in _weights(fresh).items())
+    assert checkpoint.load(ck, *_model_and_opt(), {**expect_a, "fingerprint": {"seed": 1}})["step"] == 6
+    # a new run (no --resume) is refused, naming whose checkpoints are there and what to do
+    with pytest.raises(CheckpointError, match=r"holds checkpoints \(step_0000006, step_0000004, step_0000002\), another run's"):
+        checkpoint.refuse_others(ck, {**expect_a, "fingerprint": {"seed": 7}})
+    with pytest.raises(CheckpointError, match=r"this run's own, up to step 6: --resume continues it"):
+        checkpoint.refuse_others(ck, {**expect_a, "fingerprint": {"seed": 1}})
+
+
+@pytest.mark.slow
+def test_resume_skips_another_runs_checkpoints_to_its_own_newest(tmp_path):
+    run_distributed(_resume_body, 2, str(tmp_path))
+
+
+@pytest.mark.slow
+def test_a_new_run_never_writes_over_another_runs_checkpoints(tmp_path):
+    ck = tmp_path / "ck"
+    first = ("--steps", "2", "--save-every", "2", "--ckpt-dir", str(ck), "--tokens-per-rank", "64")
+    p = single_rank(*first, "--out", str(tmp_path / "a"))
+    assert p.returncode == 0, p.stderr[-2000:]
+    before = {f: os.path.getmtime(ck / f) for f in os.listdir(ck)}
+    p = single_rank(*first, "--seed", "1", "--out", str(tmp_path / "b"))
+    assert p.returncode != 0
+    assert "--ckpt-dir" in p.stderr and "holds checkpoints (step_0000002), another run's" in p.stderr
+    assert "workload.seed=0 there, 1 here" in p.stderr and " loss " not in p.stdout
+    assert {f: os.path.getmtime(ck / f) for f in os.listdir(ck)} == before  # untouched, `latest` too
+
+
+def test_an_incomplete_results_folder_is_never_run_over(tmp_path):
+    folder = tmp_path / "ablation"
+    folder.mkdir()
+    (folder / "steps.csv").write_text("engine,mode\n")
+    with pytest.raises(InputError, match=r"holds \['steps.csv'\] but not \['summary.json'\]: an incomplete run"):
+        load_or_run_ablation(str(folder))
+    assert (folder / "steps.csv").read_text() == "engine,mode\n" and not (folder / "summary.json").exists()

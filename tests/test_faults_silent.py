@@ -1,0 +1,147 @@
+"""Faults that once ran to completion and reported something wrong: a setting unchecked on one route,
+an expert-parallel degree the cluster cannot hold, a data file changed in the middle, a nan loss
+called a success, results files that disagree, a mean that skips a nan."""
+
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import experiments.ablation.__main__ as ablation
+from config import Cluster, CostsConfig, HardwareConfig, ModelConfig, SettingError
+from experiments.common.errors import InputError
+from experiments.common.files import file_identity
+from experiments.common.results import read_run, write_run
+from experiments.report.plots import mode_means
+from solver import CostModel
+from tests.dist_utils import single_rank
+
+
+def _ablation(tmp_path, *args) -> str:
+    with pytest.raises(SystemExit) as e:
+        ablation.main(["--seeds", "1", "--steps", "5", *args, "--out", str(tmp_path / "o"), "--no-progress"])
+    assert not (tmp_path / "o").exists(), "a rejected run writes nothing"
+    return str(e.value)
+
+
+@pytest.mark.parametrize(
+    "section, values, message",
+    [
+        ("model", {"n_layers": 0}, "model.n_layers=0 is invalid"),
+        ("model", {"n_heads": 0}, "model.n_heads=0 is invalid"),
+        ("model", {"head_dim": 0}, "model.head_dim=0 is invalid"),
+        ("model", {"top_k": 0}, "model.top_k=0 is invalid"),
+        ("hardware", {"bytes_per_element": 0}, "hardware.bytes_per_element=0 is invalid"),
+        ("hardware", {"bytes_per_element": -2}, "hardware.bytes_per_element=-2 is invalid"),
+        ("hardware", {"inter_intra_ratio": 1e308}, "hardware.inter_intra_ratio=1e+308 is invalid"),
+        ("hardware", {"a2a_latency": 1e308}, "hardware.a2a_latency=1e+308 is invalid"),
+        ("costs", {"moe_overlap": 2}, "costs.moe_overlap=2 is invalid"),
+    ],
+)
+def test_a_setting_is_checked_in_a_config_file_with_the_flags_limits(tmp_path, section, values, message):
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({section: values}))
+    assert message in _ablation(tmp_path, "--config", str(path))
+
+
+def test_a_hardware_profile_is_checked_and_an_empty_one_is_no_preset(tmp_path):
+    empty = tmp_path / "empty.json"
+    empty.write_text(json.dumps({"hardware": {}}))
+    assert "the profile lacks" in _ablation(tmp_path, "--hardware", str(empty))
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"hardware": {**HardwareConfig().to_dict(), "bytes_per_element": 0}}))
+    message = _ablation(tmp_path, "--hardware", str(bad))
+    assert "hardware profile" in message and "bytes_per_element=0 is invalid" in message
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--ep-degree", "3"], "--ep-degree=3 is invalid: it must be a power of two"),
+        (["--ep-degree", "1000"], "--ep-degree=1000 is invalid: it must be a power of two"),
+        (["--ep-degree", "16"], "costs.ep_degree (--ep-degree)=16 is wider than a node of 8 ranks"),
+        (["--ep-degree", "256"], "costs.ep_degree (--ep-degree)=256 does not divide model.n_experts (--n-experts)=128"),
+    ],
+)
+def test_the_expert_parallel_degree_is_checked_against_the_cluster_and_the_experts(tmp_path, args, message):
+    assert message in _ablation(tmp_path, *args)
+
+
+def test_the_expert_parallel_degree_defaults_to_what_the_node_and_the_experts_hold():
+    tiny = ModelConfig.from_name("tiny")  # 4 experts
+    assert CostModel(tiny, HardwareConfig()).for_cluster(Cluster(8, 2, 32)).ep_degree == 2  # a node of 2
+    assert CostModel(tiny, HardwareConfig()).for_cluster(Cluster(16, 8, 32)).ep_degree == 4  # at most the experts
+    paper = CostModel(ModelConfig.from_name("paper"), HardwareConfig())
+    assert paper.ep_degree == 8 and paper.for_cluster(Cluster()).ep_degree == 8  # the paper's EP8
+    inter = CostModel(tiny, HardwareConfig(), costs=CostsConfig(ep_placement="inter", ep_degree=4)).for_cluster(Cluster(8, 2, 32))
+    assert inter.ep_degree == 4  # across nodes: wider than a node is what it means
+    with pytest.raises(SettingError, match=r"--ep-degree\)=4 is wider than a node of 2 ranks"):
+        CostModel(tiny, HardwareConfig(), costs=CostsConfig(ep_degree=4)).for_cluster(Cluster(8, 2, 32))
+
+
+def test_a_data_file_changed_in_the_middle_is_another_file(tmp_path):
+    path = tmp_path / "t.csv"
+    text = "step,length\n" + "".join(f"{k // 50},{1000 + k}\n" for k in range(200_000))  # several MiB
+    path.write_text(text)
+    before = file_identity(str(path))
+    middle = len(text) // 2
+    path.write_text(text[:middle] + ("9" if text[middle] != "9" else "8") + text[middle + 1 :])  # same size
+    after = file_identity(str(path))
+    assert before["bytes"] == after["bytes"] and before["sha256"] != after["sha256"]
+
+
+def test_a_results_folder_cut_short_at_a_row_boundary_is_refused(tmp_path):
+    rows = [{"engine": "sim", "mode": m, "step": s, "step_time_s": 1.0, "mfu": 0.1} for s in range(3) for m in ("baseline", "repack")]
+    from experiments.common.results import summarize
+
+    write_run(str(tmp_path), rows, {"modes": summarize(rows)})
+    lines = (tmp_path / "steps.csv").read_text().splitlines(keepends=True)
+    (tmp_path / "steps.csv").write_text("".join(lines[:-2]))  # two whole rows gone
+    with pytest.raises(InputError, match=r"has 2 rows of mode baseline but summary.json counted 3"):
+        read_run(str(tmp_path))
+
+
+def test_summary_json_is_strict_json_and_keeps_a_nan_loss(tmp_path):
+    rows = [{"engine": "torch", "mode": "baseline", "step": 0, "step_time_s": 1.0, "mfu": 0.1, "loss": float("nan")}]
+    from experiments.common.results import summarize
+
+    _, path = write_run(str(tmp_path), rows, {"modes": summarize(rows), "worst": float("inf")})
+
+    def refuse(name):
+        raise ValueError(f"not strict JSON: {name}")
+
+    summary = json.loads(open(path).read(), parse_constant=refuse)  # a strict parser
+    assert summary["modes"]["baseline"]["mean_loss"] == "nan" and summary["worst"] == "inf"
+    got, _ = read_run(str(tmp_path))
+    assert math.isnan(got[0]["loss"])
+
+
+def test_the_notebooks_mean_loss_keeps_a_nan_step():
+    df = pd.DataFrame({"mode": ["repack"] * 3, "step_time_s": [1.0, 2.0, 3.0], "mfu": [0.1] * 3, "loss": [4.0, np.nan, 4.2]})
+    assert math.isnan(mode_means(df).loc["repack", "loss"]) and mode_means(df).loc["repack", "step_time_s"] == 2.0
+
+
+@pytest.mark.slow
+def test_a_nan_loss_fails_the_run_naming_its_step_unless_asked_to_go_on(tmp_path):
+    # an aux-loss weight that overflows the loss to inf at step 0: the run stops there, its
+    # results so far written, exit non-zero; with --allow-nonfinite it runs every step
+    args = ("--aux-loss-coef", "1e308", "--steps", "3", "--tokens-per-rank", "64")
+    p = single_rank(*args, "--out", str(tmp_path / "stop"))
+    assert p.returncode != 0
+    assert "failed: NonFiniteLoss: step 0 (repack+solver): the loss is inf; the run stops here" in p.stderr
+    rows, _ = read_run(str(tmp_path / "stop"))
+    assert [r["step"] for r in rows] == [0]
+    p = single_rank(*args, "--allow-nonfinite", "--out", str(tmp_path / "go"))
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert [r["step"] for r in read_run(str(tmp_path / "go"))[0]] == [0, 1, 2]
+
+
+@pytest.mark.slow
+def test_a_step_of_one_token_samples_has_no_loss_and_fails_naming_it(tmp_path):
+    trace = tmp_path / "t.csv"
+    trace.write_text("step,length\n0,5\n0,3\n1,1\n1,1\n")
+    p = single_rank("--trace", str(trace), "--steps", "2", "--out", str(tmp_path / "o"))
+    assert p.returncode != 0
+    assert "step 1: every sample is one token long, so the step has no next-token label and no loss" in p.stderr

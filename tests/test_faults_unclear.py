@@ -1,0 +1,56 @@
+"""Faults whose error once named a derived value or a missing key instead of the setting the user
+gave: each now names the flag (or the file) and what would be valid."""
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+import experiments.ablation.__main__ as ablation
+from tests.dist_utils import ROOT
+
+
+def _ablation(tmp_path, *args) -> str:
+    with pytest.raises(SystemExit) as e:
+        ablation.main(["--seeds", "1", "--steps", "5", *args, "--out", str(tmp_path / "o"), "--no-progress"])
+    return str(e.value)
+
+
+def test_a_fill_of_less_than_one_token_names_the_fill(tmp_path):
+    assert "workload.fill (--fill)=1e-09 of 64 x 32768 tokens is less than one token a step" in _ablation(tmp_path, "--fill", "1e-9")
+
+
+def test_a_negative_hidden_size_names_the_setting_not_a_sample(tmp_path):
+    assert "--hidden=-4096 is invalid: it must be an integer >= 1" in _ablation(tmp_path, "--hidden", "-4096")
+
+
+def test_a_nan_weight_decay_names_the_flag_not_a_disagreement_of_ranks(tmp_path, capsys):
+    import experiments.train.__main__ as train
+
+    with pytest.raises(SystemExit):
+        train.main(["--weight-decay", "nan", "--out", str(tmp_path / "o")])
+    assert "--weight-decay=nan is invalid: it must be a finite number in [0, 10]" in capsys.readouterr().err
+
+
+def test_a_replay_of_a_summary_without_its_config_names_the_file(tmp_path):
+    from experiments.common.errors import InputError
+    from experiments.train.driver import replay_steps
+
+    folder = tmp_path / "abl"
+    folder.mkdir()
+    (folder / "summary.json").write_text(json.dumps({"selected_steps": {"0": [1]}}))
+    with pytest.raises(InputError, match=r"summary.json' is not an ablation's summary \(KeyError: 'config'\)"):
+        replay_steps(str(folder))
+
+
+@pytest.mark.slow
+def test_a_model_that_cannot_fit_fails_with_the_memory_estimate_before_building_it(tmp_path):
+    """The paper's model on one CPU process: the estimate's verdict in seconds, not an allocator
+    error after building 119B parameters."""
+    cmd = [sys.executable, "-m", "experiments.train", "--model", "paper", "--steps", "1", "--out", str(tmp_path / "o")]
+    t0 = time.monotonic()
+    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert p.returncode != 0 and time.monotonic() - t0 < 60
+    assert "model paper needs about" in p.stderr and "GiB per rank" in p.stderr and "this rank has" in p.stderr, p.stderr[-2000:]
