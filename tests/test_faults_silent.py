@@ -145,3 +145,18 @@ def test_a_step_of_one_token_samples_has_no_loss_and_fails_naming_it(tmp_path):
     p = single_rank("--trace", str(trace), "--steps", "2", "--out", str(tmp_path / "o"))
     assert p.returncode != 0
     assert "step 1: every sample is one token long, so the step has no next-token label and no loss" in p.stderr
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--tokens-per-rank", "0"], "--tokens-per-rank=0 is invalid: it must be an integer in [1, 16777216]"),
+        (["--tokens-per-rank", "-5"], "--tokens-per-rank=-5 is invalid"),
+        (["--gpu-gib", "nan"], "--gpu-gib=nan is invalid: it must be a finite number in (0, 1e+06]"),
+    ],
+)
+def test_the_memory_table_refuses_what_it_cannot_estimate(args, message):
+    import experiments.bench.memory as memory_bench
+
+    with pytest.raises(SystemExit, match=message.replace("[", r"\[").replace("(", r"\(").replace("+", r"\+")):
+        memory_bench.main(args)
