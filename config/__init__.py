@@ -12,7 +12,7 @@ generates each entry point's command line from its sections and resolves precede
 from .base import Check, Section, SettingError, setting
 from .cluster import Cluster, ceil_pow2
 from .costs import EP_PLACEMENTS, RECOMPUTE, CostsConfig
-from .hardware import RATIO_READINGS, HardwareConfig
+from .hardware import GPU_DEVICES, MEMORY_LATENCY_S, RATIO_READINGS, GpuDevice, HardwareConfig
 from .model import LAYER_TYPES, ModelConfig
 from .optim import OptimConfig
 from .planner import MODES, PAPER_MODES, PRICINGS, PlannerConfig
@@ -23,8 +23,11 @@ __all__ = [
     "Cluster",
     "CostsConfig",
     "EP_PLACEMENTS",
+    "GPU_DEVICES",
+    "GpuDevice",
     "HardwareConfig",
     "LAYER_TYPES",
+    "MEMORY_LATENCY_S",
     "MODES",
     "ModelConfig",
     "OptimConfig",

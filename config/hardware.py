@@ -13,6 +13,31 @@ H100 = "H100 SXM datasheet"
 
 
 @dataclass(frozen=True)
+class GpuDevice:
+    """One kind of GPU as its datasheet gives it: what the hardware presets take their peak and
+    memory bandwidth from, and what the kernels' machine-code checks size their budgets by."""
+
+    name: str
+    arch: int  # compute capability x 10: the sm_XX a kernel is compiled for
+    sms: int
+    hbm_bw: float  # bytes/s
+    peak_flops: float  # dense bf16 FLOP/s
+    source: str
+
+
+GPU_DEVICES = {
+    "a100": GpuDevice("A100 SXM 80GB", 80, 108, 2.039e12, 312e12, "NVIDIA A100 datasheet (SXM4 80GB)"),
+    "h100": GpuDevice("H100 SXM", 90, 132, 3.35e12, 989e12, H100),
+    "h200": GpuDevice("H200 SXM", 90, 132, 4.8e12, 989e12, "NVIDIA H200 datasheet (SXM): H100's compute, 4.8 TB/s HBM3e"),
+    "b200": GpuDevice("B200", 100, 148, 8.0e12, 2.25e15, "NVIDIA DGX B200 datasheet, per GPU"),
+}
+# loaded device-memory latency, for Little's law (bytes in flight = bandwidth x latency): an
+# assumption with a margin kept where it is used, not a measurement; pointer-chasing
+# microbenchmarks put Hopper's idle HBM latency near 0.5 us, and a full-bandwidth load queues on top
+MEMORY_LATENCY_S = 0.7e-6
+
+
+@dataclass(frozen=True)
 class HardwareConfig(Section):
     """What a step's compute and communication cost on one kind of GPU and network. The GPU
     presets keep the fixed costs (layer_overhead, collective_latency, a2a_inter_latency) at 0
@@ -21,7 +46,9 @@ class HardwareConfig(Section):
     SECTION = "hardware"
 
     name: str = setting("h100", "the preset or profile these figures came from (results carry it)", cli=False)
-    peak_flops: float = setting(989e12, "dense bf16 FLOP/s per GPU (MFU's denominator)", number_in(0, 1e18, lo_open=True), source=H100)
+    peak_flops: float = setting(
+        GPU_DEVICES["h100"].peak_flops, "dense bf16 FLOP/s per GPU (MFU's denominator)", number_in(0, 1e18, lo_open=True), source=H100
+    )
     gemm_efficiency: float = setting(
         0.70,
         "achieved / peak of large bf16 GEMMs and grouped expert GEMMs",
@@ -57,7 +84,10 @@ class HardwareConfig(Section):
     )  # fmt: skip
     bytes_per_element: int = setting(2, "bytes of one activation element (2: bf16)", POSITIVE_INT)
     hbm_bw: float = setting(
-        3.35e12, "device memory bytes/s (the optimizer step is memory-bound)", number_in(0, 1e15, lo_open=True), source=H100
+        GPU_DEVICES["h100"].hbm_bw,
+        "device memory bytes/s (the optimizer step is memory-bound)",
+        number_in(0, 1e15, lo_open=True),
+        source=H100,
     )
     layer_overhead: float = setting(
         0.0, "seconds of one layer's forward on every rank whatever its tokens (launches, host work; backward counts twice)",
@@ -106,5 +136,6 @@ class HardwareConfig(Section):
 
 HardwareConfig.PRESETS = {
     "h100": HardwareConfig(),
-    "h200": HardwareConfig(name="h200"),  # same compute and links as H100 SXM; more HBM
+    # H100's compute and links, H200's HBM bandwidth (the preset once kept H100's 3.35 TB/s)
+    "h200": HardwareConfig(name="h200", hbm_bw=GPU_DEVICES["h200"].hbm_bw),
 }

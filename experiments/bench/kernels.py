@@ -9,6 +9,12 @@ reports GB/s counting one read and one write of every element, against torch.clo
 bytes (the copy ceiling) and against the torch reference path, for the model's query and key/value
 heads (--model, or --n-heads, --n-kv-heads, --head-dim). On CPU only the torch path runs and the
 figures are NOT GPU figures. Writes <out>/kernel_bench.csv.
+
+First, on any machine, it prints what the kernels' machine code says about each GPU (A100, H100,
+H200, B200): the same launches compiled for the device's sm_XX (kernels.machine_code), their
+registers, vector width, resident warps and bytes in flight per SM against what Little's law asks
+for the device's bandwidth, and the bound that puts on the GB/s a first GPU run can show
+(<out>/kernel_static.csv).
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from config import ModelConfig
+from config import GPU_DEVICES, MEMORY_LATENCY_S, ModelConfig
 from config.base import Section
 from config.cli import Command
 from experiments.common import options
@@ -30,6 +36,7 @@ from experiments.common.errors import USER_ERRORS
 from experiments.common.files import check_output_dir
 from experiments.common.provenance import provenance
 from kernels.exchange import exchange_args
+from kernels.machine_code import ELEMENT_BYTES, bytes_in_flight_needed, exchange_launches, inspect_launches
 from kernels.permute import gather_heads, scatter_heads
 
 
@@ -85,6 +92,83 @@ COMMAND = Command(
 )
 
 
+def index_bytes_per_element(heads: int, head_dim: int) -> float:
+    """Index bytes a pack kernel reads per element it moves: a row (int64) and its peer (int32) per
+    row, a head-map entry (int32) per row and head."""
+    return (8 + 4 + 4 * heads) / (heads * head_dim)
+
+
+def static_bounds(head_counts: list[int], head_dim: int, groups: list[int], dtype: str = "bf16") -> list[dict]:
+    """Per device and entry exchange of each group size: the pack (gather) and unpack (scatter)
+    launches compiled for the device, and the bound their machine code puts on bandwidth: the
+    share of the device's HBM bandwidth the bytes in flight per SM cover (Little's law, at
+    MEMORY_LATENCY_S), capped at 1."""
+    devices = list(GPU_DEVICES.items())
+    specs = [
+        (name, p, s) for name, dev in devices for p in groups for s in exchange_launches(head_counts, p, head_dim, dtype, dev.arch)[:2]
+    ]
+    reports = inspect_launches([s for _, _, s in specs])
+    rows = []
+    for (name, p, spec), r in zip(specs, reports):
+        dev = GPU_DEVICES[name]
+        need = bytes_in_flight_needed(dev.hbm_bw, MEMORY_LATENCY_S, dev.sms)
+        share = min(1.0, r.bytes_in_flight_per_sm / need)
+        eb = ELEMENT_BYTES[dtype]
+        rows.append(
+            {
+                "gpu": dev.name,
+                "arch": f"sm_{dev.arch}",
+                "group_size": p,
+                "op": "pack" if spec.op == "gather" else "unpack",
+                "dtype": dtype,
+                "heads": spec.heads,
+                "head_dim": head_dim,
+                "registers": r.registers,
+                "spill_bytes": r.local_bytes,
+                "vector_bytes": r.vector_elements * eb,
+                "bytes_in_flight_per_thread": r.accesses.bytes_before_first_store,
+                "resident_warps": r.resident_warps,
+                "in_flight_kb_per_sm": round(r.bytes_in_flight_per_sm / 1024, 1),
+                "needed_kb_per_sm": round(need / 1024, 1),
+                "bytes_per_element": round(2 * eb + index_bytes_per_element(spec.heads, head_dim), 3),
+                "bound_gbps": round(share * dev.hbm_bw / 1e9),
+                "hbm_gbps": round(dev.hbm_bw / 1e9),
+            }
+        )
+    return rows
+
+
+STATIC_COLUMNS = (  # (header, width, key, format) of the printed machine-code table
+    ("gpu", 14, "gpu", "s"),
+    ("P", 3, "group_size", "d"),
+    ("op", 7, "op", "s"),
+    ("regs", 5, "registers", "d"),
+    ("vec B", 5, "vector_bytes", "d"),
+    ("warps", 5, "resident_warps", "d"),
+    ("KB/SM", 6, "in_flight_kb_per_sm", ".1f"),
+    ("need", 6, "needed_kb_per_sm", ".1f"),
+    ("B/elem", 7, "bytes_per_element", ".3f"),
+    ("bound GB/s", 11, "bound_gbps", "d"),
+    ("HBM", 6, "hbm_gbps", "d"),
+)
+
+
+def print_static(rows: list[dict]) -> None:
+    print(f"machine code per device (compiled here for each sm_XX; latency {MEMORY_LATENCY_S * 1e6:.1f} us assumed):")
+    print(" ".join(f"{h:>{w}}" for h, w, _, _ in STATIC_COLUMNS))
+    for r in rows:
+        print(" ".join(f"{r[k]:>{w}{f}}" for _, w, k, f in STATIC_COLUMNS))
+
+
+def write_csv(path: str, rows: list[dict]) -> None:
+    keys = sorted({k for r in rows for k in r}, key=lambda k: list(rows[0]).index(k) if k in rows[0] else 99)
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=keys)
+        w.writeheader()
+        w.writerows(rows)
+    print(f"wrote {path}")
+
+
 def main(argv=None):
     try:
         s = COMMAND.parse(argv)
@@ -101,6 +185,9 @@ def main(argv=None):
     ctx = provenance()
     head_counts = [m.n_heads, m.n_kv_heads, m.n_kv_heads]
     print(f"device: {ctx['device']}  commit {ctx['commit']}  dtype bf16  heads {head_counts} x {m.head_dim}")
+    static = [{**r, **ctx} for r in static_bounds(head_counts, m.head_dim, groups)]
+    print_static(static)
+    write_csv(os.path.join(args.out, "kernel_static.csv"), static)
     if not cuda:
         print("NOTE: no CUDA device: torch path on CPU only. These are NOT GPU figures; run on a GPU for the kernel targets.")
     rows = []
@@ -123,13 +210,7 @@ def main(argv=None):
                     cells.append(f"{bw:12.1f} {bw / copy_bw:6.2f}")
                 rows.append({**row, **ctx})
                 print(f"{n:7d} {p:3d} {op:>7} {mb:8.1f} {copy_bw:10.1f} " + " ".join(cells), flush=True)
-    path = os.path.join(args.out, "kernel_bench.csv")
-    keys = sorted({k for r in rows for k in r}, key=lambda k: list(rows[0]).index(k) if k in rows[0] else 99)
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=keys)
-        w.writeheader()
-        w.writerows(rows)
-    print(f"wrote {path}")
+    write_csv(os.path.join(args.out, "kernel_bench.csv"), rows)
 
 
 if __name__ == "__main__":

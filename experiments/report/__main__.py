@@ -37,6 +37,7 @@ WRITERS = {
     "sweep": "python -m experiments.ablation.sweep",
     "solver_bench": "python -m experiments.bench.solver",
     "host_bench": "python -m experiments.bench.host",
+    "kernel_static": "python -m experiments.bench.kernels",
     "emulated": "python -m experiments.calibrate.emulate --compare (as root)",
 }
 

@@ -234,6 +234,26 @@ def host_bench(path: str) -> tuple[str, list[dict]]:
     return table(["ranks", "widest parent", "median ms", "worst rank ms"], out), [csv_provenance(rows, path)]
 
 
+def kernel_static(path: str) -> tuple[str, list[dict]]:
+    """What the pack kernels' machine code says about each GPU (experiments.bench.kernels)."""
+    rows = csv_rows(path)
+    out = [
+        [
+            f"{r['gpu']} ({r['arch']})",
+            f"{r['op']} SP{r['group_size']}, {r['heads']} heads x {r['head_dim']} {r['dtype']}",
+            r["registers"],
+            r["spill_bytes"],
+            f"{r['vector_bytes']} B",
+            r["resident_warps"],
+            f"{r['in_flight_kb_per_sm']} / {r['needed_kb_per_sm']}",
+            f"{r['bound_gbps']} of {r['hbm_gbps']}",
+        ]
+        for r in rows
+    ]
+    header = ["GPU", "launch", "registers", "spilled bytes", "data access", "resident warps", "KB in flight per SM / needed", "bound GB/s"]
+    return table(header, out), [csv_provenance(rows, path)]
+
+
 def memory() -> tuple[str, list[dict]]:
     """The memory estimate per rank (FSDP2, full recompute, bf16, 16384 tokens per rank)."""
     worlds = (8, 16, 32, 64, 128)
@@ -330,6 +350,7 @@ RENDERERS: dict[str, Callable[..., tuple[str, list[dict]]]] = {
     "solver-planning": solver_planning,
     "solver-joint": solver_joint,
     "host-bench": host_bench,
+    "kernel-static": kernel_static,
     "memory": memory,
     "emulated": emulated,
     "settings": settings,
