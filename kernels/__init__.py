@@ -4,13 +4,13 @@ Kernels import nothing of the project but a plan's plain arrays (any object with
 of solver.layout.RankExchange).
 """
 
-from .exchange import AlignedGroups, CommStats, ExchangeArgs, dist_transport, exchange, exchange_all_ranks, exchange_args, head_split_map
+from .exchange import CommStats, ExchangeArgs, ExchangeGroups, dist_transport, exchange, exchange_all_ranks, exchange_args, head_split_map
 from .permute import gather_heads, scatter_heads
 
 __all__ = [
-    "AlignedGroups",
     "CommStats",
     "ExchangeArgs",
+    "ExchangeGroups",
     "dist_transport",
     "exchange",
     "exchange_all_ranks",

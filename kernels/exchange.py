@@ -228,27 +228,73 @@ class CommStats:
         return sum(v for k, v in self.calls.items() if k.startswith(site_prefix))
 
 
-class AlignedGroups:
-    """torch.distributed subgroups for every aligned power-of-two rank range of size >= 2.
+class ExchangeGroups:
+    """The exchanges' torch.distributed process groups: each aligned power-of-two rank range of
+    two or more ranks that a step uses, made the first time a step uses it.
 
-    new_group must be called by every rank in the same order; building all of them once, in a
-    fixed order, keeps that true whatever the plans are. timeout: how long a collective on them
-    may wait (a subgroup does not inherit the default group's; give the run's)."""
+    `ensure(groups)` is called by every rank with the same groups (a step plan's: every rank runs
+    the same plan, its hash checked first) and makes the new ones in one global order, widest
+    first, then by first rank, every rank calling new_group for each: so every rank agrees on a
+    group's name, and a member never waits for a peer that makes another group first. A rank
+    outside a group only counts it (new_group connects and allocates nothing there); a rank joins
+    only the groups its own steps use, one of each width at most (aligned groups of one width are
+    disjoint): log2 of the widest group, whatever the world. timeout: how long a collective on
+    them may wait (a subgroup does not inherit the default group's; give the run's).
+
+    Rank r holds (start, size) with start <= r < start + size; `held` counts them and `seconds` is
+    the time spent making groups."""
 
     def __init__(self, world_size: int | None = None, timeout: datetime.timedelta | None = None):
         self.world_size = world_size or dist.get_world_size()
-        self.groups: dict[tuple[int, int], object] = {}
-        size = 2
-        while size <= self.world_size:
-            for start in range(0, self.world_size - size + 1, size):
-                self.groups[(start, size)] = dist.new_group(list(range(start, start + size)), timeout=timeout)
-            size *= 2
+        self.rank = dist.get_rank() if dist.is_initialized() else 0
+        self.timeout = timeout
+        self.made: set[tuple[int, int]] = set()
+        self.groups: dict[tuple[int, int], object] = {}  # this rank's
+        self.seconds = 0.0
 
-    def get(self, start: int, size: int):
-        if (start, size) not in self.groups:
+    def _check(self, start: int, size: int) -> None:
+        if size < 1 or size & (size - 1) or start % size or start < 0 or start + size > self.world_size:
             raise ValueError(
                 f"no process group for ranks [{start}, {start + size}): groups must be aligned powers of two "
                 f"inside a world of {self.world_size}"
+            )
+
+    def ensure(self, groups) -> int:
+        """Make the groups (start, size) of `groups` not made yet (size 1 needs none); every rank
+        calls this with the same groups. Returns how many were made."""
+        new = set()
+        for start, size in groups:
+            self._check(start, size)
+            if size > 1 and (start, size) not in self.made:
+                new.add((start, size))
+        t = time.perf_counter()
+        for start, size in sorted(new, key=lambda g: (-g[1], g[0])):
+            group = dist.new_group(list(range(start, start + size)), timeout=self.timeout)
+            self.made.add((start, size))
+            if start <= self.rank < start + size:
+                self.groups[(start, size)] = group
+        self.seconds += time.perf_counter() - t
+        return len(new)
+
+    def ensure_every_aligned_group(self) -> int:
+        """Make every aligned group of the world (what a calibration that measures every width uses)."""
+        sizes = [1 << k for k in range(1, self.world_size.bit_length()) if (1 << k) <= self.world_size]
+        return self.ensure((start, size) for size in sizes for start in range(0, self.world_size - size + 1, size))
+
+    @property
+    def held(self) -> int:
+        return len(self.groups)
+
+    def get(self, start: int, size: int):
+        self._check(start, size)
+        if (start, size) not in self.groups:
+            raise ValueError(
+                f"rank {self.rank} holds no process group for ranks [{start}, {start + size}): "
+                + (
+                    "it is not one of them"
+                    if not start <= self.rank < start + size
+                    else "ensure() makes a step's groups before its exchanges"
+                )
             )
         return self.groups[(start, size)]
 
@@ -256,7 +302,7 @@ class AlignedGroups:
 Transport = Callable[[torch.Tensor, ExchangeArgs], torch.Tensor]
 
 
-def dist_transport(groups: AlignedGroups) -> Transport:
+def dist_transport(groups: ExchangeGroups) -> Transport:
     """all_to_all_single over the plan's group with the plan's per-peer split sizes (rows)."""
 
     def run(send: torch.Tensor, args: ExchangeArgs) -> torch.Tensor:

@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from config import ModelConfig
-from kernels.exchange import AlignedGroups, CommStats, PhaseClock, dist_transport, exchange, exchange_args
+from kernels.exchange import CommStats, ExchangeGroups, PhaseClock, dist_transport, exchange, exchange_args
 from solver import StepPlan, head_cu_seqlens, token_to_head_rank
 
 from .hybrid import IGNORE, attention_sites
@@ -106,7 +106,7 @@ class RankPlacement:
         plan: StepPlan,
         cfg: ModelConfig,
         rank: int,
-        groups: AlignedGroups,
+        groups: ExchangeGroups,
         pack_backend: str = "auto",
         backend: str = "auto",
         stats: CommStats | None = None,
@@ -198,7 +198,7 @@ def run_step(
     model,
     plan: StepPlan,
     sample_tokens: dict[int, np.ndarray],
-    groups: AlignedGroups,
+    groups: ExchangeGroups,
     pack_backend="auto",
     backend="auto",
     stats: CommStats | None = None,
@@ -218,6 +218,7 @@ def run_step(
     validate(plan, model.cfg, world)
     if check_hash:
         check_same_plan(plan, dev)
+    groups.ensure(plan.group_shapes)  # every rank, the same plan: the new groups made in one global order
     selective = getattr(model, "recompute", "none") == "selective"
     place = RankPlacement(plan, model.cfg, rank, groups, pack_backend, backend, stats, dev, selective)
     tokens, labels = place.local_batch(sample_tokens, dev)

@@ -139,8 +139,8 @@ class HybridMoE(nn.Module):
         logits = self.logits(h)
         if logits.dtype in (torch.float16, torch.bfloat16):  # the softmax of a big vocab wants fp32
             logits = logits.float()
-        ce = F.cross_entropy(logits, labels, ignore_index=IGNORE, reduction="sum").to(h.dtype)
-        return ce / label_count + self.cfg.aux_loss_coef * aux / world_size
+        ce = F.cross_entropy(logits, labels, ignore_index=IGNORE, reduction="sum")  # fp32 under bf16: so is the loss
+        return ce / label_count + self.cfg.aux_loss_coef * aux.to(ce.dtype) / world_size
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         return h @ self.embed.weight.T if self.lm_head is None else self.lm_head(h)

@@ -112,7 +112,8 @@ class MoE(nn.Module):
             xe = xs[:0]  # so every rank reduces the same parameters (FSDP2 reduce-scatters those with a gradient)
             ys.append((F.silu(xe @ self.w1[0]) * (xe @ self.w3[0])) @ self.w2[0])
         y = torch.cat(ys)
-        out = x.new_zeros(x.shape).index_add_(0, tok, y * weight.reshape(-1)[order, None])
+        # combined in the residual stream's dtype (under autocast the experts' outputs are bf16, the stream fp32)
+        out = x.new_zeros(x.shape).index_add_(0, tok, (y * weight.reshape(-1)[order, None]).to(x.dtype))
         counts = counts.to(x.dtype)
         mass = probs.sum(0)
         if reduce is not None:

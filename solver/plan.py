@@ -71,6 +71,12 @@ class StepPlan:
     def child_layout(self) -> TokenLayout:
         return TokenLayout(tuple(c for p in self.parents for c in p.children), self.length_of)
 
+    @cached_property
+    def group_shapes(self) -> frozenset[tuple[int, int]]:
+        """(start, size) of every group of two or more ranks in either layout: the process groups
+        the step's exchanges run over."""
+        return frozenset((g.start, g.size) for layout in (self.parent_layout, self.child_layout) for g in layout.groups if g.size > 1)
+
     def wide_parents(self) -> list[ParentPlan]:
         return [p for p in self.parents if p.group.size > self.cluster.gpus_per_node]
 

@@ -1,14 +1,21 @@
 import os
 import sys
 
-# Triton must see this before it is imported anywhere (kernels/_triton.py does the same).
-os.environ.setdefault("TRITON_INTERPRET", "1")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import pytest  # noqa: E402
 from hypothesis import settings  # noqa: E402
 
-from kernels.reference import nan_poisoned_empty  # noqa: E402
+
+def pytest_configure(config):
+    """Triton's interpreter runs every kernel test on CPU tensors; it must be chosen before Triton
+    is first imported (collection imports it). `pytest -m gpu` on a CUDA machine compiles the
+    kernels instead: those tests run on the GPU (tests/test_gpu.py)."""
+    import torch  # noqa: PLC0415
+
+    if not (config.getoption("markexpr") == "gpu" and torch.cuda.is_available()):
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+
 
 # CI is deterministic: the same examples every run (a green run stays green). Locally the
 # default profile explores with fresh random examples each run; pick one with HYPOTHESIS_PROFILE.
@@ -20,5 +27,7 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.ge
 @pytest.fixture
 def poison_empty():
     """Fresh buffers start as NaN, so an element a kernel forgets to write fails loudly."""
+    from kernels.reference import nan_poisoned_empty  # noqa: PLC0415  (after pytest_configure chose the interpreter)
+
     with nan_poisoned_empty():
         yield

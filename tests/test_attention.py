@@ -129,6 +129,7 @@ def _cuda_backends():
     return out
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("backend", _cuda_backends())
 @pytest.mark.parametrize("kind, params", [("full", None), ("sliding_window", {"window": 64}), ("chunked", {"chunk": 64})])
 @pytest.mark.parametrize("hkv", [8, 2], ids=["mha", "gqa"])

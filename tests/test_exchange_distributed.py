@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from config import Cluster
-from kernels.exchange import AlignedGroups, CommStats, dist_transport, exchange, exchange_all_ranks, exchange_args
+from kernels.exchange import CommStats, ExchangeGroups, dist_transport, exchange, exchange_all_ranks, exchange_args
 from solver import Group, ParentPlan, StepPlan, exchange_bytes, head_to_token_plan, token_ids, token_to_head_plan
 from tests.dist_utils import run_distributed
 from tests.test_kernels import features
@@ -27,20 +27,24 @@ def repack_plan() -> StepPlan:
 
 def _body(rank, world):
     for qkv in QKV_CASES:
-        _check_exchanges(rank, world, qkv)
+        _check_exchanges(rank, world, qkv, torch.float64)
+    _check_exchanges(rank, world, QKV_CASES[-1], torch.bfloat16)  # a GPU run's dtype: gloo moves bf16 too, bit for bit
 
 
-def _check_exchanges(rank, world, QKV):
+def _check_exchanges(rank, world, QKV, dtype):
     plan = repack_plan()
     parent, child = plan.parent_layout, plan.child_layout
     entry_plans = token_to_head_plan(child, parent)
     exit_plans = head_to_token_plan(parent, child)
-    groups = AlignedGroups(world)
+    groups = ExchangeGroups(world)
+    groups.ensure(plan.group_shapes)
     transport = dist_transport(groups)
     entry = {r: exchange_args(entry_plans[r], QKV) for r in range(world)}
     exit_ = {r: exchange_args(exit_plans[r], QKV[:1]) for r in range(world)}
-    xs = {r: features(token_ids(child, r), sum(QKV), D, torch.float64) for r in range(world)}
-    weights = {r: torch.cos(torch.arange(xs[r].shape[0] * QKV[0] * D, dtype=torch.float64)).view(-1, QKV[0], D) for r in range(world)}
+    xs = {r: features(token_ids(child, r), sum(QKV), D, dtype) for r in range(world)}
+    weights = {
+        r: torch.cos(torch.arange(xs[r].shape[0] * QKV[0] * D, dtype=torch.float64)).to(dtype).view(-1, QKV[0], D) for r in range(world)
+    }
     # single-process reference: the same permutation on every rank at once, differentiated by torch
     ref_x = {r: xs[r].clone().requires_grad_() for r in range(world)}
     ref_heads = exchange_all_ranks(ref_x, entry, "torch")
@@ -63,7 +67,7 @@ def _check_exchanges(rank, world, QKV):
         torch.testing.assert_close(x.grad, ref_grad, rtol=0, atol=0)
         assert stats.calls["full.entry"] == 1 and stats.calls["full.exit"] == 1
         assert stats.calls["full.entry.bwd"] == 1 and stats.calls["full.exit.bwd"] == 1
-        row_bytes = entry[rank].out_heads * D * 8  # this rank's heads of each peer's slice, replicas included
+        row_bytes = entry[rank].out_heads * D * x.element_size()  # this rank's heads of each peer's slice, replicas included
         expect = exchange_bytes(entry_plans, world, row_bytes)[rank]
         for dst in range(world):
             if dst != rank:

@@ -9,7 +9,7 @@ import torch.distributed as dist
 
 import model.distributed as model_distributed
 from config import MODES, Cluster, CostsConfig, HardwareConfig, ModelConfig
-from kernels.exchange import AlignedGroups, CommStats
+from kernels.exchange import CommStats, ExchangeGroups
 from model import HybridMoE, LocalPlacement, next_token_labels
 from model.distributed import LayoutError, label_count, run_step, validate
 from model.sharding import full_tensor, shard_model
@@ -73,7 +73,7 @@ def reference(lengths, cfg=CFG):
 
 
 def _body(rank, world, refs):
-    groups = AlignedGroups(world)
+    groups = ExchangeGroups(world)
     base, rep = hand_plans()
     for name, cfg in CONFIGS.items():
         # gradients all-reduced in one flat bucket (mha), or in buckets of 5 KB (gqa: many buckets,

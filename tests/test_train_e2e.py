@@ -10,6 +10,7 @@ from experiments.common.errors import InputError
 from experiments.common.results import read_run
 from experiments.train.data import TokenFileSource, load_offsets
 from tests.dist_utils import single_rank, torchrun
+from tests.test_gpu import BF16_LOSS_RTOL
 
 
 def losses(folder):
@@ -37,6 +38,22 @@ def test_three_modes_same_losses_results_parse_and_resume_matches(tmp_path):
             np.testing.assert_allclose(by[(step, mode)], by[(step, "baseline")], rtol=1e-5)
     assert any(r["wide_parents"] > 0 for r in rows), "some step must have a parent across emulated nodes"
     assert any(r["repacked_parents"] > 0 for r in rows if r["mode"] == "repack"), "and repack must repack it"
+    # the GPU's dtype on gloo: bf16 (FSDP2's bf16 parameters with fp32 reduction, or autocast when
+    # replicated; the exchanges move bf16, every collective gloo runs has bf16). Every mode's loss
+    # within BF16_LOSS_RTOL of the fp32 run's (bf16 keeps 8 bits: a unit roundoff of 2^-8 = 0.4%
+    # per rounding, averaged over the step's tokens; measured here 0.01-0.1%), and the modes agree
+    # within a quarter of that roundoff (the exchanges only move elements, but a rank's bf16 GEMMs
+    # over another number of rows can round differently; measured here up to 1.1e-4)
+    for shard in ("fsdp", "none"):
+        out = tmp_path / f"bf16-{shard}"
+        p = torchrun(4, "--gpus-per-node", "1", "--tokens-per-rank", "64", "--mode", "all", "--steps", "1", "--dtype", "bf16",
+                     "--shard", shard, "--out", str(out))  # fmt: skip
+        assert p.returncode == 0, p.stderr[-3000:]
+        bf = {(r["step"], r["mode"]): r["loss"] for r in read_run(str(out))[0]}
+        assert bf.keys() == by.keys()
+        for key, loss in bf.items():
+            np.testing.assert_allclose(loss, by[key], rtol=BF16_LOSS_RTOL, err_msg=f"{shard} {key}")
+            np.testing.assert_allclose(loss, bf[(key[0], "baseline")], rtol=1e-3, err_msg=f"{shard} {key}")
     for r in rows:  # each rank's phases lie inside its step, timed apart: their means fit in the slowest step
         phases = r["host_s"] + r["forward_s"] + r["backward_s"] + r["grad_sync_s"]
         assert 0 < r["forward_s"] and 0 < r["backward_s"] and phases <= r["step_time_s"], r
@@ -114,3 +131,36 @@ def test_token_file_steps_hold_whole_documents(tmp_path):
     src = TokenFileSource(str(toks), str(offs), 30, 97)
     assert [src.get(i).lengths for i in range(len(src))] == [[10, 15, 1], [24]]
     assert src.get(1).tokens[0].tolist() == list(range(26, 50))
+
+
+@pytest.mark.slow
+def test_eight_ranks_hold_only_the_process_groups_their_plans_use(tmp_path):
+    import math
+
+    from config import Cluster, CostsConfig, HardwareConfig, ModelConfig, PlannerConfig, WorkloadConfig
+    from experiments.common.workload import generate_steps
+    from solver import CostModel, make_plan, samples_from_lengths
+
+    # nodes of 2 and a budget that makes SP4 and SP8 parents: every width of the world is used by some rank
+    p = torchrun(8, "--tokens-per-rank", "12", "--mode", "all", "--steps", "3", "--out", str(tmp_path / "o"))
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows, summary = read_run(str(tmp_path / "o"))
+    cfg, groups = summary["config"], summary["process_groups"]
+    # the yardstick: the run's plans made again here, from its settings
+    cluster = Cluster(**cfg["cluster"])
+    cost = CostModel(ModelConfig(**cfg["model"]), HardwareConfig(**cfg["hardware"]), costs=CostsConfig(**cfg["costs"])).for_cluster(cluster)
+    pricing = PlannerConfig(**cfg["planner"]).baseline_pricing
+    plans = [
+        make_plan(samples_from_lengths(lengths), cluster, cost, m, pricing)
+        for lengths in generate_steps(WorkloadConfig(**cfg["workload"]))
+        for m in MODES
+    ]
+    assert sorted(p.hash for p in plans) == sorted(r["plan_hash"] for r in rows)
+    used = set().union(*(p.group_shapes for p in plans))
+    widest = max(size for _, size in used)
+    assert widest == 8, "the run must use a group of every rank"
+    assert groups["new_group_calls"] == len(used)
+    for r, held in enumerate(groups["held"]):
+        mine = {(s, n) for s, n in used if s <= r < s + n}
+        assert {tuple(g) for g in held} == mine, f"rank {r}"
+        assert len(held) <= math.log2(widest)

@@ -43,7 +43,7 @@ import torch.distributed as dist
 
 from config import Cluster, CostsConfig, HardwareConfig, ModelConfig, SettingError
 from experiments.common.provenance import provenance
-from kernels.exchange import AlignedGroups
+from kernels.exchange import ExchangeGroups
 from model import HybridMoE, varlen_attention
 from model.attention import resolve_backend
 from solver import CostModel
@@ -76,7 +76,7 @@ def timed(fn, device, repeats: int) -> float:
 
 
 # ----- 1. all-to-all --------------------------------------------------------------------------------
-def measure_all_to_all(groups: AlignedGroups, node: int, sizes: list[int], cfg: ModelConfig, device, dtype, repeats: int) -> list[dict]:
+def measure_all_to_all(groups: ExchangeGroups, node: int, sizes: list[int], cfg: ModelConfig, device, dtype, repeats: int) -> list[dict]:
     """Seconds of one entry exchange as the runtime runs it (pack, all_to_all_single, unpack:
     kernels.exchange) of the model's Q, K and V heads, per (group size, bytes per peer), every
     aligned group of that size at once; bytes per peer exclude a rank's own slice. Each group holds
@@ -225,7 +225,14 @@ def runtime_step_plan(world: int, node: int, size: int = 1, tokens: int = STEP_S
 
 
 def measure_runtime_steps(
-    cfg: ModelConfig, groups: AlignedGroups, node: int, device, dtype, repeats: int, sizes: dict[str, int], tokens: int = STEP_SAMPLE_TOKENS
+    cfg: ModelConfig,
+    groups: ExchangeGroups,
+    node: int,
+    device,
+    dtype,
+    repeats: int,
+    sizes: dict[str, int],
+    tokens: int = STEP_SAMPLE_TOKENS,
 ) -> dict[str, float]:
     """Seconds of the driver's whole step (model.distributed.run_step: FSDP2 over every rank, full
     recompute, the router's statistics summed over the world) on runtime_step_plan(size, tokens)
@@ -352,7 +359,8 @@ def calibrate(
     sizes = QUICK if quick else FULL
     if median_of is not None:
         sizes = {**sizes, "median_of": median_of}
-    groups = AlignedGroups(world)
+    groups = ExchangeGroups(world)
+    groups.ensure_every_aligned_group()  # the calibration times every width
     backend = resolve_backend(backend, device)
     dev = measure_device(device, dtype)
     a2a = measure_all_to_all(groups, node, sizes["bytes"], cfg, device, dtype, sizes["median_of"])

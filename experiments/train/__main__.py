@@ -40,7 +40,7 @@ from config.cli import Command, Derived
 from experiments.common import options
 from experiments.common.errors import USER_ERRORS
 from experiments.common.settings import MODEL_CHOICES
-from experiments.train.driver import check_options, stuck_ranks, train
+from experiments.train.driver import DTYPES, check_options, stuck_ranks, train
 from kernels.permute import PACK_BACKENDS
 from model.attention import BACKENDS
 from model.sharding import SHARDINGS
@@ -54,7 +54,12 @@ class TrainOptions(Section):
     replay: str = setting(None, "an ablation's results folder: run its first seed's selected steps (use --mode all)", kind=str)
     tokens: str = setting(None, "a token file: a .npy of uint16/uint32 ids, memory-mapped (with --doc-offsets)", kind=str)
     doc_offsets: str = setting(None, "document offsets .npy [n_docs + 1] of --tokens", kind=str)
-    dtype: str = setting("fp32", "parameter dtype (bf16 autocast on CUDA)", choices=("fp32", "fp64"))
+    dtype: str = setting(
+        "auto",
+        "compute dtype: bf16 (fp32 master weights and gradient reduction; FSDP2 gathers bf16 parameters, or autocast when "
+        "replicated), fp32 or fp64; auto: bf16 on CUDA, fp32 elsewhere",
+        choices=DTYPES,
+    )
     pack_backend: str = setting("auto", "pack/unpack kernels: auto (Triton on CUDA, torch elsewhere), triton, torch", choices=PACK_BACKENDS)
     attn_backend: str = options.attn_backend(BACKENDS)
     shard: str = setting("fsdp", "fsdp: FSDP2 over every rank; none: replicated parameters, bucketed all-reduce", choices=SHARDINGS)

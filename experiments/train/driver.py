@@ -26,7 +26,7 @@ from experiments.common.provenance import provenance
 from experiments.common.results import PAPER, summarize, write_run
 from experiments.common.settings import cost_model, prepare
 from experiments.common.workload import generate_steps, load_trace, longest_step
-from kernels.exchange import AlignedGroups, CommStats
+from kernels.exchange import CommStats, ExchangeGroups
 from model import HybridMoE
 from model.distributed import run_step
 from model.sharding import shard_model
@@ -38,6 +38,14 @@ from .data import GeneratedSource, LengthSource, TokenFileSource
 
 class NonFiniteLoss(RuntimeError):
     """A step's loss is nan or inf: the run failed there."""
+
+
+DTYPES = ("auto", "bf16", "fp32", "fp64")
+
+
+def compute_dtype(dtype: str, device: torch.device) -> str:
+    """--dtype resolved: auto is bf16 on CUDA (what a GPU run trains in), fp32 elsewhere."""
+    return ("bf16" if device.type == "cuda" else "fp32") if dtype == "auto" else dtype
 
 
 TIMED_OUT = "repack/timed_out"  # store key prefix: the ranks that saw a collective time out
@@ -114,7 +122,8 @@ def check_memory(settings: Settings, device: torch.device) -> str:
     that cannot fit fails here, naming the estimate, instead of in the allocator minutes later.
     Returns the estimate's line (printed by rank 0)."""
     t, cluster = settings.train, settings.cluster
-    args = (settings.model, cluster.world_size, cluster.tokens_per_rank, t.shard, device.type == "cuda", settings.costs.recompute)
+    bf16 = compute_dtype(t.dtype, device) == "bf16"
+    args = (settings.model, cluster.world_size, cluster.tokens_per_rank, t.shard, bf16, settings.costs.recompute)
     need = memory.estimate(*args)["total"]
     have = memory.available(device)
     if have is not None and need > have:
@@ -161,7 +170,7 @@ class Run:
     model: HybridMoE
     opt: torch.optim.Optimizer
     sched: torch.optim.lr_scheduler.LRScheduler
-    groups: AlignedGroups
+    groups: ExchangeGroups
     fingerprint: dict
     start: int = 0  # index into step_ids of the first step to run (after a resume)
     rows: list[dict] = field(default_factory=list)
@@ -228,10 +237,11 @@ def set_up(settings: Settings, rank: int, device: torch.device) -> Run:
         print(allows, flush=True)
     torch.manual_seed(settings.workload.seed)
     recompute = settings.costs.recompute
-    model = HybridMoE(settings.model, recompute).to(device=device, dtype=torch.float64 if t.dtype == "fp64" else torch.float32)
+    dtype = compute_dtype(t.dtype, device)
+    model = HybridMoE(settings.model, recompute).to(device=device, dtype=torch.float64 if dtype == "fp64" else torch.float32)
     timeout = datetime.timedelta(seconds=t.timeout)  # every group's collectives, not only the default group's
     if t.shard == "fsdp":
-        shard_model(model, device, timeout=timeout)
+        shard_model(model, device, mixed_precision=dtype == "bf16", timeout=timeout)
     if rank == 0:
         print(estimate, flush=True)
     o = settings.optim
@@ -239,7 +249,7 @@ def set_up(settings: Settings, rank: int, device: torch.device) -> Run:
     total = settings.workload.steps
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: o.lr_factor(step, total))
     modes = list(MODES) if t.mode == "all" else [t.mode]
-    run = Run(settings, rank, world, device, cost, source, step_ids, modes, model, opt, sched, AlignedGroups(world, timeout), fp)
+    run = Run(settings, rank, world, device, cost, source, step_ids, modes, model, opt, sched, ExchangeGroups(world, timeout), fp)
     if resume:
         meta = checkpoint.load(t.ckpt_dir, model, opt, expect, t.resume_step)
         sched.load_state_dict(meta["scheduler"])
@@ -303,7 +313,8 @@ def one_step(run: Run, plan, batch, mode: str) -> dict:
     Time is the slowest rank's; bytes are summed over ranks."""
     stats = CommStats(gpus_per_node=run.cluster.gpus_per_node, timed=run.options.timers)
     timers = {} if run.options.timers else None
-    autocast = torch.bfloat16 if run.device.type == "cuda" and run.options.shard == "none" else None  # fsdp: bf16 parameters
+    bf16 = compute_dtype(run.options.dtype, run.device) == "bf16"
+    autocast = torch.bfloat16 if bf16 and run.options.shard == "none" else None  # fsdp: its bf16 parameters
     _sync(run.device)
     t0 = time.perf_counter()
     loss = run_step(
@@ -401,10 +412,24 @@ def save(run: Run, k: int) -> None:
     checkpoint.save(run.options.ckpt_dir, k, run.model, run.opt, meta)
 
 
+def process_groups(run: Run) -> dict:
+    """The exchanges' process groups the run made (every rank calls this: it gathers each rank's)."""
+    mine = (sorted(run.groups.groups), run.groups.seconds)
+    every = [None] * run.world
+    dist.all_gather_object(every, mine)
+    return {
+        "new_group_calls": len(run.groups.made),
+        "held": [[list(g) for g in held] for held, _ in every],  # per rank: (start, size) of each group it holds
+        "seconds": [round(t, 6) for _, t in every],  # per rank: time spent making them
+    }
+
+
 def write_results(run: Run) -> None:
+    groups = process_groups(run)
     if run.rank != 0:
         return
     summary = {
+        "process_groups": groups,
         "engine": "torch",
         "provenance": provenance(),
         "config": run.settings.to_dict(),

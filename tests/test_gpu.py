@@ -1,0 +1,116 @@
+"""The checks that need a CUDA GPU. `pytest -m gpu` on a GPU machine runs them with the kernels
+compiled (tests/conftest.py leaves Triton's interpreter off for that run); `python3 -m
+experiments.gpu_check` runs them and the kernel benchmark as one command. Without CUDA they are
+collected and skipped.
+
+- the Triton pack and unpack, compiled for the device, equal the torch reference bit for bit on
+  NaN-poisoned buffers: every rank's entry and exit exchange of plans in every mode, fp32, bf16
+  and fp16, head sizes 1, 63 and 128, Q, K and V with GQA;
+- the registers and spills the device's loaded kernels report equal what kernels.machine_code
+  reads from the same launches compiled on a CPU machine (so the CI's static checks hold on the
+  device);
+- the driver trains the tiny model on one GPU under torchrun (NCCL) in bf16 and in fp32, the
+  losses within the tolerance the CPU runs keep (tests/test_train_e2e.py).
+"""
+
+import numpy as np
+import pytest
+import torch
+
+from config import MODES, Cluster, HardwareConfig, ModelConfig
+from solver import CostModel, head_to_token_plan, make_plan, samples_from_lengths, token_to_head_plan
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (pytest -m gpu on one)")]
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+BF16_LOSS_RTOL = 5e-3  # the bf16 run's loss against the fp32 run's (tests/test_train_e2e.py keeps the same)
+
+
+@pytest.fixture
+def compiled():
+    """Triton compiled for the device, not interpreted (a mixed run keeps the interpreter on)."""
+    from kernels._triton import INTERPRETED
+
+    if INTERPRETED:
+        pytest.skip("Triton's interpreter is on in this run: run the GPU checks alone, pytest -m gpu")
+
+
+def step_plan(mode: str, world: int = 32, gpus_per_node: int = 8, budget: int = 4096, seed: int = 0):
+    """A step whose longest sample gets an SP16 parent across nodes (repacked into a node's
+    children in the repack modes), planned in `mode` for a model of 32 heads."""
+    cost = CostModel(ModelConfig.from_name("small"), HardwareConfig())
+    rng = np.random.default_rng(seed)
+    lengths = [int(n) for n in np.clip(rng.lognormal(np.log(budget / 4), 1.0, 8 * world), 1, budget // 2)]
+    lengths = [world * budget // 6] + lengths
+    while sum(lengths) > 0.7 * world * budget:
+        lengths.pop()
+    return make_plan(samples_from_lengths(lengths), Cluster(world, gpus_per_node, budget), cost, mode)
+
+
+@pytest.mark.usefixtures("compiled", "poison_empty")
+@pytest.mark.parametrize("mode", MODES)
+def test_triton_pack_unpack_bit_exact_on_the_gpu(mode):
+    from kernels.exchange import exchange_args
+    from kernels.permute import gather_heads, scatter_heads
+
+    dev = torch.device("cuda")
+    plan = step_plan(mode)  # an SP16 parent, repacked in repack and repack+solver
+    head_counts = [32, 8, 8]  # Q, K, V: the key/value heads replicated over SP16
+    failures = []
+    for kind, plans_of in (("entry", token_to_head_plan(plan.child_layout, plan.parent_layout)),
+                           ("exit", head_to_token_plan(plan.parent_layout, plan.child_layout))):  # fmt: skip
+        for r, ex in plans_of.items():
+            a = exchange_args(ex, head_counts, dev)
+            for dt, dtype in DTYPES.items():
+                for dim in (1, 63, 128):
+                    x = torch.randn(a.n_in, a.in_heads, dim, device=dev).to(dtype)
+                    recv = torch.randn(int(sum(a.recv_counts)), a.pack_map.shape[1], dim, device=dev).to(dtype)
+                    args = (a.unpack_rows, a.unpack_peers, a.unpack_map, a.n_out, a.out_heads)
+                    pairs = (
+                        ("pack", gather_heads(x, a.pack_rows, a.pack_peers, a.pack_map, "triton"),
+                         gather_heads(x, a.pack_rows, a.pack_peers, a.pack_map, "torch")),
+                        ("unpack", scatter_heads(recv, *args, "triton"), scatter_heads(recv, *args, "torch")),
+                    )  # fmt: skip
+                    for name, got, want in pairs:
+                        if torch.isnan(got).any() or not torch.equal(got, want):
+                            failures.append(f"{kind} rank {r} {name} {dt} dim {dim}")
+    assert not failures, failures[:10]
+
+
+@pytest.mark.usefixtures("compiled")
+def test_the_devices_registers_equal_the_machine_code_read_on_a_cpu():
+    from kernels.machine_code import _tensors as launch_tensors
+    from kernels.machine_code import exchange_launches, inspect_launches
+    from kernels.permute import launch_spec
+
+    major, minor = torch.cuda.get_device_capability()
+    arch = 10 * major + minor
+    if arch not in (80, 90, 100):
+        pytest.skip(f"sm_{arch}: the static checks cover sm_80, sm_90 and sm_100")
+    specs = [s for dt in ("bf16", "fp32") for d in (128, 97) for s in exchange_launches([32, 8, 8], 16, d, dt, arch)[:4]]
+    static = inspect_launches(specs)
+    for spec, want in zip(specs, static):
+        src, out, rows, peers, head_map = (t.cuda() for t in launch_tensors(spec))
+        kernel, grid, args, meta = launch_spec(spec.op, src, out, rows, peers, head_map)
+        loaded = kernel[grid](*args, **meta)
+        loaded._init_handles()
+        assert (loaded.n_regs, loaded.n_spills) == (want.registers, want.local_bytes), spec
+
+
+def test_bf16_training_on_one_gpu_matches_fp32(tmp_path):
+    import subprocess
+    import sys
+
+    from experiments.common.results import read_run
+    from tests.dist_utils import ROOT
+
+    losses = {}
+    for dtype in ("fp32", "bf16"):
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "1", "-m", "experiments.train", "--model", "tiny",
+               "--steps", "3", "--tokens-per-rank", "512", "--mode", "repack+solver", "--dtype", dtype, "--timeout", "120",
+               "--out", str(tmp_path / dtype)]  # fmt: skip
+        p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+        assert p.returncode == 0, p.stderr[-3000:]
+        rows, _ = read_run(str(tmp_path / dtype))
+        losses[dtype] = [r["loss"] for r in sorted(rows, key=lambda r: r["step"])]
+    np.testing.assert_allclose(losses["bf16"], losses["fp32"], rtol=BF16_LOSS_RTOL)
