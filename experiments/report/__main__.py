@@ -38,6 +38,7 @@ WRITERS = {
     "solver_bench": "python -m experiments.bench.solver",
     "host_bench": "python -m experiments.bench.host",
     "kernel_static": "python -m experiments.bench.kernels",
+    "groups_bench": "python -m experiments.bench.groups",
     "emulated": "python -m experiments.calibrate.emulate --compare (as root)",
 }
 
@@ -60,7 +61,7 @@ def provenance_line(prov: list[dict], commits: bool = True) -> str:
     the README's short form, which points to docs/ for the rest)."""
     if not commits:
         made = ", ".join(f"`{p['command']}`" for p in prov if p.get("command"))
-        return f"<sub>Rendered by `python -m experiments.report` from the results of {made}; with provenance in docs/results.md.</sub>"
+        return f"<sub>Rendered by `python -m experiments.report` from the results of {made}; with provenance in docs/.</sub>"
     parts = []
     for p in prov:
         when = (p.get("time_utc") or "")[:10]

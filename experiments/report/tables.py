@@ -234,6 +234,58 @@ def host_bench(path: str) -> tuple[str, list[dict]]:
     return table(["ranks", "widest parent", "median ms", "worst rank ms"], out), [csv_provenance(rows, path)]
 
 
+def groups_bench(*paths: str) -> tuple[str, list[dict]]:
+    """The exchanges' process groups per rank and the time to make them, eager against lazy, for
+    each results file (local gloo ranks, the emulated cluster)."""
+    out, prov = [], []
+    for path in paths:
+        rows = csv_rows(path)
+        for r in rows:
+            out.append(
+                [
+                    "emulated cluster" if "emulated" in path else "local gloo",
+                    r["world"],
+                    r["gpus_per_node"],
+                    r["way"],
+                    r["new_group_calls"],
+                    f"{r['held_min']}-{r['held_max']}",
+                    f"{float(r['seconds_max']):.3f}",
+                    f"{float(r['first_step_seconds_max']):.3f}",
+                ]
+            )
+        prov.append(csv_provenance(rows, path))
+    header = [
+        "where",
+        "ranks",
+        "per node",
+        "groups made",
+        "new_group calls",
+        "groups a rank holds",
+        "seconds making them",
+        "of which at the first step",
+    ]
+    return table(header, out), prov
+
+
+def groups_summary(*paths: str) -> tuple[str, list[dict]]:
+    """The README's line per results file: at its widest world, the groups a rank holds and the
+    time to make them, lazy against eager."""
+    parts, prov = [], []
+    for path in paths:
+        rows = csv_rows(path)
+        world = max(int(r["world"]) for r in rows)
+        way = {r["way"].split(":")[0]: r for r in rows if int(r["world"]) == world}
+        lazy, eager = way["lazy"], way["eager"]
+        where = "emulated" if "emulated" in path else "local gloo"
+        parts.append(
+            f"{world} {where} ranks: a rank holds at most {lazy['held_max']} process groups, made as the steps first use them in "
+            f"{float(lazy['seconds_max']):.2f} s over {lazy['steps']} steps (every aligned group up front: {eager['held_max']}, "
+            f"{float(eager['seconds_max']):.2f} s)"
+        )
+        prov.append(csv_provenance(rows, path))
+    return "; ".join(parts) + ".", prov
+
+
 def kernel_static(path: str) -> tuple[str, list[dict]]:
     """What the pack kernels' machine code says about each GPU (experiments.bench.kernels)."""
     rows = csv_rows(path)
@@ -351,6 +403,8 @@ RENDERERS: dict[str, Callable[..., tuple[str, list[dict]]]] = {
     "solver-joint": solver_joint,
     "host-bench": host_bench,
     "kernel-static": kernel_static,
+    "groups-bench": groups_bench,
+    "groups-summary": groups_summary,
     "memory": memory,
     "emulated": emulated,
     "settings": settings,
