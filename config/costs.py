@@ -31,12 +31,18 @@ class CostsConfig(Section):
     )
     ep_degree: int = setting(
         None,
-        "expert-parallel degree: ranks that share one layer's experts (default: a node's ranks, at most 8, dividing the experts)",
+        "expert-parallel degree: ranks that share one layer's experts, each holding n_experts / ep of them (default: a node's "
+        "ranks, at most 8, dividing the experts; 1: every rank holds every expert)",
         optional(POWER_OF_TWO),
         kind=int,
+        flag="--ep",
         source="EP8: one node's GPUs",
     )
-    ep_placement: str = setting("intra", "an expert-parallel group inside a node (intra) or across nodes (inter)", choices=EP_PLACEMENTS)
+    ep_placement: str = setting(
+        "intra",
+        "an expert-parallel group of aligned ranks inside a node (intra: the EP degree at most a node) or across nodes (inter: wider)",
+        choices=EP_PLACEMENTS,
+    )
     moe_overlap: float = setting(
         0.8, "share of the experts' all-to-all hidden behind compute", FRACTION,
         source="production MoE systems overlap most of it (DeepSeek-V3 reports near-full overlap)",

@@ -12,6 +12,7 @@ j-th 1/P slice of every part, so Q, K and V travel in one all-to-all. The backwa
 from __future__ import annotations
 
 import datetime
+import math
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -202,14 +203,18 @@ class CommStats:
     bytes_by_site: dict = field(default_factory=lambda: defaultdict(lambda: [0, 0]))  # site -> [intra, inter]
 
     def record(self, site: str, args: ExchangeArgs, row_bytes: int) -> None:
+        self.record_counts(site, args.rank, args.group_start, args.send_counts, row_bytes)
+
+    def record_counts(self, site: str, rank: int, group_start: int, send_counts, row_bytes: int) -> None:
+        """One call at `site`: send_counts[j] rows of row_bytes to rank group_start + j."""
         self.calls[site] += 1
-        src_node = args.rank // self.gpus_per_node
-        for j, c in enumerate(args.send_counts):
-            dst = args.group_start + j
-            if dst == args.rank or c == 0:
+        src_node = rank // self.gpus_per_node
+        for j, c in enumerate(send_counts):
+            dst = group_start + j
+            if dst == rank or c == 0:
                 continue
             b = c * row_bytes
-            self.bytes_to_peer[site][(args.rank, dst)] += b
+            self.bytes_to_peer[site][(rank, dst)] += b
             self.bytes_by_site[site][0 if dst // self.gpus_per_node == src_node else 1] += b
 
     def exchange_seconds(self, site_prefix: str = "", part: str | None = None) -> float:
@@ -320,6 +325,39 @@ def dist_transport(groups: ExchangeGroups) -> Transport:
         return recv
 
     return run
+
+
+class _AllToAllRows(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, send_counts, recv_counts, group, stats, site):
+        ctx.args = (recv_counts, send_counts, group, stats, site + ".bwd")
+        return _all_to_all_rows(x, send_counts, recv_counts, group, stats, site)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _AllToAllRows.apply(grad.contiguous(), *ctx.args), None, None, None, None, None
+
+
+def _all_to_all_rows(x, send_counts, recv_counts, group, stats, site):
+    if group is None:  # a group of one rank
+        return x.clone()
+    clock = PhaseClock(stats.seconds[site] if stats is not None and stats.timed else None, x.device)
+    if stats is not None:
+        rank = dist.get_rank()
+        start = rank - dist.get_group_rank(group, rank)  # the groups here are aligned ranges
+        stats.record_counts(site, rank, start, send_counts, math.prod(x.shape[1:]) * x.element_size())
+    clock.lap("record")
+    out = x.new_empty((sum(recv_counts),) + tuple(x.shape[1:]))
+    dist.all_to_all_single(out, x.contiguous(), output_split_sizes=list(recv_counts), input_split_sizes=list(send_counts), group=group)
+    clock.lap("all_to_all")
+    return out
+
+
+def all_to_all_rows(x: torch.Tensor, send_counts, recv_counts, group, stats: CommStats | None = None, site: str = "rows"):
+    """Rows of x [n, ...] to the peers of `group` (send_counts[j] to its rank j), rows from them
+    (recv_counts[j] from rank j) -> [sum(recv_counts), ...]; differentiable (the backward is the
+    reverse all-to-all), counted in `stats` under `site`. group None: one rank, a copy."""
+    return _AllToAllRows.apply(x, list(send_counts), list(recv_counts), group, stats, site)
 
 
 def pack(x: torch.Tensor, args: ExchangeArgs, backend: str = "auto") -> torch.Tensor:

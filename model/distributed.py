@@ -19,6 +19,7 @@ from config import ModelConfig
 from kernels.exchange import CommStats, ExchangeGroups, PhaseClock, dist_transport, exchange, exchange_args
 from solver import StepPlan, head_cu_seqlens, token_to_head_rank
 
+from .experts import ExpertDispatch
 from .hybrid import IGNORE, attention_sites
 from .layers import Rotary
 from .sharding import is_sharded
@@ -28,10 +29,15 @@ class LayoutError(RuntimeError):
     """The plan cannot run on this process group; the message says why."""
 
 
-def validate(plan: StepPlan, cfg: ModelConfig, world_size: int) -> None:
+def validate(plan: StepPlan, cfg: ModelConfig, world_size: int, ep: int = 1) -> None:
     """Fail fast, before any exchange, with a message naming the problem (never a hang)."""
     if plan.cluster.world_size != world_size:
         raise LayoutError(f"the plan is for {plan.cluster.world_size} ranks but the process group has {world_size}")
+    if ep > 1 and (world_size % ep or cfg.n_experts % ep):
+        raise LayoutError(
+            f"expert parallelism of degree {ep} needs the world ({world_size} ranks) and the experts ({cfg.n_experts}) "
+            f"to be multiples of it"
+        )
     sizes = sorted({g.size for g in plan.parent_layout.groups} | {g.size for g in plan.child_layout.groups})
     for p in sizes:
         if cfg.n_heads % p:
@@ -112,6 +118,7 @@ class RankPlacement:
         stats: CommStats | None = None,
         device="cpu",
         recompute_attention: bool = False,
+        ep: int = 1,
     ):
         self.cfg, self.rank, self.pack_backend, self.backend, self.stats = cfg, rank, pack_backend, backend, stats
         self.recompute_attention = recompute_attention  # selective recompute: the kernels re-run in backward
@@ -127,6 +134,10 @@ class RankPlacement:
         self.rotary = Rotary(self.positions, cfg.head_dim, cfg.rope_theta, [(a, b) for _, a, b in self.chunks])
         self.reduce = all_reduce_sum
         self.total_tokens = plan.total_tokens
+        self.dispatch = None
+        if ep > 1:  # the rank's expert-parallel group: the aligned ep ranks around it
+            start = rank - rank % ep
+            self.dispatch = ExpertDispatch(start, ep, rank, cfg.n_experts, groups.get(start, ep), pack_backend, stats)
 
     def _heads(self, y: torch.Tensor, p: int):
         h, hkv = self.cfg.n_heads // p, max(self.cfg.n_kv_heads // p, 1)  # one replicated KV head when p > n_kv_heads
@@ -157,6 +168,11 @@ class RankPlacement:
             return torch.zeros(0, dtype=torch.int64, device=device), torch.zeros(0, dtype=torch.int64, device=device)
         tokens = torch.as_tensor(np.concatenate(toks).astype(np.int64), device=device)
         return tokens, torch.as_tensor(np.concatenate(labs).astype(np.int64), device=device)
+
+
+def expert_groups(ep: int, world: int) -> frozenset[tuple[int, int]]:
+    """(start, size) of the expert-parallel groups: the world in aligned groups of `ep` ranks."""
+    return frozenset((s, ep) for s in range(0, world, ep)) if ep > 1 else frozenset()
 
 
 def label_count(plan: StepPlan) -> int:
@@ -215,12 +231,17 @@ def run_step(
     rank, world = dist.get_rank(), dist.get_world_size()
     dev = next(model.parameters()).device
     clock = PhaseClock(timers, dev)
-    validate(plan, model.cfg, world)
+    ep = getattr(model, "ep", 1)
+    validate(plan, model.cfg, world, ep)
+    if ep > 1 and not is_sharded(model):
+        raise LayoutError(
+            f"expert parallelism (degree {ep}) needs the model sharded with FSDP2: its experts' gradients sum over their replicas"
+        )
     if check_hash:
         check_same_plan(plan, dev)
-    groups.ensure(plan.group_shapes)  # every rank, the same plan: the new groups made in one global order
+    groups.ensure(plan.group_shapes | expert_groups(ep, world))  # every rank, the same groups: made in one global order
     selective = getattr(model, "recompute", "none") == "selective"
-    place = RankPlacement(plan, model.cfg, rank, groups, pack_backend, backend, stats, dev, selective)
+    place = RankPlacement(plan, model.cfg, rank, groups, pack_backend, backend, stats, dev, selective, ep)
     tokens, labels = place.local_batch(sample_tokens, dev)
     clock.lap("host")
     if autocast_dtype is not None:
@@ -242,6 +263,7 @@ def run_step(
 
 __all__ = [
     "RankPlacement",
+    "expert_groups",
     "LayoutError",
     "all_reduce_sum",
     "allreduce_grads",

@@ -28,6 +28,8 @@ class Placement(Protocol):
     rotary: Rotary  # cos/sin of those positions, computed once per step
     reduce: Reduce | None  # sums over the global batch (aux loss), identity when local
     total_tokens: int  # tokens of the global batch
+    dispatch: object | None  # the rank's expert-parallel group (model.experts.ExpertDispatch); None: its own experts
+    pack_backend: str  # the row gathers' and exchanges' kernels (kernels.permute)
 
     def attend(self, qkv: torch.Tensor, layer_type: str, layer: int) -> torch.Tensor:
         """qkv [n, H + 2 Hkv, D] (rotary applied) -> attention output [n, H, D] for layer type 'F' or 'S'."""
@@ -45,6 +47,7 @@ class LocalPlacement:
         self.rotary = Rotary(self.positions, cfg.head_dim, cfg.rope_theta, [(0, n) for n in lengths])
         self.reduce = None
         self.total_tokens = int(sum(lengths))
+        self.dispatch, self.pack_backend = None, "auto"
 
     def attend(self, qkv, layer_type, layer):
         h, hkv = self.cfg.n_heads, self.cfg.n_kv_heads
@@ -95,7 +98,7 @@ class Block(nn.Module):
         qkv = torch.cat([qk, qkv[:, nq:]], dim=1)
         o = place.attend(qkv, layer_type, layer)
         x = x + self.wo(o.reshape(x.shape[0], c.n_heads * c.head_dim))
-        m, aux = self.moe(self.moe_norm(x), place.reduce, place.total_tokens)
+        m, aux = self.moe(self.moe_norm(x), place.reduce, place.total_tokens, place.dispatch, place.pack_backend)
         return x + m, aux
 
 
@@ -116,10 +119,27 @@ class HybridMoE(nn.Module):
         if recompute not in RECOMPUTE:
             raise ValueError(f"recompute={recompute!r}; valid: {RECOMPUTE}")
         self.cfg, self.recompute = cfg, recompute
+        self.ep = 1  # expert-parallel degree (expert_parallel)
         self.embed = nn.Embedding(cfg.vocab, cfg.hidden)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.hidden, cfg.norm_eps)
         self.lm_head = None if cfg.tie_embeddings else nn.Linear(cfg.hidden, cfg.vocab, bias=False)
+
+    def expert_parallel(self, ep: int, rank: int) -> HybridMoE:
+        """Keep only the experts of `rank`'s slot in its expert-parallel group of `ep` aligned
+        ranks: slot j = rank mod ep holds experts j n_experts / ep onward, n_experts / ep of them
+        (the single-process model's tensors, sliced: every rank builds the model from the same
+        seed). A step then needs a placement whose dispatch is that group."""
+        e = self.cfg.n_experts
+        if ep < 1 or e % ep:
+            raise ValueError(f"n_experts={e} cannot be split over an expert-parallel group of {ep} ranks")
+        if self.ep != 1:
+            raise ValueError(f"the experts are already split {self.ep} ways")
+        per = e // ep
+        for blk in self.blocks:
+            blk.moe.experts.keep((rank % ep) * per, per)
+        self.ep = ep
+        return self
 
     def forward(self, tokens: torch.Tensor, place: Placement, labels=None, label_count: int | None = None, world_size: int = 1):
         """tokens [n] -> (final hidden [n, hidden], summed aux loss); with labels, the loss (see

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
+
+from .experts import Experts, gather_slots, inverse_permutation, permute_rows
 
 
 class RMSNorm(nn.Module):
@@ -79,41 +79,39 @@ class MoE(nn.Module):
     """Top-k routed SwiGLU experts with an optional load-balancing auxiliary loss.
 
     The auxiliary loss uses per-expert sums over the *global* batch (`reduce` all-reduces them in
-    a distributed step), so it does not depend on how tokens are laid out over ranks.
+    a distributed step), so it does not depend on how tokens are laid out over ranks, nor on the
+    expert-parallel degree. A token's slots are sorted by expert (a stable sort: token order
+    within an expert), run by the rank's own experts or, given a model.experts.ExpertDispatch, by
+    the ranks of its expert-parallel group, and summed back weighted in slot order.
     """
 
     def __init__(self, hidden: int, ffn: int, n_experts: int, top_k: int):
         super().__init__()
-        self.top_k = top_k
+        self.top_k, self.n_experts = top_k, n_experts
         self.router = nn.Linear(hidden, n_experts, bias=False)
-        self.w1 = nn.Parameter(torch.randn(n_experts, hidden, ffn) / hidden**0.5)
-        self.w3 = nn.Parameter(torch.randn(n_experts, hidden, ffn) / hidden**0.5)
-        self.w2 = nn.Parameter(torch.randn(n_experts, ffn, hidden) / ffn**0.5)
+        self.experts = Experts(n_experts, hidden, ffn)
 
-    def forward(self, x: torch.Tensor, reduce: Reduce | None = None, total_tokens: int | None = None):
-        """x [T, hidden] -> ([T, hidden], aux_loss scalar)."""
+    def route(self, x: torch.Tensor):
+        """(router probabilities [T, E], the top_k weights [T, k] normalized, their experts [T, k])."""
         probs = torch.softmax(self.router(x), dim=-1)
         weight, expert = probs.topk(self.top_k, dim=-1)
-        weight = weight / weight.sum(-1, keepdim=True)
-        n_experts = self.w1.shape[0]
-        # dispatch by one stable sort: each expert's (token, slot) pairs are contiguous, in token
-        # order; one host sync per layer (the per-expert counts that size the GEMMs)
-        flat = expert.reshape(-1)
+        return probs, weight / weight.sum(-1, keepdim=True), expert
+
+    def forward(self, x: torch.Tensor, reduce: Reduce | None = None, total_tokens: int | None = None, dispatch=None, backend: str = "auto"):
+        """x [T, hidden] -> ([T, hidden], aux_loss scalar). dispatch: the rank's expert-parallel
+        group (None: every expert here); backend: the row gathers' (kernels.permute)."""
+        probs, weight, expert = self.route(x)
+        k = self.top_k
+        flat = expert.reshape(-1)  # slot t * k + i: token t's i-th expert
         order = torch.argsort(flat, stable=True)
-        counts = torch.bincount(flat, minlength=n_experts)
-        tok = order // self.top_k
-        xs = x[tok]
-        ys = []
-        for e, (a, b) in enumerate(_spans(counts.tolist())):
-            if b > a:
-                xe = xs[a:b]
-                ys.append((F.silu(xe @ self.w1[e]) * (xe @ self.w3[e])) @ self.w2[e])
-        if not ys:  # no token here: an empty product keeps the experts in the graph (zero gradients),
-            xe = xs[:0]  # so every rank reduces the same parameters (FSDP2 reduce-scatters those with a gradient)
-            ys.append((F.silu(xe @ self.w1[0]) * (xe @ self.w3[0])) @ self.w2[0])
-        y = torch.cat(ys)
-        # combined in the residual stream's dtype (under autocast the experts' outputs are bf16, the stream fp32)
-        out = x.new_zeros(x.shape).index_add_(0, tok, (y * weight.reshape(-1)[order, None]).to(x.dtype))
+        inverse = inverse_permutation(order)
+        counts = torch.bincount(flat, minlength=self.n_experts)
+        if dispatch is None:
+            y = self.experts(gather_slots(x, order, inverse, k, backend), counts.tolist())  # one host sync: the GEMMs' sizes
+        else:
+            y = dispatch(x, order, flat[order], k, self.experts)
+        slots = permute_rows(y, inverse, order, backend)  # slot order again
+        out = (slots.view(x.shape[0], k, x.shape[1]) * weight.unsqueeze(-1).to(slots.dtype)).sum(dim=1).to(x.dtype)
         counts = counts.to(x.dtype)
         mass = probs.sum(0)
         if reduce is not None:
@@ -121,9 +119,3 @@ class MoE(nn.Module):
         n = total_tokens if total_tokens is not None else x.shape[0]
         aux = probs.shape[-1] * ((counts / (n * self.top_k)) * (mass / n)).sum() if n else x.sum() * 0
         return out, aux
-
-
-def _spans(counts: list[int]) -> list[tuple[int, int]]:
-    """[a, b) of each expert's rows in the sorted dispatch order."""
-    ends = list(itertools.accumulate(counts))
-    return [(e - c, e) for c, e in zip(counts, ends)]

@@ -1,11 +1,16 @@
-"""Parameter sharding with FSDP2 (`fully_shard`), over the whole world.
+"""Parameter sharding with FSDP2 (`fully_shard`), over the whole world; under expert parallelism
+the experts over their replicas.
 
 Ulysses ranks hold different tokens of the same model, so for the parameters they are data-
 parallel ranks: every block and the root are sharded over all ranks of the job (one mesh
 dimension, as `dp_shard * cp` folds context parallelism into the shard mesh). Gradients keep the
 replicated step's meaning: each rank's loss is already its share of the global sum, so the
 reduce-scatter must sum, not average; the divide factor is set to 1 on every sharded module (it
-is per module: set on the root alone, the blocks would still average).
+is per module: set on the root alone, the blocks would still average). Under expert parallelism
+of degree N a rank holds n_experts / N experts (HybridMoE.expert_parallel); each block's experts
+are sharded over the world / N ranks that hold the same ones, so their gradients sum over those
+replicas only (each replica computes its experts' gradient from the tokens its EP group sent),
+as the cost model's gradient sync assumes.
 """
 
 from __future__ import annotations
@@ -31,7 +36,12 @@ def shard_model(model: nn.Module, device: torch.device, mixed_precision: bool | 
     if mixed_precision is None:
         mixed_precision = device.type == "cuda"
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if mixed_precision else MixedPrecisionPolicy()
+    ep = getattr(model, "ep", 1)
+    if ep > 1:  # a rank's experts shard over the ranks that hold the same ones, and their gradients sum there
+        replicas = DeviceMesh.from_group(_replica_group(ep, timeout), device.type, mesh_dim_names=("replicas",))
     for block in model.blocks:
+        if ep > 1:
+            fully_shard(block.moe.experts, mesh=replicas, mp_policy=mp)
         fully_shard(block, mesh=mesh, mp_policy=mp)
     fully_shard(model, mesh=mesh, mp_policy=mp)
     for m in model.modules():
@@ -50,6 +60,27 @@ def _shard_group(timeout=None):
     key = id(dist.distributed_c10d._get_default_group())
     if key not in _GROUPS:
         _GROUPS[key] = dist.new_group(list(range(dist.get_world_size())), timeout=timeout)
+    return _GROUPS[key]
+
+
+def replica_ranks(ep: int, world: int, rank: int) -> list[int]:
+    """The ranks holding the same experts as `rank` under expert parallelism of degree `ep`: one
+    in each aligned EP group, at the same slot.
+
+    >>> replica_ranks(4, 16, 6)
+    [2, 6, 10, 14]
+    """
+    return list(range(rank % ep, world, ep))
+
+
+def _replica_group(ep: int, timeout=None):
+    """This rank's replica group, made once per (default group, ep): every rank makes all ep of
+    them, slot by slot, and keeps its own."""
+    key = (id(dist.distributed_c10d._get_default_group()), "replicas", ep)
+    if key not in _GROUPS:
+        world, rank = dist.get_world_size(), dist.get_rank()
+        made = [dist.new_group(replica_ranks(ep, world, slot), timeout=timeout) for slot in range(ep)]
+        _GROUPS[key] = made[rank % ep]
     return _GROUPS[key]
 
 

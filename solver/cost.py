@@ -25,6 +25,9 @@ FWD_BWD_EXCHANGES = 2  # every exchange runs once forward and once (its inverse)
 COLLECTIVES_PER_SHARD = 3  # per sharded module and step: gather forward, gather backward, reduce gradients
 FLOPS_PER_MAC = 2.0  # a multiply-accumulate is two FLOPs: a [n, k] x [k, m] matmul costs 2 n k m
 DEFAULT_EP = 8  # expert parallelism over a node of 8 GPUs, where the costs leave the degree unset
+# all-to-all calls of one MoE layer under expert parallelism (model.experts.ExpertDispatch): forward,
+# the slot counts, the dispatch and the combine; backward, the dispatch's and the combine's reverse
+MOE_FWD_CALLS, MOE_BWD_CALLS = 3, 2
 
 
 # ----- attention FLOPs ------------------------------------------------------------------------
@@ -250,26 +253,72 @@ class CostModel:
         ep = tr.ep_degree
         if m.n_experts % ep:
             raise SettingError(
-                f"costs.ep_degree (--ep-degree)={ep} does not divide model.n_experts (--n-experts)={m.n_experts}: each rank of "
+                f"costs.ep_degree (--ep)={ep} does not divide model.n_experts (--n-experts)={m.n_experts}: each rank of "
                 f"an expert-parallel group holds n_experts / ep_degree experts"
+            )
+        if not intra and node is not None and ep <= node:
+            raise SettingError(
+                f"costs.ep_placement (--ep-placement) is inter, but an expert-parallel group of costs.ep_degree (--ep)={ep} "
+                f"aligned ranks lies inside a node of {node} (--gpus-per-node): use --ep-placement intra, or an EP degree wider than a node"
             )
         if intra and node is not None and ep > node:
             raise SettingError(
-                f"costs.ep_degree (--ep-degree)={ep} is wider than a node of {node} ranks (--gpus-per-node), and "
+                f"costs.ep_degree (--ep)={ep} is wider than a node of {node} ranks (--gpus-per-node), and "
                 f"costs.ep_placement (--ep-placement) is intra: use an EP degree of at most {node}, or --ep-placement inter"
             )
         return ep
 
+    def moe_peers(self) -> tuple[int, int]:
+        """(peers on a rank's node, peers on other nodes) of its expert-parallel group: aligned
+        groups of ep_degree ranks, inside a node when they fit one. Unbound to a cluster, the
+        placement says which."""
+        ep, g = self.ep_degree, self.gpus_per_node
+        if g is None:
+            return (ep - 1, 0) if self.costs.ep_placement == "intra" else (0, ep - 1)
+        same = min(ep, g)
+        return same - 1, ep - same
+
+    def moe_token_bytes(self) -> tuple[float, float]:
+        """(intra-node, inter-node) bytes one token of a rank sends in one layer's expert
+        all-to-alls over a step: top_k copies of its hidden state out (dispatch) and back
+        (combine), every pass; the expectation under routing uniform over the experts, so a
+        share 1/ep of them stays on the rank and each peer gets 1/ep."""
+        if self.ep_degree == 1 or not self.costs.moe_all_to_all:
+            return 0.0, 0.0
+        m = self.model
+        per_peer = 2 * self.exchange_passes * m.top_k * m.hidden * self.hw.bytes_per_element / self.ep_degree
+        intra, inter = self.moe_peers()
+        return per_peer * intra, per_peer * inter
+
     def _moe_token_time(self) -> float:
-        """Exposed seconds per token of one layer's expert dispatch and combine (fwd, bwd and a
-        recompute pass if any): top_k copies of the hidden state out and back, the share
-        (ep - 1) / ep to other ranks, at NVLink rate inside a node or the inter-node rate."""
-        tr, m, hw, ep = self.costs, self.model, self.hw, self.ep_degree
+        """Exposed seconds per token of one layer's expert all-to-alls over a step: the bytes of
+        moe_token_bytes at the rates an exchange of the EP group pays them (a group across nodes
+        under the group reading at the cross-node rate), 1 - moe_overlap of them exposed."""
+        ep = self.ep_degree
         if ep == 1:
             return 0.0
-        bytes_per_token = 2 * m.top_k * m.hidden * hw.bytes_per_element * (ep - 1) / ep
-        bw = hw.intra_node_bw if tr.ep_placement == "intra" else hw.inter_node_bw
-        return (1 - tr.moe_overlap) * self.exchange_passes * bytes_per_token / bw
+        intra, inter = self.moe_token_bytes()
+        hw = self.hw
+        if inter and hw.ratio_reading == "group":
+            seconds = (intra + inter) / hw.inter_node_bw
+        else:
+            seconds = intra / hw.intra_node_bw + inter / hw.inter_node_bw
+        return (1 - self.costs.moe_overlap) * seconds
+
+    def moe_fixed_time(self) -> float:
+        """Seconds every rank pays for its expert all-to-all calls' latencies over a step (every layer)."""
+        return self.model.n_layers * self.moe_layer_fixed()
+
+    def moe_layer_fixed(self) -> float:
+        """Seconds of one layer's expert all-to-all calls over a step whatever their bytes: the
+        counts, the dispatch and the combine forward (again under full recompute), the dispatch's
+        and the combine's backward; each a call's latency, and what a call across nodes adds
+        (latency is not hidden: a latency-bound call has nothing to overlap)."""
+        if self.ep_degree == 1 or not self.costs.moe_all_to_all:
+            return 0.0
+        calls = MOE_FWD_CALLS * (self.exchange_passes - 1) + MOE_BWD_CALLS
+        across = self.moe_peers()[1] > 0
+        return calls * (self.hw.a2a_latency + (self.hw.a2a_inter_latency if across else 0.0))
 
     # --- forward compute seconds, whole sample, all heads ---
     def full_attn_time(self, lengths):

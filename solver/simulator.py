@@ -21,6 +21,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from config import SettingError
+
 from .cluster import ceil_pow2
 from .cost import BWD_COMPUTE, FWD_BWD_COMPUTE, FWD_COMPUTE, CostModel
 from .plan import StepPlan
@@ -44,6 +46,8 @@ class StepResult:
     full_inter_bytes: float
     sparse_intra_bytes: float
     sparse_inter_bytes: float
+    moe_intra_bytes: float  # the experts' all-to-alls, whole step, all ranks: the expectation under uniform routing
+    moe_inter_bytes: float
     a2a_calls_full: int  # all-to-all calls per rank at full-attention sites (max over ranks)
     a2a_calls_sparse: int
     # mean over ranks, seconds from arriving at a site's all-to-alls to their end, the wait for the
@@ -51,6 +55,7 @@ class StepResult:
     # parts above (comm and imbalance wait), they do not add to them
     full_exchange: float
     sparse_exchange: float
+    moe_exchange: float  # the experts' all-to-all calls (their exposed time, every pass)
 
     def to_dict(self):
         return asdict(self)
@@ -97,7 +102,7 @@ class _Timeline:
         self.inter = np.zeros(world)
         self.wait = np.zeros(world)
         self.moe = np.zeros(world)
-        self.blocked = {"full": np.zeros(world), "sparse": np.zeros(world)}
+        self.blocked = {"full": np.zeros(world), "sparse": np.zeros(world), "moe": np.zeros(world)}
 
     def work(self, dt: np.ndarray):
         self.t += dt
@@ -106,6 +111,7 @@ class _Timeline:
     def moe_exchange(self, dt: np.ndarray):
         self.t += dt
         self.moe += dt
+        self.blocked["moe"] += dt
 
     def world_barrier(self, dt: float):
         """A collective of every rank (the router's statistics): all wait for the slowest, then dt."""
@@ -180,7 +186,7 @@ def lower_bound(plan: StepPlan, cost: CostModel) -> float:
         if m > 1:
             xfull += cost.model.n_full * cost.exchange_line(m)[0] * n  # rank-seconds: n/m tokens per rank on m ranks
     world = plan.cluster.world_size
-    return (compute + xfull) / world + cost.grad_sync_time(world) + cost.optimizer_time(world)
+    return (compute + xfull) / world + cost.moe_fixed_time() + cost.grad_sync_time(world) + cost.optimizer_time(world)
 
 
 def simulate(plan: StepPlan, cost: CostModel) -> StepResult:
@@ -196,6 +202,11 @@ def simulate(plan: StepPlan, cost: CostModel) -> StepResult:
     cost = cost.for_cluster(plan.cluster)
     world, g = plan.cluster.world_size, plan.cluster.gpus_per_node
     m = cost.model
+    if world % cost.ep_degree:
+        raise SettingError(
+            f"costs.ep_degree (--ep)={cost.ep_degree} does not divide the cluster's {world} ranks: the runtime's expert-parallel "
+            f"groups tile the world"
+        )
     parent = _Layout(plan.parent_layout.groups, world, plan.length_of, cost)
     child = _Layout(plan.child_layout.groups, world, plan.length_of, cost)
     tokens = child.tokens  # token-wise work runs in the child layout (== parent in baseline)
@@ -239,7 +250,11 @@ def simulate(plan: StepPlan, cost: CostModel) -> StepResult:
                 bytes_acc[key][1] += b_out
                 calls[key] += 1
 
-    moe = tokens * cost.moe_token_time  # a layer's exposed expert all-to-all, every pass
+    # a layer's exposed expert all-to-alls, every pass, each rank's from its own tokens (their
+    # expectation under uniform routing) and the calls' latencies; the router's world barrier
+    # right after synchronizes every rank at every MoE layer, the EP groups with them
+    moe = tokens * cost.moe_token_time + cost.moe_layer_fixed()
+    moe_bytes = cost.moe_token_bytes()
     recompute = cost.costs.recompute
     kinds = m.layer_types
     router = cost.costs.router_sync and world > 1
@@ -285,8 +300,11 @@ def simulate(plan: StepPlan, cost: CostModel) -> StepResult:
         full_inter_bytes=bytes_acc["full"][1],
         sparse_intra_bytes=bytes_acc["sparse"][0],
         sparse_inter_bytes=bytes_acc["sparse"][1],
+        moe_intra_bytes=float(tokens.sum()) * m.n_layers * moe_bytes[0],
+        moe_inter_bytes=float(tokens.sum()) * m.n_layers * moe_bytes[1],
         a2a_calls_full=calls["full"],
         a2a_calls_sparse=calls["sparse"],
         full_exchange=float(tl.blocked["full"].mean()),
         sparse_exchange=float(tl.blocked["sparse"].mean()),
+        moe_exchange=float(tl.blocked["moe"].mean()),
     )

@@ -59,10 +59,10 @@ def test_a_hardware_profile_is_checked_and_an_empty_one_is_no_preset(tmp_path):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--ep-degree", "3"], "--ep-degree=3 is invalid: it must be a power of two"),
-        (["--ep-degree", "1000"], "--ep-degree=1000 is invalid: it must be a power of two"),
-        (["--ep-degree", "16"], "costs.ep_degree (--ep-degree)=16 is wider than a node of 8 ranks"),
-        (["--ep-degree", "256"], "costs.ep_degree (--ep-degree)=256 does not divide model.n_experts (--n-experts)=128"),
+        (["--ep", "3"], "--ep=3 is invalid: it must be a power of two"),
+        (["--ep", "1000"], "--ep=1000 is invalid: it must be a power of two"),
+        (["--ep", "16"], "costs.ep_degree (--ep)=16 is wider than a node of 8 ranks"),
+        (["--ep", "256"], "costs.ep_degree (--ep)=256 does not divide model.n_experts (--n-experts)=128"),
     ],
 )
 def test_the_expert_parallel_degree_is_checked_against_the_cluster_and_the_experts(tmp_path, args, message):
@@ -77,7 +77,7 @@ def test_the_expert_parallel_degree_defaults_to_what_the_node_and_the_experts_ho
     assert paper.ep_degree == 8 and paper.for_cluster(Cluster()).ep_degree == 8  # the paper's EP8
     inter = CostModel(tiny, HardwareConfig(), costs=CostsConfig(ep_placement="inter", ep_degree=4)).for_cluster(Cluster(8, 2, 32))
     assert inter.ep_degree == 4  # across nodes: wider than a node is what it means
-    with pytest.raises(SettingError, match=r"--ep-degree\)=4 is wider than a node of 2 ranks"):
+    with pytest.raises(SettingError, match=r"--ep\)=4 is wider than a node of 2 ranks"):
         CostModel(tiny, HardwareConfig(), costs=CostsConfig(ep_degree=4)).for_cluster(Cluster(8, 2, 32))
 
 

@@ -46,7 +46,7 @@ def run_ablation_cli(tmp_path, *args):
         (["--sparse-kind", "chunked", "--sparse-params", "window=512"], "sparse kind 'chunked' has no parameter 'window'"),
         (["--sparse-kind", "nope"], "argument --sparse-kind: invalid choice: 'nope' (choose from "),
         (["--moe-overlap", "1.5"], "--moe-overlap=1.5 is invalid"),
-        (["--ep-degree", "0"], "--ep-degree=0 is invalid"),
+        (["--ep", "0"], "--ep=0 is invalid"),
         (["--world-size", "12"], "cluster.world_size (--world-size)=12 is not a multiple of cluster.gpus_per_node (--gpus-per-node)=8"),
         (["--fill", "0.5", "--tokens-per-step", "1000"], "--fill and --tokens-per-step set the same thing two ways"),
         (["--steps", "x"], "argument --steps: invalid int value: 'x'"),

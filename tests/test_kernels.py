@@ -155,3 +155,27 @@ def test_gpu_check_bandwidth_targets():
     assert bandwidth_misses([row(32, 1, 2, 100), row(64, 80, 50, 100)]) == (1, [])  # small rows are not judged
     assert len(bandwidth_misses([row(128, 79, 50, 100)])[1]) == 1  # under 80% of copy
     assert len(bandwidth_misses([row(128, 90, 95, 100)])[1]) == 1  # slower than torch
+
+
+@pytest.mark.usefixtures("poison_empty")
+@pytest.mark.parametrize("hidden", [64, 97])
+def test_triton_dispatch_permute_bit_exact_with_reference(hidden):
+    """The experts' row gathers (model.experts): each token's top-k slots packed by expert, and the
+    outputs back in slot order, forward and backward, through Triton (interpreted) and torch."""
+    from model.experts import gather_slots, inverse_permutation, permute_rows
+
+    g = torch.Generator().manual_seed(1)
+    tokens, k = 37, 3
+    experts = torch.randint(0, 8, (tokens * k,), generator=g)
+    order = torch.argsort(experts, stable=True)
+    inverse = inverse_permutation(order)
+    out = {}
+    for backend in ("torch", "triton"):
+        x = torch.randn(tokens, hidden, generator=torch.Generator().manual_seed(2), dtype=torch.float64).requires_grad_()
+        slots = gather_slots(x, order, inverse, k, backend)
+        back = permute_rows(slots * 2, inverse, order, backend)
+        back.backward(torch.cos(torch.arange(back.numel(), dtype=torch.float64)).view_as(back))
+        out[backend] = (slots.detach(), back.detach(), x.grad)
+    for got, want in zip(out["triton"], out["torch"]):
+        assert not torch.isnan(got).any() and torch.equal(got, want)
+    assert torch.equal(out["torch"][0], x.detach()[order // k])  # slot m holds token order[m] // k

@@ -15,13 +15,13 @@ def test_moe_sorted_dispatch_matches_a_per_token_sum_over_its_experts():
     for t in range(x.shape[0]):
         w, e = probs[t].topk(2)
         w = w / w.sum()
-        want = sum(w[i] * (F.silu(x[t] @ moe.w1[e[i]]) * (x[t] @ moe.w3[e[i]])) @ moe.w2[e[i]] for i in range(2))
+        want = sum(w[i] * (F.silu(x[t] @ moe.experts.w1[e[i]]) * (x[t] @ moe.experts.w3[e[i]])) @ moe.experts.w2[e[i]] for i in range(2))
         torch.testing.assert_close(out[t], want, rtol=1e-12, atol=1e-12)
     # an expert no token is routed to gets no gradient through the output, the others do
     moe.router.weight.data[3] = -50.0  # on positive inputs: the lowest logit by far
     out, _ = moe(x.abs())
     out.sum().backward()
-    assert moe.w1.grad[3].abs().sum() == 0 and all(moe.w1.grad[e].abs().sum() > 0 for e in range(3))
+    assert moe.experts.w1.grad[3].abs().sum() == 0 and all(moe.experts.w1.grad[e].abs().sum() > 0 for e in range(3))
 
 
 def test_rotary_tables_rotate_each_pair_by_its_position_angle():

@@ -2,7 +2,8 @@
 ptxas and cuobjdump), and held to what their SASS must show.
 
 For the launches of the presets' exchanges on sm_80, sm_90 and sm_100, in bf16, fp16 and fp32, for
-head sizes 128, 64, the presets' 32 and 8, and an odd 97 (launch_matrix says which):
+head sizes 128, 64, the presets' 32 and 8, and an odd 97, and the experts' row gathers of the
+presets' hidden sizes (launch_matrix says which):
 - nothing spills to local memory;
 - where a head's row is 16-byte aligned, every data access is a 128-bit LDG.E.128 / STG.E.128,
   and a thread has all its data loads in flight before its first store;
@@ -23,6 +24,7 @@ from kernels.machine_code import (
     DTYPES,
     ELEMENT_BYTES,
     SM_LIMITS,
+    LaunchSpec,
     bytes_in_flight_needed,
     exchange_launches,
     inspect_launches,
@@ -56,6 +58,9 @@ def launch_matrix():
             specs += exchange_launches(_heads(name), p, ModelConfig.from_name(name).head_dim, "bf16", arch)
     for p in (2, 4, 8, 32):
         specs += exchange_launches(_heads("paper"), p, 128, "bf16", 90)
+    for arch in ARCHS:  # the experts' dispatch and combine: rows of the hidden state, one "head" of hidden size
+        specs += [LaunchSpec("gather", dtype, 4096, 1, 1, arch) for dtype in DTYPES]
+        specs += [LaunchSpec("gather", "bf16", ModelConfig.from_name(name).hidden, 1, 1, arch) for name in ("small", "tiny")]
     if EXPLORE:
         for arch in ARCHS:
             for dtype in DTYPES:

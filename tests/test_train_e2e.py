@@ -139,6 +139,7 @@ def test_eight_ranks_hold_only_the_process_groups_their_plans_use(tmp_path):
 
     from config import Cluster, CostsConfig, HardwareConfig, ModelConfig, PlannerConfig, WorkloadConfig
     from experiments.common.workload import generate_steps
+    from model.distributed import expert_groups
     from solver import CostModel, make_plan, samples_from_lengths
 
     # nodes of 2 and a budget that makes SP4 and SP8 parents: every width of the world is used by some rank
@@ -156,7 +157,7 @@ def test_eight_ranks_hold_only_the_process_groups_their_plans_use(tmp_path):
         for m in MODES
     ]
     assert sorted(p.hash for p in plans) == sorted(r["plan_hash"] for r in rows)
-    used = set().union(*(p.group_shapes for p in plans))
+    used = set().union(*(p.group_shapes for p in plans), expert_groups(cfg["costs"]["ep_degree"], 8))  # EP2 by default: nodes of 2
     widest = max(size for _, size in used)
     assert widest == 8, "the run must use a group of every rank"
     assert groups["new_group_calls"] == len(used)

@@ -122,8 +122,11 @@ def simulate_row(row: dict, plan, cost: CostModel) -> dict:
         full_inter_bytes=r.full_inter_bytes,
         sparse_intra_bytes=r.sparse_intra_bytes,
         sparse_inter_bytes=r.sparse_inter_bytes,
+        moe_intra_bytes=r.moe_intra_bytes,
+        moe_inter_bytes=r.moe_inter_bytes,
         exchange_full_s=r.full_exchange,
         exchange_sparse_s=r.sparse_exchange,
+        exchange_moe_s=r.moe_exchange,
         model_flops=r.model_flops,
     )
     return row

@@ -51,6 +51,8 @@ STEP_COLUMN_TYPES = {
     "full_inter_bytes": float,
     "sparse_intra_bytes": float,
     "sparse_inter_bytes": float,
+    "moe_intra_bytes": float,  # the experts' dispatch and combine all-to-alls (the simulator: their expectation)
+    "moe_inter_bytes": float,
     "model_flops": float,
     # measured by the driver with --timers (mean over ranks; the device synchronized around each)
     "host_s": float,  # the plan's checks, the rank's context and its local batch
@@ -60,6 +62,7 @@ STEP_COLUMN_TYPES = {
     # this and the next with its all-to-alls' time from a rank's arrival to their end (waits included)
     "exchange_full_s": float,
     "exchange_sparse_s": float,  # sparse sites' exchanges, both passes
+    "exchange_moe_s": float,  # the experts' all-to-all calls, every pass
     "exchange_a2a_s": float,  # the all-to-all calls alone, every site
     "plan_hash": str,
     "plan_ms": float,

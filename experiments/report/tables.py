@@ -13,7 +13,7 @@ from collections.abc import Callable
 import numpy as np
 
 import config
-from config import MODES, PAPER_MODES, HardwareConfig, ModelConfig, Section
+from config import MODES, PAPER_MODES, Cluster, HardwareConfig, ModelConfig, Section
 from config.base import flag_of
 from experiments.common.errors import InputError
 from experiments.common.results import PAPER, read_run
@@ -307,23 +307,27 @@ def kernel_static(path: str) -> tuple[str, list[dict]]:
 
 
 def memory() -> tuple[str, list[dict]]:
-    """The memory estimate per rank (FSDP2, full recompute, bf16, 16384 tokens per rank)."""
+    """The memory estimate per rank (FSDP2 without and with expert parallelism, full recompute, bf16,
+    16384 tokens per rank)."""
     worlds = (8, 16, 32, 64, 128)
     out = []
     for name in ("small", "paper"):
         cfg = ModelConfig.from_name(name)
-        params = CostModel(cfg, HardwareConfig()).total_params()
-        sharded = [estimate(cfg, w, 16384, "fsdp")["total"] / GIB for w in worlds]
-        replicated = estimate(cfg, 8, 16384, "none")["total"] / GIB
-        out.append(
-            [
-                f"`{name}`",
-                f"{params / 1e9:.2f}B",
-                *(f"{g:.1f}" + (" (fits 80 GiB)" if g < 80 else "") for g in sharded),
-                f"{replicated:.1f}",
-            ]
-        )
-    text = "GiB per rank:\n\n" + table(["model", "parameters", *(f"FSDP2, {w} GPUs" for w in worlds), "replicated"], out)
+        cost = CostModel(cfg, HardwareConfig()).for_cluster(Cluster())
+        params, ep = cost.total_params(), cost.ep_degree  # EP8 for both: a node of 8, dividing the experts
+        for label, e in (("FSDP2", 1), (f"FSDP2 + EP{ep}", ep)):
+            sharded = [estimate(cfg, w, 16384, "fsdp", ep=e)["total"] / GIB for w in worlds]
+            replicated = f"{estimate(cfg, 8, 16384, 'none')['total'] / GIB:.1f}" if e == 1 else ""
+            out.append(
+                [
+                    f"`{name}`" if e == 1 else "",
+                    f"{params / 1e9:.2f}B" if e == 1 else "",
+                    label,
+                    *(f"{g:.1f}" + (" (fits 80 GiB)" if g < 80 else "") for g in sharded),
+                    replicated,
+                ]
+            )
+    text = "GiB per rank:\n\n" + table(["model", "parameters", "sharding", *(f"{w} GPUs" for w in worlds), "replicated"], out)
     return text, [{"command": "python -m experiments.bench.memory", "where": "the model presets (an estimate from the shapes)"}]
 
 

@@ -117,13 +117,30 @@ def check_generated(settings: Settings, cost: CostModel) -> None:
         )
 
 
+def check_expert_parallel(settings: Settings, cost: CostModel) -> None:
+    """The expert-parallel degree (the cost model's, --ep) against the world and the sharding."""
+    ep, world = cost.ep_degree, settings.cluster.world_size
+    if ep == 1:
+        return
+    if world % ep:
+        raise SettingError(
+            f"costs.ep_degree (--ep)={ep} does not divide the world of {world} ranks: expert-parallel groups are aligned groups of "
+            f"{ep} ranks that tile it (use --ep 1, or a world that is a multiple of {ep})"
+        )
+    if settings.train.shard != "fsdp":
+        raise SettingError(
+            f"--shard {settings.train.shard} replicates every parameter, but expert parallelism (costs.ep_degree (--ep)={ep}, the "
+            f"default follows the node's ranks) shards the experts over their replicas: use --shard fsdp, or --ep 1"
+        )
+
+
 def check_memory(settings: Settings, device: torch.device) -> str:
     """The memory estimate per rank against what this rank has, before anything is built: a model
     that cannot fit fails here, naming the estimate, instead of in the allocator minutes later.
     Returns the estimate's line (printed by rank 0)."""
     t, cluster = settings.train, settings.cluster
     bf16 = compute_dtype(t.dtype, device) == "bf16"
-    args = (settings.model, cluster.world_size, cluster.tokens_per_rank, t.shard, bf16, settings.costs.recompute)
+    args = (settings.model, cluster.world_size, cluster.tokens_per_rank, t.shard, bf16, settings.costs.recompute, settings.costs.ep_degree)
     need = memory.estimate(*args)["total"]
     have = memory.available(device)
     if have is not None and need > have:
@@ -227,6 +244,7 @@ def set_up(settings: Settings, rank: int, device: torch.device) -> Run:
         raise PlanError(f"{e} (flags: --tokens-per-rank, --tokens-per-step, --gpus-per-node, --model)") from None
     if isinstance(source, GeneratedSource):
         check_generated(settings, cost)
+    check_expert_parallel(settings, cost)
     fp = fingerprint(settings)
     agree_across_ranks(fp, world)
     expect = {"world_size": world, "model": settings.model.to_dict(), "fingerprint": fp}
@@ -239,6 +257,8 @@ def set_up(settings: Settings, rank: int, device: torch.device) -> Run:
     recompute = settings.costs.recompute
     dtype = compute_dtype(t.dtype, device)
     model = HybridMoE(settings.model, recompute).to(device=device, dtype=torch.float64 if dtype == "fp64" else torch.float32)
+    if cost.ep_degree > 1:  # the cost model's EP degree is the runtime's: each rank keeps its slot's experts
+        model.expert_parallel(cost.ep_degree, rank)
     timeout = datetime.timedelta(seconds=t.timeout)  # every group's collectives, not only the default group's
     if t.shard == "fsdp":
         shard_model(model, device, mixed_precision=dtype == "bf16", timeout=timeout)
@@ -334,11 +354,14 @@ def one_step(run: Run, plan, batch, mode: str) -> dict:
     run.opt.zero_grad(set_to_none=True)
     _sync(run.device)
     dt = time.perf_counter() - t0
-    sites = [(s, f) for s in ("full", "sparse") for f in (stats.intra_node_bytes, stats.inter_node_bytes)]
-    b = torch.tensor([f(s) for s, f in sites] + [dt], dtype=torch.float64, device=run.device)
-    dist.all_reduce(b[:4])
-    dist.all_reduce(b[4:], op=dist.ReduceOp.MAX)
-    dt = float(b[4])
+    # bytes by site, summed over ranks: the exchanges at full and sparse layers, the experts'
+    # dispatch and combine (their slot counts left out: the simulator prices them as latency)
+    sites = [("full",), ("sparse",), ("moe.dispatch", "moe.combine")]
+    counted = [sum(f(p) for p in prefixes) for prefixes in sites for f in (stats.intra_node_bytes, stats.inter_node_bytes)]
+    b = torch.tensor(counted + [dt], dtype=torch.float64, device=run.device)
+    dist.all_reduce(b[:6])
+    dist.all_reduce(b[6:], op=dist.ReduceOp.MAX)
+    dt = float(b[6])
     flops = run.cost.model_flops(batch.lengths)
     measured = {}
     if timers is not None:
@@ -349,6 +372,7 @@ def one_step(run: Run, plan, batch, mode: str) -> dict:
             "grad_sync_s": timers["grad_sync"],
             "exchange_full_s": stats.exchange_seconds("full"),
             "exchange_sparse_s": stats.exchange_seconds("sparse"),
+            "exchange_moe_s": stats.exchange_seconds("moe"),
             "exchange_a2a_s": stats.exchange_seconds("", part="all_to_all"),
         }
         t = torch.tensor(list(parts.values()), dtype=torch.float64, device=run.device)
@@ -372,6 +396,8 @@ def one_step(run: Run, plan, batch, mode: str) -> dict:
         "full_inter_bytes": float(b[1]),
         "sparse_intra_bytes": float(b[2]),
         "sparse_inter_bytes": float(b[3]),
+        "moe_intra_bytes": float(b[4]),
+        "moe_inter_bytes": float(b[5]),
         "plan_hash": plan.hash,
         "loss": float(loss),
     }
@@ -389,10 +415,11 @@ def log_row(run: Run, row: dict) -> None:
     dt, flops = row["step_time_s"], row["model_flops"]
     intra = row["full_intra_bytes"] + row["sparse_intra_bytes"]
     inter = row["full_inter_bytes"] + row["sparse_inter_bytes"]
+    moe = row["moe_intra_bytes"] + row["moe_inter_bytes"]
     tqdm.write(
         f"step {row['step']:5d} {row['mode']:>13} loss {row['loss']:.6f} time {dt:.3f}s tok/s {row['tokens'] / dt:,.0f} "
         f"TFLOP/s {flops / dt / run.world / 1e12:.3f} MFU {100 * row['mfu']:.2f}% a2a intra {intra / 1e6:.2f} MB "
-        f"inter {inter / 1e6:.2f} MB (sparse inter {row['sparse_inter_bytes'] / 1e6:.2f} MB)",
+        f"inter {inter / 1e6:.2f} MB (sparse inter {row['sparse_inter_bytes'] / 1e6:.2f} MB), experts {moe / 1e6:.2f} MB",
         file=sys.stdout,
     )
     sys.stdout.flush()

@@ -29,15 +29,27 @@ def saved_elements_per_token(cfg: ModelConfig) -> float:
 
 
 def estimate(
-    cfg: ModelConfig, world: int, tokens_per_rank: int, shard: str = "fsdp", mixed_precision: bool = True, recompute: str = "full"
+    cfg: ModelConfig,
+    world: int,
+    tokens_per_rank: int,
+    shard: str = "fsdp",
+    mixed_precision: bool = True,
+    recompute: str = "full",
+    ep: int = 1,
 ) -> dict[str, float]:
     """Bytes per rank by component, and their total. Full recompute keeps each block's input and
     one block's activations at a time (the one being re-run); selective and none keep them all
-    (selective drops only attention's internals, which the flash kernels do not keep anyway)."""
+    (selective drops only attention's internals, which the flash kernels do not keep anyway).
+    Under expert parallelism of degree `ep` a rank holds n_experts / ep of each block's experts:
+    sharded over their world / ep replicas (the same bytes per rank at rest), gathered 1 / ep of
+    them at a time."""
     cost = CostModel(cfg, HardwareConfig())
     params = cost.total_params() + (2 * cfg.n_layers + 1) * cfg.hidden  # + the RMSNorm weights the cost model leaves out
+    experts = cost.expert_params() / cfg.n_layers  # one block's
     block = (params - cost.lm_head_params - (0 if cfg.tie_embeddings else cfg.vocab * cfg.hidden)) / cfg.n_layers
     root = params - cfg.n_layers * block
+    params -= cfg.n_layers * experts * (1 - 1 / ep) * (shard != "fsdp")  # replicated: a rank holds its experts only
+    block -= experts * (1 - 1 / ep)  # what a rank gathers of a block
     act_bytes = 2 if mixed_precision else 4
     out = {}
     if shard == "fsdp":
@@ -57,11 +69,11 @@ def estimate(
     return out
 
 
-def summary(cfg: ModelConfig, world: int, tokens_per_rank: int, shard: str, mixed_precision: bool, recompute: str) -> str:
-    e = estimate(cfg, world, tokens_per_rank, shard, mixed_precision, recompute)
+def summary(cfg: ModelConfig, world: int, tokens_per_rank: int, shard: str, mixed_precision: bool, recompute: str, ep: int = 1) -> str:
+    e = estimate(cfg, world, tokens_per_rank, shard, mixed_precision, recompute, ep)
     unit, div = ("GiB", GIB) if e["total"] >= GIB else ("MiB", 1 << 20)
     parts = ", ".join(f"{k} {v / div:.2f}" for k, v in e.items() if k != "total")
-    head = f"memory per rank (estimate, {shard}, recompute {recompute}, {world} ranks, {tokens_per_rank} tokens per rank)"
+    head = f"memory per rank (estimate, {shard}, EP{ep}, recompute {recompute}, {world} ranks, {tokens_per_rank} tokens per rank)"
     return f"{head}: {e['total'] / div:.2f} {unit} ({parts})"
 
 

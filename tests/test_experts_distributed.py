@@ -1,0 +1,91 @@
+"""Expert parallelism over gloo: 8 forked ranks in nodes of 2, EP 2 (inside a node) and EP 4
+(across two), every mode, MHA and GQA, FSDP2 (the experts sharded over their replicas).
+
+- the loss and every gradient equal the single-process run's (fp64), each rank's expert slice
+  against the same slice of the whole model's gradient;
+- the experts' all-to-alls' counted bytes equal, exactly, the bytes the routing the ranks made
+  implies (recorded at the dispatch: the experts of every slot, forward);
+- and the simulator's expectation under uniform routing (each slot leaves its rank with
+  probability (N - 1) / N) within four binomial standard deviations of the slots: the spread of
+  that routing (the routing of a token's top-k distinct experts spreads less).
+"""
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+
+from config import CostsConfig, HardwareConfig
+from kernels.exchange import CommStats, ExchangeGroups
+from model.distributed import run_step
+from model.experts import ExpertDispatch
+from model.sharding import full_tensor, shard_model
+from solver import CostModel
+from solver.simulator import simulate
+from tests.dist_utils import run_distributed
+from tests.test_model_distributed import CONFIGS, LENGTHS, NODE, WORLD, make_model, reference, sample_tokens, solver_plans
+
+EPS = (2, 4)
+
+
+def _body(rank, world, refs):
+    groups = ExchangeGroups(world)
+    recorded = []  # the sorted experts of every dispatch this rank runs, forward
+    run = ExpertDispatch.__call__
+
+    def recording(self, x, order, sorted_experts, k, experts):
+        recorded.append(sorted_experts.clone())
+        return run(self, x, order, sorted_experts, k, experts)
+
+    ExpertDispatch.__call__ = recording
+    spreads = []
+    for name, cfg in CONFIGS.items():
+        ref_loss, ref_grads = refs[name]
+        for ep in EPS:
+            per = cfg.n_experts // ep
+            mine = slice((rank % ep) * per, (rank % ep + 1) * per)
+            for plan in solver_plans(cfg):
+                model = shard_model(make_model(cfg).expert_parallel(ep, rank), torch.device("cpu"))
+                stats = CommStats(gpus_per_node=NODE)
+                recorded.clear()
+                loss = run_step(model, plan, sample_tokens(LENGTHS), groups, "torch", "torch", stats)
+                where = f"{name} EP{ep} {plan.mode}"
+                torch.testing.assert_close(loss, ref_loss, rtol=1e-10, atol=1e-12, msg=where)
+                for n, p in model.named_parameters():
+                    want = ref_grads[n][mine] if ".experts." in n else ref_grads[n]
+                    torch.testing.assert_close(full_tensor(p.grad), want, rtol=1e-9, atol=1e-11, msg=f"{where} {n}")
+                # the routing's bytes: forward, the dispatch sends each slot off the rank and the
+                # combine sends back what came in; backward, the reverse of each (no recompute here)
+                row = cfg.hidden * 8
+                sent = [0, 0]  # intra, inter
+                back = torch.zeros(world, dtype=torch.float64)  # slots this rank received, by source
+                for experts in recorded:
+                    dest = rank - rank % ep + torch.div(experts, per, rounding_mode="floor")
+                    for d in dest[dest != rank].tolist():
+                        sent[0 if d // NODE == rank // NODE else 1] += 2 * row  # dispatch forward, combine backward
+                        back[d] += 1
+                dist.all_to_all_single(got := torch.zeros(world, dtype=torch.float64), back)  # slots sent to me, by peer
+                for src, n in enumerate(got.tolist()):
+                    sent[0 if src // NODE == rank // NODE else 1] += 2 * row * n  # combine forward, dispatch backward
+                counted = [sum(stats.intra_node_bytes(p) for p in ("moe.dispatch", "moe.combine")),
+                           sum(stats.inter_node_bytes(p) for p in ("moe.dispatch", "moe.combine"))]  # fmt: skip
+                assert counted == sent, (where, counted, sent)
+                totals = torch.tensor([*counted, sum(len(e) for e in recorded)], dtype=torch.float64)
+                dist.all_reduce(totals)
+                costs = CostsConfig(recompute="none", ep_degree=ep, ep_placement="intra" if ep <= NODE else "inter")
+                sim = simulate(plan, CostModel(cfg, HardwareConfig(bytes_per_element=8), costs=costs))
+                assert (sim.moe_intra_bytes > 0) == (ep > 1) and (sim.moe_inter_bytes > 0) == (ep > NODE), where
+                p_leave, slots = (ep - 1) / ep, float(totals[2])
+                sigma = 4 * row * np.sqrt(slots * p_leave * (1 - p_leave))  # four passes of one slot's row
+                got_bytes, want = float(totals[0] + totals[1]), sim.moe_intra_bytes + sim.moe_inter_bytes
+                spreads.append((got_bytes - want) / sigma)
+                assert abs(got_bytes - want) <= 4 * sigma, (where, got_bytes, want, sigma)
+    ExpertDispatch.__call__ = run
+    if rank == 0:
+        print(f"counted against expected experts' bytes, in standard deviations: {np.round(spreads, 2).tolist()}")
+
+
+@pytest.mark.slow
+def test_expert_parallel_step_matches_single_process_and_moves_the_routings_bytes():
+    refs = {name: reference(LENGTHS, cfg) for name, cfg in CONFIGS.items()}
+    run_distributed(_body, WORLD, refs)
