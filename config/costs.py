@@ -5,9 +5,10 @@ every relative gain and of MFU, so leaving them out inflates both."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
-from .base import FRACTION, POSITIVE_INT, POWER_OF_TWO, Section, number_in, optional, setting
+from .base import FRACTION, POSITIVE_INT, POWER_OF_TWO, Section, SettingError, number_in, optional, setting
 
 RECOMPUTE = ("full", "selective", "none")
 EP_PLACEMENTS = ("intra", "inter")
@@ -63,6 +64,29 @@ class CostsConfig(Section):
         True, "the router's statistics are all-reduced over the world at every MoE layer (a barrier per layer)",
         source="what the runtime does, so a distributed step's loss equals one process's (model/layers.py)",
     )  # fmt: skip
+
+    @classmethod
+    def from_name(cls, name: str, **overrides) -> CostsConfig:
+        """A preset by name, or a profile written by experiments.calibrate (a .json path): the
+        default preset with the costs the calibration measured (its "costs" section)."""
+        if not name.endswith(".json"):
+            return super().from_name(name, **overrides)
+        try:
+            with open(name) as f:
+                obj = json.load(f)
+        except OSError as e:
+            raise SettingError(f"costs profile {name!r} cannot be read: {e.strerror or e}") from None
+        except ValueError as e:
+            raise SettingError(f"costs profile {name!r} is not JSON: {e}") from None
+        section = obj.get("costs") if isinstance(obj, dict) else None
+        if not isinstance(section, dict):
+            raise SettingError(f"costs profile {name!r} has no 'costs' object (write one with python -m experiments.calibrate)")
+        where = f"costs profile {name!r}: "
+        cls.unknown(section, where)
+        try:
+            return cls.PRESETS["default"].replace(**{**section, **overrides})
+        except SettingError as e:
+            raise SettingError(f"{where}{e}") from None
 
 
 CostsConfig.PRESETS = {

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from .base import POSITIVE_INT, Section, SettingError, number_in, setting
+from .base import POSITIVE_INT, Section, SettingError, number_in, optional, setting
 
 RATIO_READINGS = ("group", "link")
 H100 = "H100 SXM datasheet"
@@ -82,6 +82,16 @@ class HardwareConfig(Section):
         0.0, "seconds a call whose group spans nodes adds to a2a_latency (the network's round trip)", number_in(0, 60),
         source="no sourced GPU figure: 0 unless measured (experiments.calibrate fits it)",
     )  # fmt: skip
+    experts_intra_bw: float = setting(
+        None, "effective bytes/s per GPU of the experts' all-to-all inside a node (unset: intra_node_bw's)",
+        optional(number_in(0, 1e15, lo_open=True)), kind=float,
+        source="the same all-to-all over the same links as the exchanges, unless measured (experiments.calibrate fits it)",
+    )  # fmt: skip
+    experts_inter_bw: float = setting(
+        None, "effective bytes/s per GPU of the experts' all-to-all across nodes (unset: the exchanges' inter-node rate)",
+        optional(number_in(0, 1e15, lo_open=True)), kind=float,
+        source="the same all-to-all over the same links as the exchanges, unless measured (experiments.calibrate fits it)",
+    )  # fmt: skip
     bytes_per_element: int = setting(2, "bytes of one activation element (2: bf16)", POSITIVE_INT)
     hbm_bw: float = setting(
         GPU_DEVICES["h100"].hbm_bw,
@@ -101,6 +111,12 @@ class HardwareConfig(Section):
     @property
     def inter_node_bw(self) -> float:
         return self.intra_node_bw / self.inter_intra_ratio
+
+    @property
+    def experts_rates(self) -> tuple[float, float]:
+        """(inside a node, across nodes) bytes/s of the experts' all-to-all."""
+        intra = self.intra_node_bw if self.experts_intra_bw is None else self.experts_intra_bw
+        return intra, self.inter_node_bw if self.experts_inter_bw is None else self.experts_inter_bw
 
     @classmethod
     def from_name(cls, name: str, **overrides) -> HardwareConfig:

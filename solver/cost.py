@@ -292,17 +292,17 @@ class CostModel:
 
     def _moe_token_time(self) -> float:
         """Exposed seconds per token of one layer's expert all-to-alls over a step: the bytes of
-        moe_token_bytes at the rates an exchange of the EP group pays them (a group across nodes
-        under the group reading at the cross-node rate), 1 - moe_overlap of them exposed."""
+        moe_token_bytes at the experts' all-to-all rates (HardwareConfig.experts_rates; a group
+        across nodes under the group reading at the cross-node rate), 1 - moe_overlap exposed."""
         ep = self.ep_degree
         if ep == 1:
             return 0.0
         intra, inter = self.moe_token_bytes()
-        hw = self.hw
-        if inter and hw.ratio_reading == "group":
-            seconds = (intra + inter) / hw.inter_node_bw
+        intra_bw, inter_bw = self.hw.experts_rates
+        if inter and self.hw.ratio_reading == "group":
+            seconds = (intra + inter) / inter_bw
         else:
-            seconds = intra / hw.intra_node_bw + inter / hw.inter_node_bw
+            seconds = intra / intra_bw + inter / inter_bw
         return (1 - self.costs.moe_overlap) * seconds
 
     def moe_fixed_time(self) -> float:

@@ -42,8 +42,15 @@ def test_a_quick_calibration_writes_a_profile_the_planners_accept(tmp_path, caps
     assert hw.layer_overhead == pytest.approx(max(m["layer_1_token_s"] / 3, step["layer_overhead"]))
     assert hw.a2a_latency == pytest.approx(max(net["intra"]["a2a_latency"], step["a2a_latency"]))
     assert hw.a2a_inter_latency == pytest.approx(max(net["inter"][net["reading"]]["a2a_inter_latency"], step["a2a_inter_latency"]))
+    # the experts' all-to-all, measured like the exchanges, inside and across the emulated nodes, and
+    # the share of it hidden behind compute from the runtime's EP2 step and its timers
+    assert {(r["group_size"], r["spans_nodes"]) for r in m["experts_all_to_all"]} == {(2, False), (4, True)}
+    assert hw.experts_intra_bw > 0 and hw.experts_inter_bw > 0
+    overlap = m["experts_overlap"]
+    assert overlap["ep_degree"] == 2 and overlap["all_to_all_s"] > 0 and 0 <= overlap["moe_overlap"] <= 1
+    assert CostsConfig.from_name(path).moe_overlap == profile["costs"]["moe_overlap"] == overlap["moe_overlap"]
     # the planners take it where they take a preset
-    ablation.main(["--hardware", path, "--steps", "10", "--seeds", "1", "--out", str(tmp_path / "abl"), "--no-progress"])
+    ablation.main(["--hardware", path, "--costs", path, "--steps", "10", "--seeds", "1", "--out", str(tmp_path / "abl"), "--no-progress"])
     assert "commit" in capsys.readouterr().out
     with pytest.raises(SettingError, match="has no 'hardware' object"):
         (tmp_path / "bad.json").write_text("{}")

@@ -89,3 +89,33 @@ def _body(rank, world, refs):
 def test_expert_parallel_step_matches_single_process_and_moves_the_routings_bytes():
     refs = {name: reference(LENGTHS, cfg) for name, cfg in CONFIGS.items()}
     run_distributed(_body, WORLD, refs)
+
+
+@pytest.mark.slow
+def test_bad_expert_parallel_settings_fail_before_step_1_naming_the_flag(tmp_path):
+    from tests.dist_utils import single_rank, torchrun
+
+    cases = [
+        (single_rank, 1, ("--ep", "8"), "costs.ep_degree (--ep)=8 does not divide model.n_experts (--n-experts)=4"),
+        (
+            single_rank,
+            1,
+            ("--ep", "4", "--gpus-per-node", "1"),
+            "costs.ep_degree (--ep)=4 is wider than a node of 1 ranks (--gpus-per-node)",
+        ),
+        (
+            single_rank,
+            1,
+            ("--ep", "4", "--ep-placement", "inter", "--gpus-per-node", "1"),
+            "costs.ep_degree (--ep)=4 does not divide the world of 1",
+        ),
+        # nodes of 2: the default EP degree is 2, which --shard none cannot run
+        (torchrun, 2, ("--shard", "none"), "--shard none replicates every parameter, but expert parallelism (costs.ep_degree (--ep)=2"),
+    ]
+    for launch, ranks, args, message in cases:
+        extra = (ranks,) if launch is torchrun else ()
+        p = launch(*extra, "--steps", "1", *args, "--out", str(tmp_path / "o"))
+        assert p.returncode != 0 and message in p.stderr, (args, p.stderr[-2000:])
+        assert " loss " not in p.stdout, f"{args}: no step may run"
+    p = torchrun(2, "--shard", "none", "--ep", "1", "--steps", "1", "--out", str(tmp_path / "ok"))  # today's replicated run
+    assert p.returncode == 0, p.stderr[-2000:]

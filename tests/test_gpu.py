@@ -10,7 +10,9 @@ collected and skipped.
   reads from the same launches compiled on a CPU machine (so the CI's static checks hold on the
   device);
 - the driver trains the tiny model on one GPU under torchrun (NCCL) in bf16 and in fp32, the
-  losses within the tolerance the CPU runs keep (tests/test_train_e2e.py).
+  losses within the tolerance the CPU runs keep (tests/test_train_e2e.py);
+- the experts' grouped GEMM (torch._grouped_mm) within twice the error of the loop over experts
+  in bf16, forward and backward.
 """
 
 import numpy as np
@@ -114,3 +116,29 @@ def test_bf16_training_on_one_gpu_matches_fp32(tmp_path):
         rows, _ = read_run(str(tmp_path / dtype))
         losses[dtype] = [r["loss"] for r in sorted(rows, key=lambda r: r["step"])]
     np.testing.assert_allclose(losses["bf16"], losses["fp32"], rtol=BF16_LOSS_RTOL)
+
+
+def test_grouped_gemm_error_at_most_twice_the_expert_loops():
+    """The experts' grouped GEMM (torch._grouped_mm, bf16) against the loop over experts in bf16,
+    both against fp32 (flash-attention's rule: at most twice the same-precision reference's error),
+    forward and the weights' gradients; uneven counts, an expert with no row."""
+    from model.experts import Experts
+
+    torch.manual_seed(0)
+    counts = [5, 0, 17, 3, 40, 1, 0, 9]
+    experts = Experts(len(counts), 256, 512).cuda().to(torch.bfloat16)
+    rows = torch.randn(sum(counts), 256, device="cuda", dtype=torch.bfloat16)
+    if not experts.grouped(rows):
+        pytest.skip(f"torch {torch.__version__} has no grouped GEMM for these operands on this GPU")
+    exact = Experts(len(counts), 256, 512).cuda()
+    exact.load_state_dict({k: v.float() for k, v in experts.state_dict().items()})
+    want = exact.reference(rows.float(), counts)
+    want.sum().backward()
+    errors = {}
+    for name, run in (("grouped", experts.forward), ("loop", experts.reference)):
+        experts.zero_grad()
+        out = run(rows, counts)
+        out.float().sum().backward()
+        grad = max(float((p.grad.float() - q.grad).abs().max()) for p, q in zip(experts.parameters(), exact.parameters()))
+        errors[name] = (float((out.float() - want).abs().max()), grad)
+    assert errors["grouped"][0] <= 2 * errors["loop"][0] + 1e-3 and errors["grouped"][1] <= 2 * errors["loop"][1] + 1e-3, errors

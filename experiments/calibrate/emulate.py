@@ -20,9 +20,10 @@ the median of CALIBRATION_MEDIAN_OF runs); (2) runs the ablation
 with the tiny model on the cluster's shape and the calibrated profile, on a trace of the tiny
 workload (the simulator's prediction of every selected step in every mode); (3) replays those
 steps through the driver on the emulated cluster in every mode (train --replay --mode all: no
-optimizer step, so the ablation leaves the optimizer out, and the experts' all-to-all, which the
-runtime does not run; with --timers, each step's phases timed, and --repeats rounds over the
-modes, each mode's fastest kept); (4) compares each step's measured time with the prediction: per
+optimizer step, so the ablation leaves the optimizer out; expert parallelism on, of the default
+degree, a node's ranks, on both sides, the ablation pricing the experts' all-to-all at the
+calibrated rates and hidden share; with --timers, each step's phases timed, and --repeats rounds
+over the modes, each mode's fastest kept); (4) compares each step's measured time with the prediction: per
 mode the median and worst relative error, and the measured against the predicted change vs
 baseline, and the mean measured phases beside the simulator's terms. Writes <out>/compare.csv (a
 row per step and mode) and compare.json (the summary and the breakdown, with context).
@@ -255,8 +256,8 @@ def run_compare(s) -> None:
                 f.writelines(f"{k},{n}\n" for n in lengths)
         common = ["--model", "tiny", "--gpus-per-node", str(gpn), "--tokens-per-rank", str(budget), "--hardware", profile]
         abl = [
-            sys.executable, "-m", "experiments.ablation", *common, "--world-size", str(world), "--trace", trace, "--seeds", "1",
-            "--no-moe-all-to-all", "--no-optimizer", "--out", os.path.join(out, "predicted"), "--no-progress",
+            sys.executable, "-m", "experiments.ablation", *common, "--costs", profile, "--world-size", str(world), "--trace", trace,
+            "--seeds", "1", "--no-optimizer", "--out", os.path.join(out, "predicted"), "--no-progress",
         ]  # fmt: skip
         p = subprocess.run(abl, cwd=ROOT, capture_output=True, text=True, timeout=e.wall_limit)
         if p.returncode:
@@ -296,21 +297,22 @@ def run_compare(s) -> None:
         "\nan exchange column is a rank's time from arriving at a site's all-to-alls to their end, both sides:"
     )
     print(
-        f"{'mode':>15} | {'xchg F':>6} {'meas.':>6} {'xchg S':>6} {'meas.':>6} | {'compute':>7} {'wait':>6} {'grads':>6} | "
+        f"{'mode':>15} | {'xchg F':>6} {'meas.':>6} {'xchg S':>6} {'meas.':>6} {'experts':>7} {'meas.':>6} | "
+        f"{'compute':>7} {'wait':>6} {'grads':>6} | "
         f"{'host':>6} {'fwd':>6} {'bwd':>6} {'a2a':>6} (measured)"
     )
     for mode, e in parts.items():
         p, m = e["predicted"], e["measured"]
         print(
             f"{mode:>15} | {p['exchange_full_s']:6.3f} {m['exchange_full_s']:6.3f} "
-            f"{p['exchange_sparse_s']:6.3f} {m['exchange_sparse_s']:6.3f} | "
+            f"{p['exchange_sparse_s']:6.3f} {m['exchange_sparse_s']:6.3f} {p['exchange_moe_s']:7.3f} {m['exchange_moe_s']:6.3f} | "
             f"{p['compute_s']:7.3f} {p['imbalance_wait_s']:6.3f} {p['grad_sync_s']:6.3f} | "
             f"{m['host_s']:6.3f} {m['forward_s']:6.3f} {m['backward_s']:6.3f} {m['exchange_a2a_s']:6.3f}"
         )
     print(f"wrote {out}/compare.csv and compare.json (commit {result['provenance']['commit']})")
 
 
-PREDICTED_PARTS = ("step_time_s", "compute_s", "imbalance_wait_s", "grad_sync_s", "exchange_full_s", "exchange_sparse_s")
+PREDICTED_PARTS = ("step_time_s", "compute_s", "imbalance_wait_s", "grad_sync_s", "exchange_full_s", "exchange_sparse_s", "exchange_moe_s")
 MEASURED_PARTS = (
     "step_time_s",
     "host_s",
@@ -319,6 +321,7 @@ MEASURED_PARTS = (
     "grad_sync_s",
     "exchange_full_s",
     "exchange_sparse_s",
+    "exchange_moe_s",
     "exchange_a2a_s",
 )
 

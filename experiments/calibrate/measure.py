@@ -101,6 +101,84 @@ def measure_all_to_all(groups: ExchangeGroups, node: int, sizes: list[int], cfg:
     return rows
 
 
+def measure_experts_all_to_all(
+    groups: ExchangeGroups, node: int, sizes: list[int], cfg: ModelConfig, device, dtype, repeats: int
+) -> list[dict]:
+    """Seconds of the experts' dispatch as the runtime runs its data path (the row gather of the
+    slots, then the all-to-all: model.experts) of hidden-size rows, per (EP group size, bytes per
+    peer), every aligned group of that size at once, each peer getting as many rows (uniform
+    routing); bytes per peer exclude a rank's own share. The rows of measure_all_to_all."""
+    from kernels.exchange import all_to_all_rows  # noqa: PLC0415
+    from model.experts import gather_slots  # noqa: PLC0415
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    row = cfg.hidden * torch.tensor([], dtype=dtype).element_size()
+    out, p = [], 2
+    while p <= world:
+        group = groups.get(rank - rank % p, p)
+        for per_peer in sizes:
+            each = max(1, per_peer // row)  # rows to each peer
+            x = torch.zeros(each * p, cfg.hidden, device=device, dtype=dtype)
+            order = torch.arange(each * p, device=device)
+
+            def dispatch(x=x, order=order, each=each, group=group, p=p):
+                all_to_all_rows(gather_slots(x, order, order, 1), [each] * p, [each] * p, group)
+
+            out.append(
+                {"group_size": p, "spans_nodes": p > node, "bytes_per_peer": each * row, "seconds": timed(dispatch, device, repeats)}
+            )
+        p *= 2
+    return out
+
+
+def measure_experts_overlap(cfg: ModelConfig, groups: ExchangeGroups, node: int, device, dtype, repeats: int, tokens: int) -> dict:
+    """The share of the experts' all-to-all that the runtime hides behind compute, from the
+    driver's timers: its whole step (run_step, FSDP2, full recompute) with expert parallelism of
+    the cost model's default degree and without, on `tokens` tokens per rank each alone (no
+    exchange), and the step's all-to-all seconds as its timers see them (CommStats, every
+    moe call): hidden = 1 - (step with EP - step without) / those seconds, within [0, 1].
+    Without expert parallelism to measure (one rank a node, or experts that do not split), None."""
+    from kernels.exchange import CommStats  # noqa: PLC0415
+    from model.distributed import run_step  # noqa: PLC0415
+    from model.sharding import shard_model  # noqa: PLC0415
+
+    world, rank = dist.get_world_size(), dist.get_rank()
+    ep = CostModel(cfg, HardwareConfig()).for_cluster(Cluster(world, node, tokens)).ep_degree
+    if ep == 1:
+        return {"ep_degree": 1, "moe_overlap": None}
+    plan = runtime_step_plan(world, node, 1, tokens)
+    gen = np.random.default_rng(0)
+    batch = {k: gen.integers(0, cfg.vocab, n) for k, n in plan.lengths}
+    steps, moe = {}, []
+    for degree in (1, ep):
+        torch.manual_seed(0)
+        model = HybridMoE(cfg, "full").to(device=device, dtype=dtype)
+        if degree > 1:
+            model.expert_parallel(degree, rank)
+        shard_model(model, device)
+
+        def step(model=model, degree=degree):
+            stats = CommStats(gpus_per_node=node, timed=True)
+            run_step(model, plan, batch, groups, stats=stats)
+            model.zero_grad(set_to_none=True)
+            if degree > 1:
+                moe.append(stats.exchange_seconds("moe", part="all_to_all"))
+
+        steps[degree] = timed(step, device, repeats)
+    calls = torch.tensor([float(np.median(moe))], dtype=torch.float64, device=device)
+    dist.all_reduce(calls, op=dist.ReduceOp.MAX)
+    exposed = steps[ep] - steps[1]
+    hidden = float(np.clip(1 - exposed / float(calls), 0.0, 1.0)) if float(calls) > 0 else 0.0
+    return {
+        "ep_degree": ep,
+        "tokens": tokens,
+        "step_s": steps[1],
+        "step_ep_s": steps[ep],
+        "all_to_all_s": float(calls),
+        "moe_overlap": hidden,
+    }
+
+
 def _lstsq(x: np.ndarray, y: np.ndarray, measured: np.ndarray | None = None) -> tuple[np.ndarray, float]:
     """y ~ x @ coef minimizing the relative RMS residual it returns, relative to the measured
     times (default y; y is what is left of them once known parts are taken off): a small transfer
@@ -205,6 +283,9 @@ def measure_layer_overhead(cfg: ModelConfig, backend: str, device, dtype, repeat
 
 # tokens per rank of the runtime steps that measure the fixed costs (2: one label each; --step-tokens)
 STEP_SAMPLE_TOKENS = 2
+# tokens per rank of the steps that measure how much of the experts' all-to-all is hidden: enough
+# routed rows that the calls move bytes, few enough for a quick step
+EXPERTS_STEP_TOKENS = 32
 
 
 def runtime_step_plan(world: int, node: int, size: int = 1, tokens: int = STEP_SAMPLE_TOKENS):
@@ -379,8 +460,11 @@ def calibrate(
     if step_sizes["node"] == 1:  # no group inside a node the heads allow: nothing pays a call's latency
         del step_sizes["node"]
     runtime_steps = measure_runtime_steps(cfg, groups, node, device, dtype, sizes["median_of"], step_sizes, step_tokens)
+    experts_a2a = measure_experts_all_to_all(groups, node, sizes["bytes"], cfg, device, dtype, sizes["median_of"])
+    overlap = measure_experts_overlap(cfg, groups, node, device, dtype, sizes["median_of"], EXPERTS_STEP_TOKENS)
     peak = peak_flops or dev["matmul_flops"]
     net = fit_all_to_all(a2a, node)
+    experts_net = fit_all_to_all(experts_a2a, node)
     gemm = fit_efficiency(work, peak)
     att = fit_efficiency(attn, peak)
     base = HardwareConfig()
@@ -395,6 +479,8 @@ def calibrate(
         ratio_reading=reading,
         a2a_latency=net["intra"]["a2a_latency"],
         a2a_inter_latency=net["inter"][reading]["a2a_inter_latency"] if "inter" in net else base.a2a_inter_latency,
+        experts_intra_bw=experts_net["intra"]["intra_node_bw"],
+        experts_inter_bw=experts_net["inter"][reading]["inter_node_bw"] if "inter" in experts_net else None,
         bytes_per_element=torch.tensor([], dtype=dtype).element_size(),
         hbm_bw=dev["copy_bytes_per_s"] / 2,
         layer_overhead=layer / FWD_BWD_COMPUTE,  # one forward's share of a layer's forward + backward
@@ -408,17 +494,27 @@ def calibrate(
         if key in runtime_steps:
             from_step[field] = fit_fixed_cost(runtime_steps[key], cfg, hw, world, node, field, step_sizes[key], step_tokens)
             hw = hw.replace(**{field: max(getattr(hw, field), from_step[field])})
+    costs = {} if overlap["moe_overlap"] is None else {"moe_overlap": overlap["moe_overlap"]}
     return {
         "hardware": hw.to_dict(),
+        "costs": costs,  # what the calibration measured of the costs every mode pays (--costs profile.json)
         "provenance": {**provenance(), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")},
         "world_size": world,
         "gpus_per_node": node,
         "model": cfg.name,
         "attention_backend": backend,
-        "fits": {"all_to_all": net, "token_work": gemm, "attention": att, "inter_measured": "inter" in net},
+        "fits": {
+            "all_to_all": net,
+            "experts_all_to_all": experts_net,
+            "token_work": gemm,
+            "attention": att,
+            "inter_measured": "inter" in net,
+        },
         "measurements": {
             "device": dev,
             "all_to_all": a2a,
+            "experts_all_to_all": experts_a2a,
+            "experts_overlap": overlap,
             "collective_s": collective,
             "layer_1_token_s": layer,
             "runtime_step_s": runtime_steps,  # by plan: "own" (groups of 1), "node", "wide"
@@ -474,6 +570,20 @@ def report(profile: dict) -> str:
             )
     if "a2a_inter_latency" not in m["from_runtime_step"]:
         lines.append("    no step across nodes: one node, or too few heads for a group across two")
+    ex = fits["experts_all_to_all"]
+    across = f", {hw['experts_inter_bw'] / 1e9:.3f} GB/s across nodes" if hw.get("experts_inter_bw") else ""
+    lines.append(
+        f"  the experts' all-to-all: {hw['experts_intra_bw'] / 1e9:.3f} GB/s per rank inside a node{across} "
+        f"(rel. RMS residual {100 * ex['intra']['rel_rms']:.1f}%)"
+    )
+    ov = m["experts_overlap"]
+    if ov["moe_overlap"] is None:
+        lines.append("  the experts' all-to-all hidden behind compute: not measured (no expert parallelism on these nodes)")
+    else:
+        lines.append(
+            f"  the experts' all-to-all hidden behind compute: {100 * ov['moe_overlap']:.0f}% (EP{ov['ep_degree']} step "
+            f"{1e3 * ov['step_ep_s']:.1f} ms, without {1e3 * ov['step_s']:.1f} ms, its calls {1e3 * ov['all_to_all_s']:.1f} ms)"
+        )
     lines.append(f"  {1e3 * hw['collective_latency']:.2f} ms per collective of the world")
     lines.append(f"  memory bandwidth {hw['hbm_bw'] / 1e9:.1f} GB/s, {hw['bytes_per_element']} bytes per element")
     return "\n".join(lines)

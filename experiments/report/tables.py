@@ -332,6 +332,13 @@ def memory() -> tuple[str, list[dict]]:
 
 
 # ----- the emulated cluster ---------------------------------------------------------------------------
+def _pair(e: dict, key: str) -> str:
+    """predicted / measured of one breakdown term ("n/a" in a comparison made before it was measured)."""
+    if key not in e["predicted"] or key not in e["measured"]:
+        return "n/a"
+    return f"{e['predicted'][key]:.3f} / {e['measured'][key]:.3f}"
+
+
 def emulated(folder: str) -> tuple[str, list[dict]]:
     path = os.path.join(folder, "compare.json")
     if not os.path.exists(path):
@@ -363,12 +370,13 @@ def emulated(folder: str) -> tuple[str, list[dict]]:
                 m,
                 f"{e['predicted']['exchange_full_s']:.3f} / {e['measured']['exchange_full_s']:.3f}",
                 f"{e['predicted']['exchange_sparse_s']:.3f} / {e['measured']['exchange_sparse_s']:.3f}",
+                _pair(e, "exchange_moe_s"),
                 f"{e['predicted']['step_time_s']:.3f} / {e['measured']['step_time_s']:.3f}",
             ]
             for m, e in parts.items()
         ]
         text += "\n\nSeconds per step and rank, predicted / measured:\n\n" + table(
-            ["mode", "full-layer exchanges", "sparse-layer exchanges", "step"], rows
+            ["mode", "full-layer exchanges", "sparse-layer exchanges", "experts' all-to-all", "step"], rows
         )
     text += f"\n\n{c['nodes']} emulated nodes x {c['ranks_per_node']} gloo ranks, {c['inter_mbit']:g} Mbit/s between nodes."
     return text, [run_provenance(result, folder)]
