@@ -144,7 +144,10 @@ def exchange_args(plan, head_counts: Sequence[int], device: torch.device | str =
     """
     device = torch.device(device)
     p = plan.group_size
-    split = torch.as_tensor(head_split_map(head_counts, p), device=device)
+    if getattr(plan, "whole", False):  # a redistribution: every peer gets whole rows, all heads
+        split = torch.arange(int(sum(head_counts)), dtype=torch.int32, device=device).expand(p, -1).contiguous()
+    else:
+        split = torch.as_tensor(head_split_map(head_counts, p), device=device)
     hs = split.shape[1]
     ident = torch.arange(hs, dtype=torch.int32, device=device).expand(p, hs).contiguous()
     tokens_heads = int(sum(head_counts))
@@ -157,7 +160,7 @@ def exchange_args(plan, head_counts: Sequence[int], device: torch.device | str =
     def idx(a):
         return torch.as_tensor(np.asarray(a, dtype=np.int64), device=device)
 
-    replicas = replica_counts(head_counts, p)
+    replicas = None if getattr(plan, "whole", False) else replica_counts(head_counts, p)
     if plan.to_heads:  # token side in, head side out: pack splits heads (replicating), unpack keeps them
         pack_map, unpack_map, in_heads, out_heads = split, ident, tokens_heads, hs
     elif replicas is None:
@@ -211,6 +214,17 @@ class CommStats:
         src_node = rank // self.gpus_per_node
         for j, c in enumerate(send_counts):
             dst = group_start + j
+            if dst == rank or c == 0:
+                continue
+            b = c * row_bytes
+            self.bytes_to_peer[site][(rank, dst)] += b
+            self.bytes_by_site[site][0 if dst // self.gpus_per_node == src_node else 1] += b
+
+    def record_peers(self, site: str, rank: int, rows_to: dict, row_bytes: int) -> None:
+        """One call at `site`: rows_to[dst] rows of row_bytes to each rank dst (point-to-point)."""
+        self.calls[site] += 1
+        src_node = rank // self.gpus_per_node
+        for dst, c in rows_to.items():
             if dst == rank or c == 0:
                 continue
             b = c * row_bytes
@@ -358,6 +372,81 @@ def all_to_all_rows(x: torch.Tensor, send_counts, recv_counts, group, stats: Com
     (recv_counts[j] from rank j) -> [sum(recv_counts), ...]; differentiable (the backward is the
     reverse all-to-all), counted in `stats` under `site`. group None: one rank, a copy."""
     return _AllToAllRows.apply(x, list(send_counts), list(recv_counts), group, stats, site)
+
+
+@dataclass(frozen=True, eq=False)
+class HaloArgs:
+    """One rank's part of a halo exchange: the rows of its local tensor each later rank's queries
+    reach back to (sends: (destination rank, local rows) by destination), and how many rows each
+    earlier rank sends it (recvs: (source rank, rows) by source; the receive buffer holds them
+    source after source, each source's in the order it packs them). Point-to-point over the
+    default group: no process group of its own (a halo child is any range of ranks)."""
+
+    rank: int
+    n_in: int
+    sends: tuple[tuple[int, torch.Tensor], ...]
+    recvs: tuple[tuple[int, int], ...]
+
+    @property
+    def n_recv(self) -> int:
+        return sum(c for _, c in self.recvs)
+
+
+def _rows_of(x: torch.Tensor, rows: torch.Tensor, backend: str) -> torch.Tensor:
+    """x [n, H, D] -> x[rows] through the pack kernel (every head kept)."""
+    heads = torch.arange(x.shape[1], dtype=torch.int32, device=x.device).view(1, -1)
+    return gather_heads(x, rows, torch.zeros(rows.numel(), dtype=torch.int32, device=x.device), heads, backend)
+
+
+def _p2p(sends: list[tuple[int, torch.Tensor]], recvs: list[tuple[int, torch.Tensor]]) -> None:
+    ops = [dist.P2POp(dist.isend, t, peer) for peer, t in sends] + [dist.P2POp(dist.irecv, t, peer) for peer, t in recvs]
+    if ops:
+        for req in dist.batch_isend_irecv(ops):
+            req.wait()
+
+
+class _Halo(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, kv, args, backend, stats, site):
+        ctx.args, ctx.backend, ctx.stats, ctx.site = args, backend, stats, site
+        clock = PhaseClock(stats.seconds[site] if stats is not None and stats.timed else None, kv.device)
+        out = [(dst, _rows_of(kv, rows, backend)) for dst, rows in args.sends]
+        clock.lap("pack")
+        if stats is not None:
+            row_bytes = math.prod(kv.shape[1:]) * kv.element_size()
+            stats.record_peers(site, args.rank, {dst: int(rows.numel()) for dst, rows in args.sends}, row_bytes)
+        clock.lap("record")
+        inn = [(src, kv.new_empty((c, *kv.shape[1:]))) for src, c in args.recvs]
+        _p2p(out, inn)
+        clock.lap("all_to_all")
+        return torch.cat([t for _, t in inn]) if inn else kv.new_empty((0, *kv.shape[1:]))
+
+    @staticmethod
+    def backward(ctx, grad):
+        args, stats, site = ctx.args, ctx.stats, ctx.site + ".bwd"
+        grad = grad.contiguous()
+        back, at = [], 0
+        for src, c in args.recvs:  # each halo's gradient to the rank that holds it
+            back.append((src, grad[at : at + c]))
+            at += c
+        if stats is not None:
+            row_bytes = math.prod(grad.shape[1:]) * grad.element_size()
+            stats.record_peers(site, args.rank, {src: c for src, c in args.recvs}, row_bytes)
+        got = [(dst, grad.new_empty((int(rows.numel()), *grad.shape[1:]))) for dst, rows in args.sends]
+        _p2p(back, got)
+        out = grad.new_zeros((args.n_in, *grad.shape[1:]))
+        for (_, rows), (_, g) in zip(args.sends, got):  # destination by destination: a fixed order of the sums
+            out.index_add_(0, rows, g)
+        return out, None, None, None, None
+
+
+def halo_exchange(kv: torch.Tensor, args: HaloArgs, backend: str = "auto", stats: CommStats | None = None, site: str = "sparse.halo"):
+    """Send the rows of `kv` [n_in, H, D] each later rank reaches back to, receive the rows the
+    earlier ranks send: -> [n_recv, H, D], differentiable (the backward sends each halo's
+    gradient back to its owner, where they add up destination by destination)."""
+    if kv.shape[0] != args.n_in:
+        raise ValueError(f"rank {args.rank}: halo exchange input has {kv.shape[0]} rows, the plan expects {args.n_in}")
+    return _Halo.apply(kv, args, backend, stats, site)
 
 
 def pack(x: torch.Tensor, args: ExchangeArgs, backend: str = "auto") -> torch.Tensor:

@@ -38,7 +38,15 @@ _SPARSE: dict[str, SparseKind] = {}
 
 
 def register_sparse_attention(
-    name: str, mask: MaskFn, flops=None, flash_window=None, split_chunks=None, fn=None, params: dict | None = None, overwrite: bool = False
+    name: str,
+    mask: MaskFn,
+    flops=None,
+    flash_window=None,
+    split_chunks=None,
+    fn=None,
+    params: dict | None = None,
+    overwrite: bool = False,
+    first_key=None,
 ) -> None:
     """Register a sparse-attention kind by name.
 
@@ -47,13 +55,15 @@ def register_sparse_attention(
     simulator through solver.cost (None: the kind is already priced there, as the built-in kinds
     are); fn(q, k, v, cu_seqlens, max_seqlen, params): an optional kernel of its own, used
     instead of the reference on every backend but "torch"; params: the kind's parameters and
-    their defaults (sparse_params is checked against them)."""
+    their defaults (sparse_params is checked against them); first_key(query positions, params):
+    for a local kind, the first key each query may see (halo children need it; the mask must
+    allow nothing before it)."""
     if name in _SPARSE and not overwrite:
         raise ValueError(f"sparse kind {name!r} is already registered; pass overwrite=True to replace it")
     if flops is None:
         sparse_cost(name)  # raises, naming the priced kinds, unless solver.cost prices it
     else:
-        register_sparse_cost(name, flops, params, overwrite=True)
+        register_sparse_cost(name, flops, params, overwrite=True, first_key=first_key)
     _SPARSE[name] = SparseKind(name, mask, flash_window, split_chunks, fn)
 
 
@@ -63,7 +73,7 @@ def sparse_kind(name: str) -> SparseKind:
     return _SPARSE[name]
 
 
-# the built-in kinds: priced in solver.cost, their patterns here
+# the built-in kinds: priced in solver.cost (with their reach, which halo children need), their patterns here
 register_sparse_attention("sliding_window", mask=lambda qp, kp, p: (qp - kp) < p["window"], flash_window=lambda p: (p["window"] - 1, 0))
 register_sparse_attention("chunked", mask=lambda qp, kp, p: (qp // p["chunk"]) == (kp // p["chunk"]), split_chunks=lambda p: p["chunk"])
 
@@ -78,9 +88,25 @@ def query_block(heads: int, keys: int, budget: int = SCORE_BUDGET) -> int:
 
 
 def torch_varlen_attention(
-    q, k, v, cu_seqlens, max_seqlen=None, mask: MaskFn | None = None, params: dict | None = None, budget: int = SCORE_BUDGET
+    q,
+    k,
+    v,
+    cu_seqlens,
+    max_seqlen=None,
+    mask: MaskFn | None = None,
+    params: dict | None = None,
+    budget: int = SCORE_BUDGET,
+    cu_seqlens_k=None,
+    q_start=None,
+    k_start=None,
 ):
     """Causal varlen attention, optionally restricted by a sparse mask; GQA without copying K/V.
+
+    Segment i's queries are rows cu_seqlens[i]:cu_seqlens[i+1] of q at positions q_start[i]
+    onward; its keys rows cu_seqlens_k[i]:cu_seqlens_k[i+1] of k and v at positions k_start[i]
+    onward, ending where its queries end (a halo child's keys reach back before its queries:
+    causality is aligned bottom-right). By default the keys are the queries' rows, from position 0.
+    The mask sees positions in the sample.
 
     Memory-bounded: queries run in blocks, each against the keys up to its last query, so a long
     sample never builds an L x L matrix (at most `budget` score elements at a time).
@@ -96,14 +122,22 @@ def torch_varlen_attention(
     out = torch.empty_like(q)
     scale = 1.0 / math.sqrt(d)
     cu = cu_seqlens.tolist()
-    for a, b in zip(cu[:-1], cu[1:]):
-        step = query_block(h, b - a, budget)
+    cu_k = cu if cu_seqlens_k is None else cu_seqlens_k.tolist()
+    n = len(cu) - 1
+    qs0 = [0] * n if q_start is None else [int(x) for x in q_start]
+    ks0 = [0] * n if k_start is None else [int(x) for x in k_start]
+    for i, (a, b, ka, kb) in enumerate(zip(cu[:-1], cu[1:], cu_k[:-1], cu_k[1:])):
+        pq, pk = qs0[i], ks0[i]
+        if pk + (kb - ka) != pq + (b - a):
+            raise ValueError(f"segment {i}: its keys end at position {pk + kb - ka}, its queries at {pq + b - a}: they must end together")
+        step = query_block(h, kb - ka, budget)
         for s0 in range(0, b - a, step):
-            s1 = min(b - a, s0 + step)  # queries s0..s1 see keys 0..s1 (causal)
+            s1 = min(b - a, s0 + step)  # queries s0..s1 see keys up to their last position (causal)
+            used = pq + s1 - pk
             qs = q[a + s0 : a + s1].reshape(s1 - s0, hkv, g, d)
-            ks, vs = k[a : a + s1], v[a : a + s1]
-            qp = torch.arange(s0, s1, device=q.device)[:, None]
-            kp = torch.arange(s1, device=q.device)[None, :]
+            ks, vs = k[ka : ka + used], v[ka : ka + used]
+            qp = torch.arange(pq + s0, pq + s1, device=q.device)[:, None]
+            kp = torch.arange(pk, pk + used, device=q.device)[None, :]
             allowed = qp >= kp
             if mask is not None:
                 allowed = allowed & mask(qp, kp, params or {})
@@ -149,20 +183,38 @@ def varlen_available() -> bool:
     return _available(_varlen_fn)
 
 
-def flash_varlen_attention(q, k, v, cu_seqlens, max_seqlen, window: tuple[int, int] = (-1, -1), fn=None):
-    """flash_attn_varlen_func with causal=True and `window_size` ((-1, -1): full causal)."""
+@dataclass(frozen=True)
+class KeySegments:
+    """A halo child's keys, which reach back before its queries: segment i's keys are rows
+    cu[i]:cu[i+1] of k and v, at positions k_start[i] onward, ending where its queries end (whose
+    first position is q_start[i]); max_len the longest. Causality is aligned bottom-right, as
+    flash-attn aligns it when keys outnumber queries."""
+
+    cu: torch.Tensor  # int32 [n + 1], on the device
+    max_len: int
+    q_start: np.ndarray  # [n], host
+    k_start: np.ndarray  # [n], host
+
+
+def flash_varlen_attention(q, k, v, cu_seqlens, max_seqlen, window: tuple[int, int] = (-1, -1), fn=None, keys: KeySegments | None = None):
+    """flash_attn_varlen_func with causal=True and `window_size` ((-1, -1): full causal); keys:
+    key segments of their own (causal then aligned bottom-right)."""
     fn = fn or _flash_fn()
     cu = cu_seqlens.to(torch.int32)
-    return fn(q, k, v, cu, cu, int(max_seqlen), int(max_seqlen), causal=True, window_size=window)
+    cu_k, max_k = (cu, int(max_seqlen)) if keys is None else (keys.cu.to(torch.int32), keys.max_len)
+    return fn(q, k, v, cu, cu_k, int(max_seqlen), max_k, causal=True, window_size=window)
 
 
-def torch_cuda_varlen_attention(q, k, v, cu_seqlens, max_seqlen, window: tuple[int, int] = (-1, -1), fn=None):
+def torch_cuda_varlen_attention(
+    q, k, v, cu_seqlens, max_seqlen, window: tuple[int, int] = (-1, -1), fn=None, keys: KeySegments | None = None
+):
     """torch.nn.attention.varlen.varlen_attn, causal. Its window_size is flash-attn's (left, right)
     without a causal flag: full causal is (-1, 0), the last W tokens (W - 1, 0); GQA by enable_gqa."""
     fn = fn or _varlen_fn()
     cu = cu_seqlens.to(torch.int32)
     n = int(max_seqlen)
-    return fn(q, k, v, cu, cu, n, n, window_size=(window[0], 0), enable_gqa=k.shape[1] != q.shape[1])
+    cu_k, max_k = (cu, n) if keys is None else (keys.cu.to(torch.int32), keys.max_len)
+    return fn(q, k, v, cu, cu_k, n, max_k, window_size=(window[0], 0), enable_gqa=k.shape[1] != q.shape[1])
 
 
 WINDOWED = {"flash": flash_varlen_attention, "varlen": torch_cuda_varlen_attention}  # causal + optional window
@@ -177,6 +229,32 @@ def chunk_cu(cu_seqlens: np.ndarray, chunk: int) -> np.ndarray:
     cu = np.asarray(cu_seqlens, dtype=np.int64)
     bounds = [np.arange(a, b, chunk) for a, b in zip(cu[:-1], cu[1:])]
     return np.concatenate([*bounds, cu[-1:]]).astype(np.int32)
+
+
+def chunk_segments(cu_q: np.ndarray, cu_k: np.ndarray, q_start: np.ndarray, k_start: np.ndarray, chunk: int):
+    """Refine segments whose keys reach back before their queries into pieces inside aligned
+    chunks of `chunk` positions (full causal attention on each is the chunked kind's): (cu_q, cu_k,
+    q_start, k_start) of the pieces. A segment's keys start at a chunk's start (the kind's reach).
+
+    >>> [x.tolist() for x in chunk_segments(np.array([0, 6]), np.array([0, 9]), np.array([3]), np.array([0]), 4)]
+    [[0, 1, 5, 6], [0, 4, 8, 9], [3, 4, 8], [0, 4, 8]]
+    """
+    out_q, out_k, qs, ks = [0], [0], [], []
+    for i in range(len(cu_q) - 1):
+        pq, pk = int(q_start[i]), int(k_start[i])
+        end = pq + int(cu_q[i + 1] - cu_q[i])
+        if pk % chunk and pk < pq:
+            raise ValueError(f"segment {i}: keys from position {pk} do not start a chunk of {chunk}")
+        for c in range(pk - pk % chunk, end, chunk):
+            q_lo, k_lo, hi = max(pq, c), max(pk, c), min(end, c + chunk)
+            if hi <= q_lo:
+                continue
+            out_q.append(out_q[-1] + hi - q_lo)
+            out_k.append(out_k[-1] + hi - k_lo)
+            qs.append(q_lo)
+            ks.append(k_lo)
+    as_int = lambda x: np.asarray(x, dtype=np.int64)  # noqa: E731
+    return as_int(out_q), as_int(out_k), as_int(qs), as_int(ks)
 
 
 def kernel_inputs(cu_seqlens: np.ndarray, max_seqlen: int, kind: str, params: dict | None) -> tuple[np.ndarray, int, str]:
@@ -205,11 +283,15 @@ def resolve_backend(backend: str, device: torch.device) -> str:
     return backend
 
 
-def varlen_attention(q, k, v, cu_seqlens, max_seqlen, kind: str = "full", params: dict | None = None, backend: str = "auto", fn=None):
+def varlen_attention(
+    q, k, v, cu_seqlens, max_seqlen, kind: str = "full", params: dict | None = None, backend: str = "auto", fn=None,
+    keys: KeySegments | None = None,
+):  # fmt: skip
     """Full (causal) or sparse attention of `kind` over packed samples. [T, H, D] -> [T, H, D].
 
     fn: the underlying function of a CUDA backend (`flash` or `varlen`), given in its place (tests
-    check the wrappers' arguments this way, without CUDA).
+    check the wrappers' arguments this way, without CUDA). keys: the key segments of a halo
+    child, which reach back before the queries (k and v hold their rows; default: the queries').
 
     >>> q = torch.randn(9, 4, 8)
     >>> varlen_attention(q, q, q, torch.tensor([0, 4, 9]), 5, "sliding_window", {"window": 2}, "torch").shape
@@ -224,11 +306,25 @@ def varlen_attention(q, k, v, cu_seqlens, max_seqlen, kind: str = "full", params
     params = params or {}
     sk = None if kind == "full" else sparse_kind(kind)
     if sk is not None and sk.fn is not None and backend != "torch":
+        if keys is not None:
+            raise ValueError(f"sparse kind {kind!r}'s own kernel takes no key segments of their own (halo children): use the torch backend")
         return sk.fn(q, k, v, cu_seqlens, max_seqlen, params)
     if sk is not None and sk.split_chunks is not None:
-        cu, mx, kind = kernel_inputs(cu_seqlens.cpu().numpy(), max_seqlen, kind, params)
-        return varlen_attention(q, k, v, torch.as_tensor(cu, device=q.device), mx, kind, None, backend, fn)
+        if keys is None:
+            cu, mx, kind = kernel_inputs(cu_seqlens.cpu().numpy(), max_seqlen, kind, params)
+            return varlen_attention(q, k, v, torch.as_tensor(cu, device=q.device), mx, kind, None, backend, fn)
+        cq, ck, qs, ks = chunk_segments(
+            cu_seqlens.cpu().numpy(), keys.cu.cpu().numpy(), keys.q_start, keys.k_start, sk.split_chunks(params)
+        )
+        pieces = KeySegments(torch.as_tensor(ck, dtype=torch.int32, device=q.device), int(np.diff(ck).max(initial=0)), qs, ks)
+        cu = torch.as_tensor(cq, dtype=torch.int32, device=q.device)
+        return varlen_attention(q, k, v, cu, int(np.diff(cq).max(initial=0)), "full", None, backend, fn, pieces)
     if backend in WINDOWED and (sk is None or sk.flash_window is not None):
         window = (-1, -1) if sk is None else sk.flash_window(params)
-        return WINDOWED[backend](q, k, v, cu_seqlens, max_seqlen, window, fn=fn)
-    return torch_varlen_attention(q, k, v, cu_seqlens, mask=None if sk is None else sk.mask, params=params)
+        return WINDOWED[backend](q, k, v, cu_seqlens, max_seqlen, window, fn=fn, keys=keys)
+    mask = None if sk is None else sk.mask
+    if keys is None:
+        return torch_varlen_attention(q, k, v, cu_seqlens, mask=mask, params=params)
+    return torch_varlen_attention(
+        q, k, v, cu_seqlens, mask=mask, params=params, cu_seqlens_k=keys.cu, q_start=keys.q_start, k_start=keys.k_start
+    )

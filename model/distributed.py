@@ -15,11 +15,14 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from config import ModelConfig
-from kernels.exchange import CommStats, ExchangeGroups, PhaseClock, dist_transport, exchange, exchange_args
-from solver import StepPlan, head_cu_seqlens, token_to_head_rank
+from config import ModelConfig, SettingError
+from kernels.exchange import CommStats, ExchangeGroups, HaloArgs, PhaseClock, dist_transport, exchange, exchange_args, halo_exchange
+from solver import Group, StepPlan, TokenLayout, head_cu_seqlens, token_to_head_rank
+from solver.cost import sparse_cost
+from solver.layout import halo_transfers, token_to_token_rank
 
-from .experts import ExpertDispatch
+from .attention import KeySegments
+from .experts import ExpertDispatch, permute_rows
 from .hybrid import IGNORE, attention_sites
 from .layers import Rotary
 from .sharding import is_sharded
@@ -38,7 +41,12 @@ def validate(plan: StepPlan, cfg: ModelConfig, world_size: int, ep: int = 1) -> 
             f"expert parallelism of degree {ep} needs the world ({world_size} ranks) and the experts ({cfg.n_experts}) "
             f"to be multiples of it"
         )
-    sizes = sorted({g.size for g in plan.parent_layout.groups} | {g.size for g in plan.child_layout.groups})
+    sizes = sorted({g.size for g in plan.parent_layout.groups} | {g.size for g in plan.child_layout.groups if not g.halo})
+    if any(g.halo for g in plan.child_layout.groups):  # halo children split no head, but need the sparse kind's reach
+        try:
+            sparse_cost(cfg.sparse_kind).check_local()
+        except SettingError as e:
+            raise LayoutError(str(e)) from None
     for p in sizes:
         if cfg.n_heads % p:
             raise LayoutError(
@@ -67,19 +75,19 @@ def check_same_plan(plan: StepPlan, device="cpu") -> None:
 
 
 def rank_exchanges(plan: StepPlan, cfg: ModelConfig, rank: int, device="cpu"):
-    """(full entry, full exit, sparse entry, sparse exit) of `rank`, as device tensors: only this
+    """(full entry, full exit, sparse entry, sparse exit) of `rank`, as device tensors (the sparse
+    ones None in a halo child): only this
     rank's part of each exchange, so the host work of a step grows with the rank's groups, not
-    with the cluster (experiments.host_bench times it). An exit is its entry's inverse."""
+    with the cluster (experiments.host_bench times it). An exit is its entry's inverse. A
+    redistribute plan's full layers run on the parent's own token layout."""
     parent, child = plan.parent_layout, plan.child_layout
     qkv = [cfg.n_heads, cfg.n_kv_heads, cfg.n_kv_heads]
-    full = token_to_head_rank(child, parent, rank)
+    full = token_to_head_rank(parent if plan.mode == "redistribute" else child, parent, rank)
+    full_args = (exchange_args(full, qkv, device), exchange_args(full.inverse(), qkv[:1], device))
+    if child.group_of(rank).halo:  # its sparse layers exchange halos, not heads
+        return (*full_args, None, None)
     sparse = token_to_head_rank(child, child, rank)
-    return (
-        exchange_args(full, qkv, device),
-        exchange_args(full.inverse(), qkv[:1], device),
-        exchange_args(sparse, qkv, device),
-        exchange_args(sparse.inverse(), qkv[:1], device),
-    )
+    return (*full_args, exchange_args(sparse, qkv, device), exchange_args(sparse.inverse(), qkv[:1], device))
 
 
 class _AllReduceSum(torch.autograd.Function):
@@ -101,6 +109,56 @@ class _AllReduceSum(torch.autograd.Function):
 def all_reduce_sum(x: torch.Tensor) -> torch.Tensor:
     """Differentiable all-reduce (sum) over the default group."""
     return _AllReduceSum.apply(x)
+
+
+def halo_rank_args(layout: TokenLayout, group: Group, rank: int, first_key, params: dict, device="cpu"):
+    """One rank's halo exchange in halo group `group` of `layout`, and the key segments of its
+    sparse attention: (HaloArgs, key rows, their inverse, KeySegments). The keys of a local chunk
+    are the halo rows its queries reach back to, then the chunk's own rows: `key rows` gathers
+    them, segment after segment, from the received rows followed by the local ones (every row of
+    both once: a permutation)."""
+    transfers = halo_transfers(layout, group, first_key, params)
+    chunks = layout.local_chunks(rank)
+    offset, at = {}, 0
+    for sid, a, b in chunks:
+        offset[sid] = (at, a)
+        at += b - a
+    n_in = at
+    sends: dict[int, list[np.ndarray]] = {}
+    for t in (t for t in transfers if t.src == rank):  # ordered by destination, then sample and position
+        first, a = offset[t.sample]
+        sends.setdefault(t.dst, []).append(np.arange(first + t.lo - a, first + t.hi - a))
+    recv_rows: dict[int, list[int]] = {}  # sample -> its halo rows' places in the receive buffer, by position
+    recvs: dict[int, int] = {}
+    for t in (t for t in transfers if t.dst == rank):  # ordered by source, then sample and position
+        base = sum(recvs.values())
+        recvs[t.src] = recvs.get(t.src, 0) + t.hi - t.lo
+        recv_rows.setdefault(t.sample, []).extend(range(base, base + t.hi - t.lo))
+    n_recv = sum(recvs.values())
+    keys, cu_k, q_start, k_start = [], [0], [], []
+    for sid, a, b in chunks:
+        if b == a:
+            continue
+        halo = recv_rows.get(sid, [])
+        first, _ = offset[sid]
+        keys.append(np.concatenate([np.asarray(halo, dtype=np.int64), n_recv + np.arange(first, first + b - a)]))
+        cu_k.append(cu_k[-1] + len(keys[-1]))
+        q_start.append(a)
+        k_start.append(a - len(halo))
+    rows = np.concatenate(keys) if keys else np.zeros(0, dtype=np.int64)
+    args = HaloArgs(
+        rank,
+        n_in,
+        tuple((dst, torch.as_tensor(np.concatenate(r), device=device)) for dst, r in sorted(sends.items())),
+        tuple(sorted(recvs.items())),
+    )
+    key_rows = torch.as_tensor(rows, device=device)
+    inverse = torch.empty_like(key_rows)
+    inverse[key_rows] = torch.arange(len(rows), device=device)
+    segs = KeySegments(
+        torch.as_tensor(cu_k, dtype=torch.int32, device=device), int(np.diff(cu_k).max(initial=0)), np.asarray(q_start), np.asarray(k_start)
+    )
+    return args, key_rows, inverse, segs
 
 
 class RankPlacement:
@@ -127,11 +185,27 @@ class RankPlacement:
         self.parent_group = parent.group_of(rank)
         self.child_group = child.group_of(rank)
         self.full_entry, self.full_exit, self.sparse_entry, self.sparse_exit = rank_exchanges(plan, cfg, rank, device)
-        self.sites = attention_sites(head_cu_seqlens(parent, self.parent_group), head_cu_seqlens(child, self.child_group), cfg, device)
         self.chunks = child.local_chunks(rank)  # (sample, start, end) of this rank's tokens, in local order
-        pos = [np.arange(a, b) for _, a, b in self.chunks] or [np.zeros(0)]
-        self.positions = torch.as_tensor(np.concatenate(pos), dtype=torch.int64, device=device)
-        self.rotary = Rotary(self.positions, cfg.head_dim, cfg.rope_theta, [(a, b) for _, a, b in self.chunks])
+        self.positions, self.rotary = _rotary(self.chunks, cfg, device)
+        self.halo = self.child_group.halo and self.child_group.size > 1
+        keys = None
+        if self.halo:  # sparse attention on the child's own token layout, with its neighbours' key/value halos
+            first_key = sparse_cost(cfg.sparse_kind).check_local()
+            self.halo_args, self.key_rows, self.key_inverse, keys = halo_rank_args(
+                child, self.child_group, rank, first_key, cfg.sparse_params, device
+            )
+            sparse_cu = np.concatenate([[0], np.cumsum([b - a for _, a, b in self.chunks if b > a])]).astype(np.int32)
+        else:
+            sparse_cu = head_cu_seqlens(child, self.child_group)
+        self.sites = attention_sites(head_cu_seqlens(parent, self.parent_group), sparse_cu, cfg, device, keys)
+        # a redistribute plan: each full layer runs on the parent's own token layout, the hidden
+        # states moved there and back by all-to-alls of their own (the pass the paper avoids)
+        self.redistribution = None
+        self.full_rotary = self.rotary
+        if plan.mode == "redistribute":
+            whole = token_to_token_rank(child, parent, self.parent_group, rank)
+            self.redistribution = exchange_args(whole, [1], device)
+            _, self.full_rotary = _rotary(parent.local_chunks(rank), cfg, device)
         self.reduce = all_reduce_sum
         self.total_tokens = plan.total_tokens
         self.dispatch = None
@@ -143,7 +217,34 @@ class RankPlacement:
         h, hkv = self.cfg.n_heads // p, max(self.cfg.n_kv_heads // p, 1)  # one replicated KV head when p > n_kv_heads
         return y[:, :h], y[:, h : h + hkv], y[:, h + hkv :]
 
+    def enter(self, x: torch.Tensor, kind: str) -> torch.Tensor:
+        """x [n, hidden] in the layout the layer's token-wise work runs in: a redistribute plan's
+        full layer moves it to the parent's token layout."""
+        if kind != "F" or self.redistribution is None:
+            return x
+        y = exchange(
+            x.reshape(x.shape[0], 1, x.shape[1]), self.redistribution, self.transport, self.pack_backend, self.stats, "full.redist"
+        )
+        return y.reshape(y.shape[0], x.shape[1])
+
+    def leave(self, x: torch.Tensor, kind: str) -> torch.Tensor:
+        """The way back of enter: the child layout again after a redistribute plan's full layer."""
+        if kind != "F" or self.redistribution is None:
+            return x
+        back = self.redistribution.inverse()
+        y = exchange(x.reshape(x.shape[0], 1, x.shape[1]), back, self.transport, self.pack_backend, self.stats, "full.redist.back")
+        return y.reshape(y.shape[0], x.shape[1])
+
+    def rotary_for(self, kind: str) -> Rotary:
+        return self.full_rotary if kind == "F" else self.rotary
+
     def attend(self, qkv, kind, layer):
+        if kind == "S" and self.halo:
+            h, hkv = self.cfg.n_heads, self.cfg.n_kv_heads
+            kv = qkv[:, h:].contiguous()  # keys and values, all heads: the halo rows
+            got = halo_exchange(kv, self.halo_args, self.pack_backend, self.stats)
+            seg = permute_rows(torch.cat([got, kv]), self.key_rows, self.key_inverse, self.pack_backend)
+            return self.sites["S"](qkv[:, :h], seg[:, :hkv], seg[:, hkv:], self.backend, self.recompute_attention)
         if kind == "F":
             entry, exit_, p, site = self.full_entry, self.full_exit, self.parent_group.size, "full"
         else:
@@ -168,6 +269,13 @@ class RankPlacement:
             return torch.zeros(0, dtype=torch.int64, device=device), torch.zeros(0, dtype=torch.int64, device=device)
         tokens = torch.as_tensor(np.concatenate(toks).astype(np.int64), device=device)
         return tokens, torch.as_tensor(np.concatenate(labs).astype(np.int64), device=device)
+
+
+def _rotary(chunks, cfg: ModelConfig, device) -> tuple[torch.Tensor, Rotary]:
+    """(positions, rotary tables) of a rank's chunks (sample, start, end), in local order."""
+    pos = [np.arange(a, b) for _, a, b in chunks] or [np.zeros(0)]
+    positions = torch.as_tensor(np.concatenate(pos), dtype=torch.int64, device=device)
+    return positions, Rotary(positions, cfg.head_dim, cfg.rope_theta, [(a, b) for _, a, b in chunks])
 
 
 def expert_groups(ep: int, world: int) -> frozenset[tuple[int, int]]:

@@ -29,6 +29,8 @@ per rank follows the layout, as on a cluster.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -39,10 +41,11 @@ from kernels.permute import gather_heads
 
 
 def _gather_rows(x: torch.Tensor, rows: torch.Tensor, backend: str) -> torch.Tensor:
-    """x [n, h] -> x[rows] [m, h] through the permute kernel (one read and one write a row)."""
+    """x [n, ...] -> x[rows] [m, ...] through the permute kernel (one read and one write a row)."""
     heads = torch.zeros(1, 1, dtype=torch.int32, device=x.device)
     peers = torch.zeros(rows.numel(), dtype=torch.int32, device=x.device)
-    return gather_heads(x.reshape(x.shape[0], 1, x.shape[1]), rows, peers, heads, backend).reshape(rows.numel(), x.shape[1])
+    flat = x.reshape(x.shape[0], 1, math.prod(x.shape[1:]))
+    return gather_heads(flat, rows, peers, heads, backend).reshape(rows.numel(), *x.shape[1:])
 
 
 class _Permute(torch.autograd.Function):

@@ -17,7 +17,7 @@ from torch.utils.checkpoint import checkpoint
 
 from config import RECOMPUTE, ModelConfig
 
-from .attention import kernel_inputs, varlen_attention
+from .attention import KeySegments, chunk_segments, kernel_inputs, sparse_kind, varlen_attention
 from .layers import MoE, Reduce, RMSNorm, Rotary
 
 IGNORE = -100
@@ -34,6 +34,15 @@ class Placement(Protocol):
     def attend(self, qkv: torch.Tensor, layer_type: str, layer: int) -> torch.Tensor:
         """qkv [n, H + 2 Hkv, D] (rotary applied) -> attention output [n, H, D] for layer type 'F' or 'S'."""
 
+    def enter(self, x: torch.Tensor, layer_type: str) -> torch.Tensor:
+        """x [n, hidden] -> the layer's token-wise layout (the placement's own, or another)."""
+
+    def leave(self, x: torch.Tensor, layer_type: str) -> torch.Tensor:
+        """The way back of enter."""
+
+    def rotary_for(self, layer_type: str) -> Rotary:
+        """The rotary tables of the layout a layer type's token-wise work runs in."""
+
 
 class LocalPlacement:
     """All samples packed on one process: the single-process reference."""
@@ -49,6 +58,15 @@ class LocalPlacement:
         self.total_tokens = int(sum(lengths))
         self.dispatch, self.pack_backend = None, "auto"
 
+    def enter(self, x, layer_type):
+        return x
+
+    def leave(self, x, layer_type):
+        return x
+
+    def rotary_for(self, layer_type):
+        return self.rotary
+
     def attend(self, qkv, layer_type, layer):
         h, hkv = self.cfg.n_heads, self.cfg.n_kv_heads
         q, k, v = qkv[:, :h], qkv[:, h : h + hkv], qkv[:, h + hkv :]
@@ -58,24 +76,35 @@ class LocalPlacement:
 class Site:
     """Where one layer type's attention runs this step: its attention kind ("full" or the sparse
     kind), parameters and cu_seqlens (on the device, with the longest sequence from the host: no
-    device sync per layer)."""
+    device sync per layer); keys: a halo child's key segments (its queries' halos first), with a
+    chunked kind's segments cut into its aligned chunks here, once."""
 
-    def __init__(self, cu: np.ndarray, kind: str, params: dict | None, device):
+    def __init__(self, cu: np.ndarray, kind: str, params: dict | None, device, keys: KeySegments | None = None):
         longest = int(np.diff(cu).max()) if len(cu) > 1 else 0
-        cu, self.max_len, self.kind = kernel_inputs(cu, longest, kind, params)
+        if keys is not None and kind != "full" and sparse_kind(kind).split_chunks is not None and sparse_kind(kind).fn is None:
+            cq, ck, qs, ks = chunk_segments(cu, keys.cu.cpu().numpy(), keys.q_start, keys.k_start, sparse_kind(kind).split_chunks(params))
+            keys = KeySegments(torch.as_tensor(ck, dtype=torch.int32, device=device), int(np.diff(ck).max(initial=0)), qs, ks)
+            cu, longest, kind = cq, int(np.diff(cq).max(initial=0)), "full"
+        elif keys is None:
+            cu, longest, kind = kernel_inputs(cu, longest, kind, params)
+        self.max_len, self.kind, self.keys = longest, kind, keys
         self.params = params if self.kind != "full" else None
         self.cu = torch.as_tensor(cu, dtype=torch.int32, device=device)
 
     def __call__(self, q, k, v, backend: str, recompute: bool = False):
         """recompute: keep q, k, v only and re-run the kernel in backward (selective recompute)."""
+        args = (q, k, v, self.cu, self.max_len, self.kind, self.params, backend, None, self.keys)
         if recompute and torch.is_grad_enabled():
-            return checkpoint(varlen_attention, q, k, v, self.cu, self.max_len, self.kind, self.params, backend, use_reentrant=False)
-        return varlen_attention(q, k, v, self.cu, self.max_len, self.kind, self.params, backend)
+            return checkpoint(varlen_attention, *args, use_reentrant=False)
+        return varlen_attention(*args)
 
 
-def attention_sites(full_cu: np.ndarray, sparse_cu: np.ndarray, cfg: ModelConfig, device) -> dict[str, Site]:
-    """The full ('F') and sparse ('S') attention sites of a step, built once per step."""
-    return {"F": Site(full_cu, "full", None, device), "S": Site(sparse_cu, cfg.sparse_kind, cfg.sparse_params, device)}
+def attention_sites(
+    full_cu: np.ndarray, sparse_cu: np.ndarray, cfg: ModelConfig, device, keys: KeySegments | None = None
+) -> dict[str, Site]:
+    """The full ('F') and sparse ('S') attention sites of a step, built once per step (keys: the
+    sparse site's key segments in a halo child)."""
+    return {"F": Site(full_cu, "full", None, device), "S": Site(sparse_cu, cfg.sparse_kind, cfg.sparse_params, device, keys)}
 
 
 class Block(nn.Module):
@@ -90,16 +119,18 @@ class Block(nn.Module):
         self.moe = MoE(cfg.hidden, cfg.expert_ffn, cfg.n_experts, cfg.top_k)
 
     def forward(self, x: torch.Tensor, place: Placement, layer_type: str, layer: int):
-        """x [n, hidden] -> ([n, hidden], aux)"""
+        """x [n, hidden] -> ([n, hidden], aux), in the placement's token layout (a placement may run
+        a layer's token-wise work in another: enter and leave move it there and back)."""
         c = self.cfg
+        x = place.enter(x, layer_type)
         qkv = self.wqkv(self.attn_norm(x)).view(x.shape[0], c.n_heads + 2 * c.n_kv_heads, c.head_dim)
         nq = c.n_heads + c.n_kv_heads
-        qk = place.rotary(qkv[:, :nq])
+        qk = place.rotary_for(layer_type)(qkv[:, :nq])
         qkv = torch.cat([qk, qkv[:, nq:]], dim=1)
         o = place.attend(qkv, layer_type, layer)
         x = x + self.wo(o.reshape(x.shape[0], c.n_heads * c.head_dim))
         m, aux = self.moe(self.moe_norm(x), place.reduce, place.total_tokens, place.dispatch, place.pack_backend)
-        return x + m, aux
+        return place.leave(x + m, layer_type), aux
 
 
 class HybridMoE(nn.Module):

@@ -57,11 +57,32 @@ def attention_flops(pairs, cfg: ModelConfig):
 SparseFlops = Callable[[np.ndarray, ModelConfig], np.ndarray]
 
 
+FirstKey = Callable[[np.ndarray, dict], np.ndarray]  # (query positions, params) -> the first key position each may see
+
+
 @dataclass(frozen=True)
 class SparseCost:
     name: str
     flops: SparseFlops  # (lengths [n], cfg) -> forward FLOPs per sample [n]
     params: dict = field(default_factory=dict)  # the kind's parameters and their defaults
+    # a local kind's reach: the first key a query at a position may see (monotone in the position);
+    # None: not local, a query may see keys anywhere before it (no halo exchange can serve it)
+    first_key: FirstKey | None = None
+
+    def check_local(self, what: str = "halo children") -> FirstKey:
+        """The kind's reach, or SettingError naming the kind and what it lacks."""
+        if self.first_key is None:
+            raise SettingError(
+                f"sparse kind {self.name!r} declares no reach (first_key: the first key a query may see), so {what} cannot "
+                f"serve it: a halo exchange sends each rank the keys its queries reach back to; local kinds: "
+                f"{sorted(k for k, c in _SPARSE_COSTS.items() if c.first_key is not None)}"
+            )
+        return self.first_key
+
+    def reach(self, params: dict) -> int:
+        """The most tokens before its own a query may see (a window of W: W - 1)."""
+        far = np.arange(1 << 20, (1 << 20) + (1 << 16), dtype=np.int64)  # positions past any start effect
+        return int((far - self.check_local()(far, params)).max())
 
     def resolve(self, given: dict) -> dict:
         """The kind's parameters: the given ones over the defaults. Raises SettingError naming an
@@ -82,12 +103,15 @@ class SparseCost:
 _SPARSE_COSTS: dict[str, SparseCost] = {}
 
 
-def register_sparse_cost(name: str, flops: SparseFlops, params: dict | None = None, overwrite: bool = False) -> None:
+def register_sparse_cost(
+    name: str, flops: SparseFlops, params: dict | None = None, overwrite: bool = False, first_key: FirstKey | None = None
+) -> None:
     """Register the forward FLOPs of a sparse-attention kind, with its parameters and their
-    defaults. model.attention.register_sparse_attention calls this together with the kernel."""
+    defaults, and, for a local kind, its reach (first_key(query positions, params): the first key
+    each may see). model.attention.register_sparse_attention calls this together with the kernel."""
     if name in _SPARSE_COSTS and not overwrite:
         raise ValueError(f"sparse kind {name!r} is already registered; pass overwrite=True to replace it")
-    _SPARSE_COSTS[name] = SparseCost(name, flops, dict(params or {}))
+    _SPARSE_COSTS[name] = SparseCost(name, flops, dict(params or {}), first_key)
 
 
 def sparse_kinds() -> list[str]:
@@ -105,9 +129,17 @@ def sparse_cost(name: str) -> SparseCost:
 # model.attention registers their masks and kernels without a second copy of these FLOPs.
 # sliding window: Mistral 7B's 4096; chunked: Llama 4's local attention over chunks of 8192 tokens
 register_sparse_cost(
-    "sliding_window", lambda n, cfg: attention_flops(sliding_window_keys(n, cfg.sparse_params["window"]), cfg), {"window": 4096}
+    "sliding_window",
+    lambda n, cfg: attention_flops(sliding_window_keys(n, cfg.sparse_params["window"]), cfg),
+    {"window": 4096},
+    first_key=lambda q, p: np.maximum(np.asarray(q) - (p["window"] - 1), 0),  # the last W tokens
 )
-register_sparse_cost("chunked", lambda n, cfg: attention_flops(chunked_keys(n, cfg.sparse_params["chunk"]), cfg), {"chunk": 8192})
+register_sparse_cost(
+    "chunked",
+    lambda n, cfg: attention_flops(chunked_keys(n, cfg.sparse_params["chunk"]), cfg),
+    {"chunk": 8192},
+    first_key=lambda q, p: np.asarray(q) - np.asarray(q) % p["chunk"],  # back to its chunk's start
+)
 
 
 def with_sparse_defaults(model: ModelConfig) -> ModelConfig:
@@ -360,6 +392,15 @@ class CostModel:
         m = self.model
         return (m.n_heads + 2 * self.kv_heads_exchanged(group_size)) * m.head_dim * self.hw.bytes_per_element
 
+    def kv_row_bytes(self) -> float:
+        """Bytes of one token's keys and values (all key/value heads): a halo exchange's row."""
+        m = self.model
+        return 2 * m.n_kv_heads * m.head_dim * self.hw.bytes_per_element
+
+    def hidden_row_bytes(self) -> float:
+        """Bytes of one token's hidden state: a redistribution's row."""
+        return self.model.hidden * self.hw.bytes_per_element
+
     def exit_row_bytes(self) -> float:
         m = self.model
         return m.n_heads * m.head_dim * self.hw.bytes_per_element
@@ -435,6 +476,25 @@ class CostModel:
         `size` ranks (latency aside): the effective rate the ratio and its reading imply."""
         per_byte = sum(self.exchange_time(1.0, 0, size, 0, 1.0)) - sum(self.exchange_time(0.0, 0, size, 0, 1.0))  # latencies cancel
         return (size - 1) / size / per_byte
+
+    def halo_layer_time(self, rows: float, across: bool) -> float:
+        """Seconds of one sparse layer's key/value halo exchange for a rank that receives `rows`
+        rows (and sends as many), every pass (forward, its gradients back in backward, forward
+        again under full recompute): point-to-point, each byte at its link's rate (`across`: the
+        neighbour is on another node), a call's latency each pass (and what crossing adds)."""
+        if rows <= 0:
+            return 0.0
+        hw = self.hw
+        bw = hw.inter_node_bw if across else hw.intra_node_bw
+        call = hw.a2a_latency + (hw.a2a_inter_latency if across else 0.0) + rows * self.kv_row_bytes() / bw
+        return self.exchange_passes * call
+
+    def halo_line(self, parent_size: int, rows: float, across: bool) -> tuple[float, float]:
+        """cost.rank_time's line of a halo child inside a parent of `parent_size`: its share of the
+        parent's full-layer exchanges per token, and its sparse layers' halo exchanges (a rank's
+        `rows` halo rows, the most any of its ranks receives) as the fixed part (no head exchange)."""
+        m = self.model
+        return m.n_full * self.exchange_line(parent_size)[0], m.n_sparse * self.halo_layer_time(rows, across)
 
     def layer_exchange_time(self, tokens: float, start: int, size: int, rank: int) -> float:
         """Forward + backward seconds of one attention layer's entry and exit exchanges."""

@@ -22,9 +22,16 @@ from .cluster import Cluster, PlanError, is_pow2
 
 @dataclass(frozen=True)
 class Group:
+    """Ranks [start, start + size) and the samples they hold, each cut into contiguous chunks
+    over them. A group of a step's layouts is an aligned power-of-two range whose attention runs
+    by Ulysses' head exchange; a *halo* group (a halo child) is any contiguous range inside its
+    parent whose sparse attention runs on its own token layout, each rank receiving from its
+    neighbours the keys and values its queries reach back to (the sparse kind's reach)."""
+
     start: int
     size: int
     samples: tuple[int, ...]
+    halo: bool = False
 
     @property
     def stop(self) -> int:
@@ -34,12 +41,19 @@ class Group:
     def ranks(self) -> range:
         return range(self.start, self.stop)
 
+    def same_tokens(self, other: Group) -> bool:
+        """The same ranks and samples: the same token layout, whatever the attention."""
+        return (self.start, self.size, self.samples) == (other.start, other.size, other.samples)
+
     def to_json(self) -> list:
-        return [self.start, self.size, list(self.samples)]
+        return [self.start, self.size, list(self.samples)] + (["halo"] if self.halo else [])
 
     @staticmethod
     def from_json(obj) -> Group:
-        return Group(int(obj[0]), int(obj[1]), tuple(int(s) for s in obj[2]))
+        halo = len(obj) > 3 and obj[3] == "halo"
+        if len(obj) > 3 and not halo:
+            raise PlanError(f"group {obj!r}: a group's fourth item may only be 'halo'")
+        return Group(int(obj[0]), int(obj[1]), tuple(int(s) for s in obj[2]), halo)
 
 
 def chunk_bounds(length: int, parts: int) -> np.ndarray:
@@ -48,10 +62,14 @@ def chunk_bounds(length: int, parts: int) -> np.ndarray:
     return (length * k) // parts
 
 
-def check_group_shape(start: int, size: int, cluster: Cluster) -> None:
-    if not is_pow2(size):
+def check_group_shape(start: int, size: int, cluster: Cluster, aligned: bool = True) -> None:
+    """aligned: a Ulysses group (a power of two starting at a multiple of itself); a halo group
+    is any range of one rank or more."""
+    if size < 1:
+        raise PlanError(f"group at rank {start} has size={size}; a group holds at least one rank")
+    if aligned and not is_pow2(size):
         raise PlanError(f"group at rank {start} has size={size}; group sizes must be powers of two")
-    if start % size:
+    if aligned and start % size:
         raise PlanError(f"group of size {size} starts at rank {start}; it must start at a multiple of {size}")
     if start < 0 or start + size > cluster.world_size:
         raise PlanError(f"group [{start}, {start + size}) lies outside the cluster's ranks [0, {cluster.world_size})")
@@ -124,15 +142,16 @@ class TokenLayout:
         groups = self.groups
         starts = np.fromiter((g.start for g in groups), dtype=np.int64, count=len(groups))
         sizes = np.fromiter((g.size for g in groups), dtype=np.int64, count=len(groups))
+        halo = np.fromiter((g.halo for g in groups), dtype=bool, count=len(groups))
         pow2 = (sizes >= 1) & ((sizes & (sizes - 1)) == 0)
         if not (
-            pow2.all()
-            and (starts % np.where(pow2, sizes, 1) == 0).all()
+            (pow2 | (halo & (sizes >= 1))).all()
+            and (halo | (starts % np.where(pow2, sizes, 1) == 0)).all()
             and (starts >= 0).all()
             and (starts + sizes <= cluster.world_size).all()
         ):
             for g in groups:
-                check_group_shape(g.start, g.size, cluster)
+                check_group_shape(g.start, g.size, cluster, aligned=not g.halo)
         order = np.argsort(starts, kind="stable")
         s, z = starts[order], sizes[order]
         if not (len(s) and s[0] == ranks.start and (s[1:] == s[:-1] + z[:-1]).all() and s[-1] + z[-1] == ranks.stop):
@@ -182,6 +201,8 @@ class RankExchange:
     """One rank's part of one all-to-all over its group (peers are group-local indices 0..P-1).
 
     to_heads: token layout -> head layout (an entry exchange); False: the way back (an exit).
+    whole: a token layout -> another token layout (a redistribution): rows move with all their
+    heads, and to_heads only says which way.
     pack: send[m] = input[pack_rows[m]] (with the heads of the destination peer's slice when the
     input is in a token layout); the send buffer holds send_counts[j] rows for peer j, peer after
     peer. unpack: output[unpack_rows[m]] = recv[m] (merging head slices when the output is in a
@@ -199,6 +220,7 @@ class RankExchange:
     recv_counts: np.ndarray
     pack_rows: np.ndarray
     unpack_rows: np.ndarray
+    whole: bool = False  # a token layout to another: every row moves with all its heads (a redistribution)
 
     @property
     def peer_index(self) -> int:
@@ -217,6 +239,7 @@ class RankExchange:
             recv_counts=self.send_counts,
             pack_rows=self.unpack_rows,
             unpack_rows=self.pack_rows,
+            whole=self.whole,
         )
 
 
@@ -315,6 +338,116 @@ def head_to_token_plan(heads: TokenLayout, dst: TokenLayout) -> dict[int, RankEx
     """Exit exchange: head layout of each group of `heads` -> `dst` token layout (which may be a
     child layout: that is the repacking). The inverse of token_to_head_plan(dst, heads)."""
     return {r: p.inverse() for r, p in token_to_head_plan(dst, heads).items()}
+
+
+def token_to_token_rank(src: TokenLayout, dst: TokenLayout, group: Group, rank: int) -> RankExchange:
+    """One rank's part of a redistribution inside `group` (a parent): every token of the group's
+    samples from its rank in `src` to its rank in `dst`, whole (all heads), one all-to-all over the
+    group. Senders pack their rows by destination, each destination's in its row order; receivers
+    unpack into their local order. Both layouts must tile the group with its samples."""
+    src_rows = _group_token_rows(src, group)  # each rank's tokens' index in the group's token order
+    dst_rows = _group_token_rows(dst, group)
+    n = src.group_tokens(group)
+    owner = np.empty(n, dtype=np.int64)  # the destination rank of each token, and its row there
+    row_there = np.empty(n, dtype=np.int64)
+    source = np.empty(n, dtype=np.int64)
+    for r in group.ranks:
+        owner[dst_rows[r]] = r - group.start
+        row_there[dst_rows[r]] = np.arange(len(dst_rows[r]))
+        source[src_rows[r]] = r - group.start
+    mine = src_rows[rank]
+    order = np.lexsort((row_there[mine], owner[mine]))  # by destination, then its row
+    incoming = dst_rows[rank]
+    back = np.lexsort((np.arange(len(incoming)), source[incoming]))  # by source, then my row: the order blocks arrive in
+    return RankExchange(
+        to_heads=True,
+        group_start=group.start,
+        group_size=group.size,
+        rank=rank,
+        n_in=len(mine),
+        n_out=len(incoming),
+        send_counts=np.bincount(owner[mine], minlength=group.size).astype(np.int64),
+        recv_counts=np.bincount(source[incoming], minlength=group.size).astype(np.int64),
+        pack_rows=order.astype(np.int64),
+        unpack_rows=back.astype(np.int64),
+        whole=True,
+    )
+
+
+def relayout_rows(src: TokenLayout, dst: TokenLayout, group: Group) -> dict[tuple[int, int], int]:
+    """Rows each (source rank, destination rank) of `group` moves when its tokens go from `src`
+    to `dst`: token_to_token_rank's counts for every rank at once, from the chunks' overlaps
+    (each sample's chunk bounds in both layouts merged; tests tie the two)."""
+    where_src = {s: g for g in src.groups_within(group) for s in g.samples}
+    where_dst = {s: g for g in dst.groups_within(group) for s in g.samples}
+    out: dict[tuple[int, int], int] = {}
+    for sid in group.samples:
+        n, a, b = src.lengths[sid], where_src[sid], where_dst[sid]
+        ba, bb = chunk_bounds(n, a.size), chunk_bounds(n, b.size)
+        cuts = np.union1d(ba, bb)
+        lo, hi = cuts[:-1], cuts[1:]
+        keep = hi > lo
+        lo, hi = lo[keep], hi[keep]
+        ra = np.searchsorted(ba, lo, side="right") - 1  # the rank of each piece in each layout
+        rb = np.searchsorted(bb, lo, side="right") - 1
+        for i, j, rows in zip((a.start + ra).tolist(), (b.start + rb).tolist(), (hi - lo).tolist()):
+            out[(i, j)] = out.get((i, j), 0) + rows
+    return out
+
+
+@dataclass(frozen=True)
+class HaloTransfer:
+    """Rows [lo, hi) of sample `sample` (positions in the sample) that rank `src` holds and rank
+    `dst`'s queries reach back to."""
+
+    src: int
+    dst: int
+    sample: int
+    lo: int
+    hi: int
+
+
+def halo_transfers(layout: TokenLayout, group: Group, first_key, params: dict) -> list[HaloTransfer]:
+    """Every key/value halo a halo group's sparse layers move: for each sample of the group and
+    each of its chunks [a, b) on rank k, the rows [first_key(a), a) it reaches back to, from the
+    earlier ranks that hold them (none for a chunk whose reach stays inside it: the first, or one
+    that starts a chunk of a chunked kind). Ordered by destination, source, then sample and
+    position: the order every rank packs and unpacks in."""
+    out = []
+    for sid in group.samples:
+        bounds = chunk_bounds(layout.lengths[sid], group.size)
+        starts = bounds[:-1]
+        reach = np.asarray(first_key(starts, params), dtype=np.int64)
+        for k in range(1, group.size):
+            a, lo = int(bounds[k]), int(reach[k])
+            if bounds[k + 1] == a or lo >= a:  # an empty chunk, or a reach inside it
+                continue
+            for j in range(k - 1, -1, -1):
+                hi_j, lo_j = int(bounds[j + 1]), int(bounds[j])
+                if hi_j <= lo:
+                    break
+                if hi_j > lo_j:
+                    out.append(HaloTransfer(group.start + j, group.start + k, sid, max(lo, lo_j), hi_j))
+    return sorted(out, key=lambda t: (t.dst, t.src, group.samples.index(t.sample), t.lo))
+
+
+def halo_pair_rows(layout: TokenLayout, group: Group, first_key, params: dict) -> dict[tuple[int, int], int]:
+    """Rows per (source, destination) of halo_transfers, summed, with numpy per sample: what the
+    simulator prices (tests tie the two)."""
+    out: dict[tuple[int, int], int] = {}
+    m = group.size
+    for sid in group.samples:
+        bounds = chunk_bounds(layout.lengths[sid], m)
+        lo = np.asarray(first_key(bounds[:-1], params), dtype=np.int64)
+        for k in np.nonzero((bounds[1:] > bounds[:-1]) & (lo < bounds[:-1]))[0].tolist():
+            if k == 0:
+                continue
+            seg_lo = np.maximum(bounds[:k], lo[k])  # each earlier rank's rows inside [first_key(a_k), a_k)
+            seg_hi = bounds[1 : k + 1]
+            for j in np.nonzero(seg_hi > seg_lo)[0].tolist():
+                key = (group.start + j, group.start + k)
+                out[key] = out.get(key, 0) + int(seg_hi[j] - seg_lo[j])
+    return out
 
 
 def exchange_bytes(plans: Mapping[int, RankExchange], world_size: int, row_bytes: int) -> np.ndarray:

@@ -34,7 +34,14 @@ class ParentPlan:
 
     @property
     def repacked(self) -> bool:
-        return self.children != (self.group,)
+        """Its children's token layout differs from the parent's (halo attention on the parent's
+        own layout is no repacking)."""
+        return not (len(self.children) == 1 and self.children[0].same_tokens(self.group))
+
+    @property
+    def halo(self) -> bool:
+        """Some child runs its sparse attention by halo exchange."""
+        return any(c.halo for c in self.children)
 
     def to_json(self) -> dict:
         return {"group": self.group.to_json(), "children": [c.to_json() for c in self.children], "reason": self.reason}
@@ -73,9 +80,12 @@ class StepPlan:
 
     @cached_property
     def group_shapes(self) -> frozenset[tuple[int, int]]:
-        """(start, size) of every group of two or more ranks in either layout: the process groups
-        the step's exchanges run over."""
-        return frozenset((g.start, g.size) for layout in (self.parent_layout, self.child_layout) for g in layout.groups if g.size > 1)
+        """(start, size) of every Ulysses group of two or more ranks in either layout: the process
+        groups the step's exchanges run over (a halo child's exchange is point to point)."""
+        layouts = (self.parent_layout, self.child_layout)
+        return frozenset(
+            (g.start, g.size) for layout in layouts for g in layout.groups if g.size > 1 and not g.halo
+        )  # halos: point to point
 
     def wide_parents(self) -> list[ParentPlan]:
         return [p for p in self.parents if p.group.size > self.cluster.gpus_per_node]
@@ -94,13 +104,13 @@ class StepPlan:
             ids = sorted(s for c in p.children for s in c.samples)
             if ids != sorted(p.group.samples):
                 raise PlanError(f"children of parent at rank {p.group.start} hold {ids}, parent holds {sorted(p.group.samples)}")
-            if p.repacked:
+            if p.repacked or p.halo:
                 for c in p.children:
                     if c.start < p.group.start or c.stop > p.group.stop:
                         raise PlanError(f"child [{c.start}, {c.stop}) lies outside its parent [{p.group.start}, {p.group.stop})")
-                    if c.start // g != (c.stop - 1) // g:
-                        raise PlanError(f"child [{c.start}, {c.stop}) spans nodes; children must be node-local")
-            elif not p.reason:
+                    if not c.halo and c.start // g != (c.stop - 1) // g:
+                        raise PlanError(f"child [{c.start}, {c.stop}) spans nodes; Ulysses children must be node-local")
+            if not p.repacked and not p.reason:
                 raise PlanError(f"parent at rank {p.group.start} is not repacked and records no reason")
         return self
 

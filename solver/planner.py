@@ -5,7 +5,11 @@ mode its parents; repack adds the child solver's children (solver.children); rep
 hands both to the parent solver (solver.parent_solver); baseline+solver runs the parent solver
 with every parent in its own layout, the control that shows how much of repack+solver is the
 parent solver's doing and how much the repacking's; repack+widths hands repack+solver's plan to
-the width-choosing solver (solver.width_solver), beyond the paper.
+the width-choosing solver (solver.width_solver), beyond the paper. The other ways to run the
+sparse layers (solver.halo): redistribute is repack+solver's plan run with the layout changed by
+an all-to-all of its own at every full/sparse boundary; halo gives the baseline's wide parents
+halo children; parent+halo keeps their own layout with halo attention; choose takes
+repack+widths' plan and runs each wide parent the cheapest way.
 """
 
 from __future__ import annotations
@@ -14,13 +18,14 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from config import MODES, SettingError
+from config import HALO_MODES, MODES, SettingError
 
 from .baseline import assign_parents
 from .children import solve_children
 from .cluster import Cluster, PlanError, Sample, ceil_pow2, check_samples
 from .cost import CostModel
 from .estimate import PlanEstimate
+from .halo import choose_children, halo_parent, solve_halo_children
 from .layout import Group
 from .parent_solver import solve_parents
 from .plan import DISABLED, NODE_LOCAL, ParentPlan, StepPlan
@@ -32,8 +37,14 @@ def _parent_plans(
 ) -> tuple[ParentPlan, ...]:
     parents = []
     for g in groups:
-        if mode == "baseline":
+        if g.size <= cluster.gpus_per_node and mode != "baseline":
+            parents.append(ParentPlan(g, (g,), NODE_LOCAL))
+        elif mode == "baseline":
             parents.append(ParentPlan(g, (g,), NODE_LOCAL if g.size <= cluster.gpus_per_node else DISABLED))
+        elif mode == "halo":
+            parents.append(ParentPlan(g, *solve_halo_children(g, length_of, cluster, cost)))
+        elif mode == "parent+halo":
+            parents.append(halo_parent(g))
         else:
             parents.append(ParentPlan(g, *solve_children(g, length_of, cluster, cost)))
     return tuple(parents)
@@ -62,8 +73,23 @@ def make_plan(
         raise SettingError(f"mode={mode!r} is invalid: it must be one of {list(MODES)}")
     cost = cost.for_cluster(cluster)
     check_heads(cluster, cost)
+    if mode in HALO_MODES[:2]:
+        cost.sparse.check_local(f"mode {mode}")
     samples = check_samples(samples, cluster)
     groups = assign_parents(samples, cluster, cost, pricing=baseline_pricing)
+    if mode == "redistribute":  # repack+solver's parents and children; the simulator and runtime change the layout apart
+        solved = make_plan(samples, cluster, cost, "repack+solver", baseline_pricing)
+        return StepPlan(cluster, solved.lengths, solved.parents, mode).validate()
+    if mode == "choose":  # repack+widths' parents, each wide one running the cheapest way (solver.halo)
+        solved = make_plan(samples, cluster, cost, "repack+widths", baseline_pricing)
+        length_of = solved.length_of
+        parents = tuple(
+            choose_children(p.group, (p.children, "") if p.repacked else ((p.group,), p.reason), length_of, cluster, cost)
+            if p.group.size > cluster.gpus_per_node
+            else p
+            for p in solved.parents
+        )
+        return StepPlan(cluster, solved.lengths, parents, mode).validate()
     if mode in ("repack+solver", "baseline+solver", "repack+widths"):
         repack = mode != "baseline+solver"
         length_of = {s.id: s.length for s in samples}

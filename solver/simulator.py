@@ -25,6 +25,7 @@ from config import SettingError
 
 from .cluster import ceil_pow2
 from .cost import BWD_COMPUTE, FWD_BWD_COMPUTE, FWD_COMPUTE, CostModel
+from .layout import halo_pair_rows, relayout_rows
 from .plan import StepPlan
 
 
@@ -48,6 +49,8 @@ class StepResult:
     sparse_inter_bytes: float
     moe_intra_bytes: float  # the experts' all-to-alls, whole step, all ranks: the expectation under uniform routing
     moe_inter_bytes: float
+    redist_intra_bytes: float  # a redistribute plan's hidden-state all-to-alls at full/sparse boundaries (in full_* too)
+    redist_inter_bytes: float
     a2a_calls_full: int  # all-to-all calls per rank at full-attention sites (max over ranks)
     a2a_calls_sparse: int
     # mean over ranks, seconds from arriving at a site's all-to-alls to their end, the wait for the
@@ -171,7 +174,74 @@ def _exchange(cost: CostModel, layout: _Layout, send_rows: np.ndarray, recv_rows
         whole = np.maximum(send_intra + send_inter, recv_intra + recv_inter) / cost.hw.inter_node_bw + extra
         intra_s = np.where(spans, latency, intra_s)
         inter_s = np.where(spans, whole, inter_s)
-    return intra_s, inter_s, float(send_intra.sum()), float(send_inter.sum())
+    return intra_s, inter_s, send_intra, send_inter
+
+
+def _pairs_exchange(cost: CostModel, pairs: dict, world: int, g: int, callers: np.ndarray, group_rate: np.ndarray | None):
+    """Per-rank (intra seconds, inter seconds, intra bytes sent, inter bytes sent) of one exchange
+    given by its bytes per (source, destination): a redistribution's all-to-all or a halo's
+    point-to-point sends. callers[r]: rank r takes part (pays a call's latency, and what crossing
+    nodes adds when any of its peers is on another node); group_rate[r] (an all-to-all's group
+    spans nodes under the group reading): all r's bytes at the cross-node rate. Otherwise each
+    byte goes at its link's rate, the tiers one after the other."""
+    send = np.zeros((world, 2))
+    recv = np.zeros((world, 2))
+    for (src, dst), b in pairs.items():
+        tier = 0 if src // g == dst // g else 1
+        send[src, tier] += b
+        recv[dst, tier] += b
+    hw = cost.hw
+    across = (send[:, 1] + recv[:, 1]) > 0
+    latency = np.where(callers, hw.a2a_latency, 0.0)
+    extra = np.where(callers & across, hw.a2a_inter_latency, 0.0)
+    intra_s = np.maximum(send[:, 0], recv[:, 0]) / hw.intra_node_bw + latency
+    inter_s = np.maximum(send[:, 1], recv[:, 1]) / hw.inter_node_bw + extra
+    if group_rate is not None:
+        whole = np.maximum(send.sum(1), recv.sum(1)) / hw.inter_node_bw + extra
+        intra_s = np.where(group_rate, latency, intra_s)
+        inter_s = np.where(group_rate, whole, inter_s)
+    return intra_s, inter_s, send[:, 0], send[:, 1]
+
+
+def halo_exchange(plan: StepPlan, cost: CostModel):
+    """One sparse layer's key/value halo exchange (forward) of every halo child of `plan`, as
+    _pairs_exchange; None when the plan has none. Point-to-point: each byte at its link's rate."""
+    halos = [c for p in plan.parents for c in p.children if c.halo and c.size > 1]
+    if not halos:
+        return None
+    first_key = cost.sparse.check_local()
+    world, g = plan.cluster.world_size, plan.cluster.gpus_per_node
+    row = cost.kv_row_bytes()
+    pairs: dict = {}
+    callers = np.zeros(world, dtype=bool)
+    for c in halos:
+        callers[c.start : c.stop] = True
+        for key, rows in halo_pair_rows(plan.child_layout, c, first_key, cost.model.sparse_params).items():
+            pairs[key] = pairs.get(key, 0.0) + rows * row
+    return _pairs_exchange(cost, pairs, world, g, callers, None)
+
+
+def redistribution(plan: StepPlan, cost: CostModel, to_parent: bool):
+    """The hidden states' all-to-all at a full/sparse boundary of a redistribute plan (child
+    layout -> parent layout before a full layer, back after), over each repacked parent's group,
+    as _pairs_exchange (a group across nodes under the group reading at the cross-node rate)."""
+    world, g = plan.cluster.world_size, plan.cluster.gpus_per_node
+    row = cost.hidden_row_bytes()
+    pairs: dict = {}
+    callers = np.zeros(world, dtype=bool)
+    spans = np.zeros(world, dtype=bool)
+    for p in plan.parents:
+        if not p.repacked:
+            continue
+        grp = p.group
+        callers[grp.start : grp.stop] = True
+        spans[grp.start : grp.stop] = grp.start // g != (grp.stop - 1) // g
+        src, dst = (plan.child_layout, plan.parent_layout) if to_parent else (plan.parent_layout, plan.child_layout)
+        for key, rows in relayout_rows(src, dst, grp).items():
+            if key[0] != key[1]:
+                pairs[key] = pairs.get(key, 0.0) + rows * row
+    reading = spans if cost.hw.ratio_reading == "group" else None
+    return _pairs_exchange(cost, pairs, world, g, callers, reading)
 
 
 def lower_bound(plan: StepPlan, cost: CostModel) -> float:
@@ -209,33 +279,60 @@ def simulate(plan: StepPlan, cost: CostModel) -> StepResult:
         )
     parent = _Layout(plan.parent_layout.groups, world, plan.length_of, cost)
     child = _Layout(plan.child_layout.groups, world, plan.length_of, cost)
-    tokens = child.tokens  # token-wise work runs in the child layout (== parent in baseline)
+    redistribute = plan.mode == "redistribute"
+    # token-wise work runs in the child layout (== parent in baseline); a redistribute plan's full
+    # layers run theirs in the parent layout, between the two redistributions
+    tokens = {"S": child.tokens, "F": parent.tokens if redistribute else child.tokens}
     qkv = m.hidden * (m.n_heads + 2 * m.n_kv_heads) * m.head_dim
     pre_share = qkv / cost.layer_params_active
-    t_pre = tokens * cost.layer_token_time * pre_share
-    t_post = tokens * cost.layer_token_time * (1 - pre_share)
-    t_head = tokens * cost.head_token_time
+    t_pre = {k: t * cost.layer_token_time * pre_share for k, t in tokens.items()}
+    t_post = {k: t * cost.layer_token_time * (1 - pre_share) for k, t in tokens.items()}
+    t_head = child.tokens * cost.head_token_time
 
-    def xchg(layout):
-        """(entry, exit) exchanges of one layout. The exit's byte matrix is the entry's transpose,
-        so with per-rank max(send, receive) it has the entry's shape at the exit's row size."""
-        group_tokens = np.repeat(np.add.reduceat(tokens, layout.starts), layout.sizes)
+    def xchg(layout, rows):
+        """(entry, exit) exchanges of one layout, each rank sending its `rows`. The exit's byte
+        matrix is the entry's transpose, so with per-rank max(send, receive) it has the entry's
+        shape at the exit's row size."""
+        group_tokens = np.repeat(np.add.reduceat(rows, layout.starts), layout.sizes)
         entry = np.array([cost.entry_row_bytes(int(s)) for s in layout.size_of_rank])
         exit_ = np.full(world, cost.exit_row_bytes())
-        return _exchange(cost, layout, tokens, group_tokens, entry, g), _exchange(cost, layout, tokens, group_tokens, exit_, g)
+        return _exchange(cost, layout, rows, group_tokens, entry, g), _exchange(cost, layout, rows, group_tokens, exit_, g)
 
-    full_x = xchg(parent)
-    sparse_x = xchg(child)
+    full_x = xchg(parent, tokens["F"])
+    sparse_x = xchg(child, tokens["S"])
+    halo = halo_exchange(plan, cost)
+    if halo is not None:  # a halo child's sparse layers exchange halos instead of heads: nothing at the exit
+        on = np.zeros(world, dtype=bool)
+        for c in (c for p in plan.parents for c in p.children if c.halo):
+            on[c.start : c.stop] = True
+        entry, exit_ = sparse_x
+        sparse_x = (
+            tuple(np.where(on, h, u) for h, u in zip(halo, entry)),
+            tuple(np.where(on, 0.0, u) for u in exit_),
+        )
+    redist = (redistribution(plan, cost, True), redistribution(plan, cost, False)) if redistribute else None
 
     tl = _Timeline(world)
-    bytes_acc = {"full": [0.0, 0.0], "sparse": [0.0, 0.0]}
+    bytes_acc = {"full": [0.0, 0.0], "sparse": [0.0, 0.0], "redist": [0.0, 0.0]}
     calls = {"full": 0, "sparse": 0}
+
+    def exchange(layout, val, key, redistribution=False):
+        intra_s, inter_s, b_in, b_out = val
+        tl.sync_exchange(layout, intra_s, inter_s, key)  # zero for groups of one rank
+        for site in (key, "redist") if redistribution else (key,):  # a redistribution is a full layer's (and counted apart)
+            bytes_acc[site][0] += float(np.sum(b_in))
+            bytes_acc[site][1] += float(np.sum(b_out))
+        calls[key] += 1
 
     def attention_layer(kind: str, factor: float):
         """One layer's forward (factor FWD_COMPUTE) or backward (BWD_COMPUTE, in reverse order)."""
         layout, attn, (entry, exit_) = (parent, parent.full_attn, full_x) if kind == "F" else (child, child.sparse_attn, sparse_x)
-        # forward: pre -> entry -> attention -> exit -> post ; backward mirrors it
-        order = [("work", t_pre), ("x", entry), ("work", attn), ("x", exit_), ("work", t_post)]
+        # forward: pre -> entry -> attention -> exit -> post ; backward mirrors it. A redistribute
+        # plan's full layer starts and ends with its redistributions (its MoE's all-to-all, priced
+        # after the layer, runs before the second: the same calls, bytes and group waits)
+        order = [("work", t_pre[kind]), ("x", entry), ("work", attn), ("x", exit_), ("work", t_post[kind])]
+        if kind == "F" and redist is not None:
+            order = [("redist", redist[0]), *order, ("redist", redist[1])]
         if factor != FWD_COMPUTE:
             order = order[::-1]
         key = "full" if kind == "F" else "sparse"
@@ -243,17 +340,15 @@ def simulate(plan: StepPlan, cost: CostModel) -> StepResult:
         for op, val in order:
             if op == "work":
                 tl.work(val * factor)
+            elif op == "x":
+                exchange(layout, val, key)
             else:
-                intra_s, inter_s, b_in, b_out = val
-                tl.sync_exchange(layout, intra_s, inter_s, key)  # zero for groups of one rank
-                bytes_acc[key][0] += b_in
-                bytes_acc[key][1] += b_out
-                calls[key] += 1
+                exchange(parent, val, "full", redistribution=True)
 
     # a layer's exposed expert all-to-alls, every pass, each rank's from its own tokens (their
     # expectation under uniform routing) and the calls' latencies; the router's world barrier
     # right after synchronizes every rank at every MoE layer, the EP groups with them
-    moe = tokens * cost.moe_token_time + cost.moe_layer_fixed()
+    moe = {k: t * cost.moe_token_time + cost.moe_layer_fixed() for k, t in tokens.items()}
     moe_bytes = cost.moe_token_bytes()
     recompute = cost.costs.recompute
     kinds = m.layer_types
@@ -266,7 +361,7 @@ def simulate(plan: StepPlan, cost: CostModel) -> StepResult:
 
     for kind in kinds:
         attention_layer(kind, FWD_COMPUTE)
-        tl.moe_exchange(moe)
+        tl.moe_exchange(moe[kind])
         router_sync(ROUTER_FWD_COLLECTIVES)
     tl.work(t_head * FWD_BWD_COMPUTE)  # LM head forward + backward
     for kind in reversed(kinds):
@@ -300,8 +395,10 @@ def simulate(plan: StepPlan, cost: CostModel) -> StepResult:
         full_inter_bytes=bytes_acc["full"][1],
         sparse_intra_bytes=bytes_acc["sparse"][0],
         sparse_inter_bytes=bytes_acc["sparse"][1],
-        moe_intra_bytes=float(tokens.sum()) * m.n_layers * moe_bytes[0],
-        moe_inter_bytes=float(tokens.sum()) * m.n_layers * moe_bytes[1],
+        moe_intra_bytes=float(sum(tokens[k].sum() for k in kinds)) * moe_bytes[0],
+        moe_inter_bytes=float(sum(tokens[k].sum() for k in kinds)) * moe_bytes[1],
+        redist_intra_bytes=bytes_acc["redist"][0],
+        redist_inter_bytes=bytes_acc["redist"][1],
         a2a_calls_full=calls["full"],
         a2a_calls_sparse=calls["sparse"],
         full_exchange=float(tl.blocked["full"].mean()),

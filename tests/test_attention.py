@@ -144,6 +144,46 @@ def test_cuda_backend_error_at_most_twice_torch_error(backend, kind, params, hkv
     assert (got.double() - ref).abs().max() <= 2 * (tc.double() - ref).abs().max() + 1e-6
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", _cuda_backends())
+@pytest.mark.parametrize("kind, params", [("sliding_window", {"window": 64}), ("chunked", {"chunk": 64})])
+def test_cuda_backend_with_halo_keys_error_at_most_twice_torch_error(backend, kind, params):
+    """A halo child's queries with keys reaching back before them (causal aligned bottom-right)."""
+    from model.attention import KeySegments
+
+    torch.manual_seed(0)
+    q_pos, k_pos, nq = np.array([0, 70, 128]), np.array([0, 7, 128]), [70, 58, 40]  # keys from the reach back
+    cu_q = torch.tensor(np.concatenate([[0], np.cumsum(nq)]), dtype=torch.int32, device="cuda")
+    nk = [n + (p - k) for n, p, k in zip(nq, q_pos, k_pos)]
+    keys = KeySegments(torch.tensor(np.concatenate([[0], np.cumsum(nk)]), dtype=torch.int32, device="cuda"), max(nk), q_pos, k_pos)
+    q = torch.randn(sum(nq), 8, 64, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(sum(nk), 2, 64, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    ref = varlen_attention(q.double(), k.double(), v.double(), cu_q, max(nq), kind, params, "torch", keys=keys)
+    got = varlen_attention(q, k, v, cu_q, max(nq), kind, params, backend, keys=keys)
+    tc = varlen_attention(q, k, v, cu_q, max(nq), kind, params, "torch", keys=keys)
+    assert (got.double() - ref).abs().max() <= 2 * (tc.double() - ref).abs().max() + 1e-6
+
+
+def test_keys_reaching_back_match_the_whole_samples_attention():
+    """A sample cut in chunks, each with the keys its queries reach back to (a halo child), gives
+    the whole sample's attention, sliding window and chunked: the torch path with key segments."""
+    from model.attention import KeySegments
+    from solver.cost import sparse_cost
+
+    torch.manual_seed(0)
+    n, cuts = 50, [0, 11, 23, 38, 50]
+    q = torch.randn(n, 4, 8, dtype=torch.float64)
+    k, v = torch.randn(n, 2, 8, dtype=torch.float64), torch.randn(n, 2, 8, dtype=torch.float64)
+    for kind, params in (("sliding_window", {"window": 7}), ("chunked", {"chunk": 9})):
+        whole = varlen_attention(q, k, v, torch.tensor([0, n]), n, kind, params, "torch")
+        first = sparse_cost(kind).first_key(np.array(cuts[:-1]), params)
+        k_rows = np.concatenate([np.arange(f, b) for f, b in zip(first, cuts[1:])])
+        cu_k = np.concatenate([[0], np.cumsum([b - f for f, b in zip(first, cuts[1:])])])
+        keys = KeySegments(torch.tensor(cu_k, dtype=torch.int32), int(np.diff(cu_k).max()), np.array(cuts[:-1]), first)
+        got = varlen_attention(q, k[k_rows], v[k_rows], torch.tensor(cuts, dtype=torch.int32), 15, kind, params, "torch", keys=keys)
+        torch.testing.assert_close(got, whole, rtol=1e-12, atol=1e-12)
+
+
 def test_registering_a_sparse_kind_reaches_model_solver_and_simulator():
     def strided_flops(scale):
         return lambda n, cfg: attention_flops(np.asarray(n, dtype=float) * cfg.sparse_params["local"] * scale, cfg)

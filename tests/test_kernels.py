@@ -179,3 +179,30 @@ def test_triton_dispatch_permute_bit_exact_with_reference(hidden):
     for got, want in zip(out["triton"], out["torch"]):
         assert not torch.isnan(got).any() and torch.equal(got, want)
     assert torch.equal(out["torch"][0], x.detach()[order // k])  # slot m holds token order[m] // k
+
+
+@pytest.mark.usefixtures("poison_empty")
+def test_triton_halo_packing_bit_exact_with_reference():
+    """The halo exchange's packing (model.distributed.halo_rank_args: the rows each later rank
+    reaches back to, then every chunk's keys gathered halo first) through Triton (interpreted) and
+    torch, on every rank of halo children of two samples across nodes, window and chunked."""
+    from kernels.exchange import _rows_of
+    from model.distributed import halo_rank_args
+    from model.experts import permute_rows
+    from solver import Group, TokenLayout
+    from solver.cost import sparse_cost
+
+    lengths = {0: 61, 1: 23, 2: 17}
+    halo = Group(0, 5, (0, 1, 2), halo=True)
+    layout = TokenLayout((halo, Group(5, 1, ())), lengths)
+    g = torch.Generator().manual_seed(0)
+    for kind, params in (("sliding_window", {"window": 9}), ("chunked", {"chunk": 8})):
+        for rank in halo.ranks:
+            args, rows, inverse, keys = halo_rank_args(layout, halo, rank, sparse_cost(kind).first_key, params)
+            kv = torch.randn(args.n_in, 6, 7, generator=g, dtype=torch.float64)
+            for _, r in args.sends:
+                assert torch.equal(_rows_of(kv, r, "triton"), _rows_of(kv, r, "torch"))
+            ext = torch.cat([torch.randn(args.n_recv, 6, 7, generator=g, dtype=torch.float64), kv])
+            got, want = permute_rows(ext, rows, inverse, "triton"), permute_rows(ext, rows, inverse, "torch")
+            assert not torch.isnan(got).any() and torch.equal(got, want) and torch.equal(want, ext[rows])
+            assert int(keys.cu[-1]) == len(ext)  # every received and local row in one segment

@@ -16,6 +16,7 @@ from model.sharding import full_tensor, shard_model
 from solver import CostModel, Group, ParentPlan, StepPlan, make_plan, samples_from_lengths
 from solver.simulator import simulate
 from tests.dist_utils import run_distributed
+from tests.test_gpu import BF16_LOSS_RTOL
 
 WORLD, NODE = 8, 2
 CFG = ModelConfig.from_name("tiny", aux_loss_coef=0.01)
@@ -105,6 +106,10 @@ def _body(rank, world, refs):
                 torch.testing.assert_close(loss, ref_loss, rtol=1e-10, atol=1e-12)
                 for n, p in model.named_parameters():
                     torch.testing.assert_close(full_tensor(p.grad), ref_grads[n], rtol=1e-9, atol=1e-11, msg=f"fsdp {plan.mode} {n}")
+        if name == "mha":  # a GPU run's replicated path: bf16 autocast, the gradients all-reduced in fp32
+            fp32 = run_step(make_model(cfg).float(), rep, sample_tokens(LENGTHS), groups, "torch", "torch")
+            bf16 = run_step(make_model(cfg).float(), rep, sample_tokens(LENGTHS), groups, "torch", "torch", autocast_dtype=torch.bfloat16)
+            torch.testing.assert_close(bf16, fp32, rtol=BF16_LOSS_RTOL, atol=0)
         b, r = counts[(base.hash, "torch")], counts[(rep.hash, "torch")]
         # the repacked step issues exactly the baseline's all-to-alls at full-attention sites, nothing else ...
         assert r.total_calls("full") == b.total_calls("full") == 2 * 2 * cfg.n_full

@@ -6,7 +6,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import solver.parent_solver
-from config import MODES, Cluster, HardwareConfig, ModelConfig
+from config import HALO_MODES, MODES, Cluster, HardwareConfig, ModelConfig
 from solver import CostModel, Group, PlanError, Sample, StepPlan, TokenLayout, make_plan, samples_from_lengths
 from solver.baseline import assign_parents
 from solver.children import child_problem, polish_children, solve_child_problem, solve_children, solve_sorted
@@ -385,5 +385,5 @@ def test_joint_milp_optimum_is_a_valid_plan_that_no_mode_beats(seed):
     opt = solve_joint_exact(samples, cluster, PAPER)
     plan = StepPlan(cluster, tuple((s.id, s.length) for s in samples), opt.parents, "repack+widths").validate()
     assert opt.proven and _estimate(plan.parents, samples, cluster, PAPER) == pytest.approx(opt.time, rel=1e-9)
-    for mode in MODES:
+    for mode in (m for m in MODES if m not in HALO_MODES):  # the optimum is over plans of Ulysses children
         assert _estimate(make_plan(samples, cluster, PAPER, mode).parents, samples, cluster, PAPER) >= opt.time * (1 - 1e-9)

@@ -44,16 +44,17 @@ def test_three_modes_same_losses_results_parse_and_resume_matches(tmp_path):
     # per rounding, averaged over the step's tokens; measured here 0.01-0.1%), and the modes agree
     # within a quarter of that roundoff (the exchanges only move elements, but a rank's bf16 GEMMs
     # over another number of rows can round differently; measured here up to 1.1e-4)
-    for shard in ("fsdp", "none"):
-        out = tmp_path / f"bf16-{shard}"
-        p = torchrun(4, "--gpus-per-node", "1", "--tokens-per-rank", "64", "--mode", "all", "--steps", "1", "--dtype", "bf16",
-                     "--shard", shard, "--out", str(out))  # fmt: skip
-        assert p.returncode == 0, p.stderr[-3000:]
-        bf = {(r["step"], r["mode"]): r["loss"] for r in read_run(str(out))[0]}
-        assert bf.keys() == by.keys()
-        for key, loss in bf.items():
-            np.testing.assert_allclose(loss, by[key], rtol=BF16_LOSS_RTOL, err_msg=f"{shard} {key}")
-            np.testing.assert_allclose(loss, bf[(key[0], "baseline")], rtol=1e-3, err_msg=f"{shard} {key}")
+    # (the replicated path's bf16 autocast: tests/test_model_distributed.py)
+    out = tmp_path / "bf16"
+    p = torchrun(
+        4, "--gpus-per-node", "1", "--tokens-per-rank", "64", "--mode", "all", "--steps", "1", "--dtype", "bf16", "--out", str(out)
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    bf = {(r["step"], r["mode"]): r["loss"] for r in read_run(str(out))[0]}
+    assert bf.keys() == by.keys()
+    for key, loss in bf.items():
+        np.testing.assert_allclose(loss, by[key], rtol=BF16_LOSS_RTOL, err_msg=str(key))
+        np.testing.assert_allclose(loss, bf[(key[0], "baseline")], rtol=1e-3, err_msg=str(key))
     for r in rows:  # each rank's phases lie inside its step, timed apart: their means fit in the slowest step
         phases = r["host_s"] + r["forward_s"] + r["backward_s"] + r["grad_sync_s"]
         assert 0 < r["forward_s"] and 0 < r["backward_s"] and phases <= r["step_time_s"], r
@@ -143,7 +144,7 @@ def test_eight_ranks_hold_only_the_process_groups_their_plans_use(tmp_path):
     from solver import CostModel, make_plan, samples_from_lengths
 
     # nodes of 2 and a budget that makes SP4 and SP8 parents: every width of the world is used by some rank
-    p = torchrun(8, "--tokens-per-rank", "12", "--mode", "all", "--steps", "3", "--out", str(tmp_path / "o"))
+    p = torchrun(8, "--tokens-per-rank", "12", "--mode", "repack+solver", "--steps", "3", "--out", str(tmp_path / "o"))
     assert p.returncode == 0, p.stderr[-3000:]
     rows, summary = read_run(str(tmp_path / "o"))
     cfg, groups = summary["config"], summary["process_groups"]
@@ -152,9 +153,8 @@ def test_eight_ranks_hold_only_the_process_groups_their_plans_use(tmp_path):
     cost = CostModel(ModelConfig(**cfg["model"]), HardwareConfig(**cfg["hardware"]), costs=CostsConfig(**cfg["costs"])).for_cluster(cluster)
     pricing = PlannerConfig(**cfg["planner"]).baseline_pricing
     plans = [
-        make_plan(samples_from_lengths(lengths), cluster, cost, m, pricing)
+        make_plan(samples_from_lengths(lengths), cluster, cost, "repack+solver", pricing)
         for lengths in generate_steps(WorkloadConfig(**cfg["workload"]))
-        for m in MODES
     ]
     assert sorted(p.hash for p in plans) == sorted(r["plan_hash"] for r in rows)
     used = set().union(*(p.group_shapes for p in plans), expert_groups(cfg["costs"]["ep_degree"], 8))  # EP2 by default: nodes of 2

@@ -10,9 +10,10 @@ import sys
 import time
 from dataclasses import dataclass
 
+import numpy as np
 from tqdm import tqdm
 
-from config import MODES, Cluster, CostsConfig, HardwareConfig, ModelConfig, PlannerConfig, WorkloadConfig
+from config import HALO_MODES, MODES, Cluster, CostsConfig, HardwareConfig, ModelConfig, PlannerConfig, WorkloadConfig
 from config.base import POSITIVE_INT, Section, setting
 from config.cli import Command, Settings
 from experiments.common import options
@@ -140,13 +141,14 @@ def run_ablation(settings: Settings, seeds: list[int], progress: bool = True) ->
     if wl.trace:
         seeds = seeds[:1]  # a trace is one workload: seeds do not change it
     rows, selected = [], {}
+    modes = ablation_modes(cost)
     for seed in seeds:
         steps = workload_steps(dataclasses.replace(wl, seed=seed))
         chosen = select_wide_steps(steps, cluster, cost, progress, pricing)
         selected[str(seed)] = [steps[i][0] for i in chosen]
-        for i in tqdm(chosen, desc=f"seed {seed}: {len(MODES)} modes", disable=not progress, file=sys.stderr, leave=False):
+        for i in tqdm(chosen, desc=f"seed {seed}: {len(modes)} modes", disable=not progress, file=sys.stderr, leave=False):
             number, lengths = steps[i]
-            for mode in MODES:
+            for mode in modes:
                 row, plan = plan_row(number, lengths, cluster, cost, mode, pricing=pricing)
                 rows.append({"seed": seed, **simulate_row(row, plan, cost)})
     per_seed, over_seeds = summarize_seeds(rows) if rows else ({}, {})
@@ -163,9 +165,28 @@ def run_ablation(settings: Settings, seeds: list[int], progress: bool = True) ->
         "modes": summarize(rows) if rows else {},
         "seeds": per_seed,
         "over_seeds": over_seeds,
+        "folding_saving_pct": folding_saving(per_seed),
         "paper": PAPER,
     }
     return rows, summary
+
+
+def ablation_modes(cost: CostModel) -> list[str]:
+    """Every mode, but the halo modes for a sparse kind without a reach (choose then runs without
+    halo children)."""
+    return [m for m in MODES if cost.sparse.first_key is not None or m not in HALO_MODES[:2]]
+
+
+def folding_saving(per_seed: dict) -> dict | None:
+    """What folding the layout change into the full layers' all-to-alls saves: per seed, the mean
+    step time of redistribute (repack+solver's plans with a redistribution pass of their own) over
+    that of repack+solver, less 1, in percent of redistribute's; its mean, min and max over seeds."""
+    vals = [
+        100 * (1 - v["repack+solver"]["mean_step_time_s"] / v["redistribute"]["mean_step_time_s"])
+        for v in per_seed.values()
+        if "redistribute" in v and "repack+solver" in v
+    ]
+    return {"mean": float(np.mean(vals)), "min": float(np.min(vals)), "max": float(np.max(vals))} if vals else None
 
 
 def group_rate_ratios(cost: CostModel, cluster: Cluster) -> dict[str, float]:
@@ -217,7 +238,7 @@ def print_tables(rows, summary, out=None):
     p("\nchange vs baseline: mean over seeds [min, max]                                     | the paper")
     head = f"{'step time %':>24} {'MFU pp':>24} {'MFU pp (non-causal)':>24} {'gain captured %':>22}"
     p(f"{'mode':>15} | {head} | {'time %':>7} {'MFU pp':>7}")
-    for m in MODES:
+    for m in (m for m in MODES if m in over):
         e = over.get(m)
         pap = paper.get(m)
         pap_s = f"{pap['time_change_pct']:+7.2f} {pap['mfu_change_pp']:+7.2f}" if pap else f"{'-':>7} {'-':>7}"
@@ -237,6 +258,15 @@ def print_tables(rows, summary, out=None):
             f"attribution (all selected steps pooled): repack+solver {rs:+.2f}%, of which the parent solver alone (baseline+solver) "
             f"{bs:+.2f}%; repack+solver repacks {_repacked_wide(rows)} of its {wide} wide parents"
         )
+    fold = summary.get("folding_saving_pct")
+    if fold:
+        p(
+            f"folding the layout change into the full layers' all-to-alls (repack+solver) instead of a redistribution pass of its own "
+            f"(redistribute) saves {_range({'f': fold}, 'f', fmt='.2f')}% of the step time (mean over seeds [min, max])"
+        )
+    halo_off = [m for m in HALO_MODES[:2] if m not in modes]
+    if halo_off:
+        p(f"{', '.join(halo_off)}: not run, the sparse kind {cfg['model']['sparse_kind']!r} declares no reach (halo children need one)")
     p("\nmean breakdown per rank (s), all selected steps pooled")
     cols = [
         ("compute", "compute_s"),
@@ -248,7 +278,7 @@ def print_tables(rows, summary, out=None):
         ("imbalance", "imbalance_wait_s"),
     ]
     p(f"{'mode':>15} " + " ".join(f"{name:>12}" for name, _ in cols) + f" {'step':>8}")
-    for m in MODES:
+    for m in (m for m in MODES if m in modes):
         e = modes[m]
         p(f"{m:>15} " + " ".join(f"{e['mean_' + k]:12.3f}" for _, k in cols) + f" {e['mean_step_time_s']:8.3f}")
 
