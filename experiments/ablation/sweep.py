@@ -4,11 +4,13 @@
     python -m experiments.ablation.sweep --factors fill --seeds 5  # one factor, more seeds
 
 Factors: the fill (global batch over cluster capacity), the inter/intra-node ratio under both
-of its readings (per group, per link), the long-document rate, the sliding window, the cluster
-size (the long-document rate scaled by 64 / ranks, so a step holds as many long documents as on
-the default 64 ranks: a bigger cluster at the same fill packs proportionally more documents per
-step). Every point runs under both baseline pricings, for every seed. Writes one CSV
-(results/sweep/sweep.csv) with a row per (factor, value, pricing, reading, seed, mode).
+of its readings (per group, per link), the long-document rate, the sliding window, the sparse kind
+(a sliding window of 4096, chunks of 8192), the cluster size (the long-document rate scaled by 64 /
+ranks, so a step holds as many long documents as on the default 64 ranks: a bigger cluster at the
+same fill packs proportionally more documents per step). Every point runs every mode, the other
+ways to run the sparse layers among them (redistribute, halo, parent+halo, choose), under both
+baseline pricings, for every seed. Writes one CSV (results/sweep/sweep.csv) with a row per
+(factor, value, pricing, reading, seed, mode).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ FACTORS = {
     "ratio": [1.0, 2.0, 4.0, 7.0, 10.0, 16.0],
     "long_share": [2.5e-4, 5e-4, 1e-3, 2e-3],
     "window": [1024, 4096, 16384],
+    "kind": ["sliding_window", "chunked"],
     "cluster": [32, 64, 128],
 }
 
@@ -69,6 +72,8 @@ def point(base: Settings, factor: str, value, pricing: str, reading: str | None)
         return s.replace(workload=s.workload.replace(long_prob=value))
     if factor == "window":
         return s.replace(model=s.model.replace(sparse_params={**s.model.sparse_params, "window": value}))
+    if factor == "kind":  # the kind with its declared defaults (prepare fills them in)
+        return s.replace(model=s.model.replace(sparse_kind=value, sparse_params={}))
     # the cluster: as many long documents per step as on 64 ranks
     return s.replace(cluster=s.cluster.replace(world_size=value), workload=s.workload.replace(long_prob=s.workload.long_prob * 64 / value))
 
@@ -140,12 +145,10 @@ def main(argv=None):
                 )
         over = summary["over_seeds"]
         if over:
-            r, s = over["repack"]["time_change_pct"], over["repack+solver"]["time_change_pct"]
-            tqdm.write(
-                f"{factor}={value} {pricing} {used_reading}: repack {r['mean']:+.2f}% [{r['min']:+.2f}, {r['max']:+.2f}], "
-                f"repack+solver {s['mean']:+.2f}% [{s['min']:+.2f}, {s['max']:+.2f}]",
-                file=sys.stderr,
+            shown = ", ".join(
+                f"{m} {over[m]['time_change_pct']['mean']:+.2f}%" for m in ("repack+solver", "redistribute", "halo", "choose") if m in over
             )
+            tqdm.write(f"{factor}={value} {pricing} {used_reading}: {shown}", file=sys.stderr)
     path = os.path.join(opts.out, "sweep.csv")
     with open(path, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=COLUMNS)

@@ -131,6 +131,9 @@ def plot_breakdown(summary: dict, ax=None):
     return ax
 
 
+SWEEP_MODES = ("repack", "repack+solver", "repack+widths", "redistribute", "halo", "choose")  # the sweep plot's lines
+
+
 def plot_sweep(path: str | None = None, axes=None):
     """The gain against the fill and against the ratio (both readings), mean over seeds with the
     [min, max] band, for each baseline pricing."""
@@ -139,13 +142,13 @@ def plot_sweep(path: str | None = None, axes=None):
         print(f"no sweep results at {path}: run `python -m experiments.sweep` to add these plots", file=sys.stderr)
         return None
     df = pd.read_csv(path)
-    df = df[df["mode"].isin(MODES[1:])]
+    df = df[df["mode"].isin(SWEEP_MODES)]
     panels = [(f, p) for f in ("fill", "ratio") for p in sorted(df["baseline_pricing"].unique())]
     if axes is None:
         _, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4), squeeze=False)
         axes = axes[0]
     for ax, (factor, pricing) in zip(axes, panels):
-        sub = df[(df["factor"] == factor) & (df["baseline_pricing"] == pricing)]
+        sub = df[(df["factor"] == factor) & (df["baseline_pricing"] == pricing)].assign(value=lambda d: d["value"].astype(float))
         for (mode, reading), g in sub.groupby(["mode", "ratio_reading"]):
             agg = g.groupby("value")["time_change_pct"].agg(["mean", "min", "max"]).reset_index()
             style = "-" if reading == "group" else "--"

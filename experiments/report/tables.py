@@ -20,7 +20,14 @@ from experiments.common.results import PAPER, read_run
 from experiments.train.memory import GIB, estimate
 from solver import CostModel
 
-MODE_NOTES = {"baseline+solver": "baseline+solver (control)", "repack+widths": "repack+widths (beyond the paper)"}
+MODE_NOTES = {
+    "baseline+solver": "baseline+solver (control)",
+    "repack+widths": "repack+widths (beyond the paper)",
+    "redistribute": "redistribute (the pass the paper avoids)",
+    "halo": "halo (halo children)",
+    "parent+halo": "parent+halo (naive halo)",
+    "choose": "choose (beyond the paper: per parent)",
+}
 
 
 def table(header: list[str], rows: list[list]) -> str:
@@ -168,24 +175,65 @@ def sweep(path: str) -> tuple[str, list[dict]]:
     seeds [min, max] (the compute baseline, the group reading unless named)."""
     rows = csv_rows(path)
     shown = ("repack", "repack+solver", "baseline+solver", "repack+widths")
-    cells: dict[tuple, dict[str, list[float]]] = {}
-    for r in rows:
-        key = (r["factor"], r["baseline_pricing"], r["ratio_reading"] if r["factor"] == "ratio" else "")
-        cells.setdefault(key, {}).setdefault((float(r["value"]), r["mode"]), []).append(float(r["time_change_pct"]))
     out = []
-    for (factor, pricing, reading), values in sorted(cells.items()):
+    for (factor, pricing, reading), values in sorted(_sweep_cells(rows).items()):
         label = f"{factor}, {pricing} baseline" + (f", {reading} reading" if reading else "")
         parts = []
-        for v in sorted({v for v, _ in values}):
-            means = []
-            for m in shown:
-                got = values.get((v, m))
-                if got:
-                    means.append(f"{np.mean(got):+.1f} [{np.min(got):+.1f}, {np.max(got):+.1f}]" if len(got) > 1 else f"{got[0]:+.1f}")
-            parts.append(f"{v:g}: " + " / ".join(means))
+        for v in _values(values):
+            means = [_cell(values[(v, m)]) for m in shown if values.get((v, m))]
+            parts.append(f"{_shown(v)}: " + " / ".join(means))
         out.append([label, "; ".join(parts)])
     text = table(["factor", "value: " + " / ".join(shown) + " (% step time vs baseline)"], out)
     return text, [csv_provenance(rows, path)]
+
+
+STRATEGIES = ("repack+solver", "redistribute", "halo", "parent+halo", "choose")
+
+
+def sweep_strategies(path: str) -> tuple[str, list[dict]]:
+    """The ways to run the sparse layers at every point of the sweep (the compute baseline, each
+    ratio reading at the ratio's points), and the one with the lowest mean step time."""
+    rows = csv_rows(path)
+    out = []
+    for (factor, pricing, reading), values in sorted(_sweep_cells(rows).items()):
+        if pricing != "compute":
+            continue
+        for v in _values(values):
+            means = {m: np.mean(values[(v, m)]) for m in STRATEGIES if values.get((v, m))}
+            if not means:
+                continue
+            label = f"{factor} = {_shown(v)}" + (f" ({reading} reading)" if reading else "")
+            out.append([label, *(_cell(values[(v, m)]) if (v, m) in values else "" for m in STRATEGIES), min(means, key=means.get)])
+    text = table(["point", *STRATEGIES, "fastest"], out) + "\n\n% step time vs baseline, mean over seeds [min, max]."
+    return text, [csv_provenance(rows, path)]
+
+
+def _value(v: str):
+    try:
+        return float(v)
+    except ValueError:
+        return v
+
+
+def _shown(v) -> str:
+    return f"{v:g}" if isinstance(v, float) else str(v)
+
+
+def _values(values: dict) -> list:
+    return sorted({v for v, _ in values}, key=lambda v: (isinstance(v, str), v))
+
+
+def _cell(got: list[float]) -> str:
+    return f"{np.mean(got):+.1f} [{np.min(got):+.1f}, {np.max(got):+.1f}]" if len(got) > 1 else f"{got[0]:+.1f}"
+
+
+def _sweep_cells(rows: list[dict]) -> dict[tuple, dict[tuple, list[float]]]:
+    """(factor, pricing, reading at the ratio's points) -> (value, mode) -> the seeds' changes."""
+    cells: dict[tuple, dict[tuple, list[float]]] = {}
+    for r in rows:
+        key = (r["factor"], r["baseline_pricing"], r["ratio_reading"] if r["factor"] == "ratio" else "")
+        cells.setdefault(key, {}).setdefault((_value(r["value"]), r["mode"]), []).append(float(r["time_change_pct"]))
+    return cells
 
 
 # ----- benchmarks -------------------------------------------------------------------------------------
@@ -306,6 +354,59 @@ def kernel_static(path: str) -> tuple[str, list[dict]]:
     return table(header, out), [csv_provenance(rows, path)]
 
 
+def sparse_layer_traffic(steps: int = 200, seed: int = 0) -> dict[str, dict[str, float]]:
+    """Per way of running the sparse layers: the bytes the busiest rank sends (Ulysses: its heads'
+    all-to-all, entry and exit) or receives (halo: keys and values) in one sparse layer's forward,
+    in all and across nodes, mean over the default workload's steps with a parent wider than a
+    node (the paper preset on 64 ranks, 8 a node)."""
+    from experiments.common.workload import generate_steps  # noqa: PLC0415
+    from solver import make_plan, samples_from_lengths  # noqa: PLC0415
+    from solver.layout import halo_pair_rows  # noqa: PLC0415
+
+    cluster = Cluster()
+    cost = CostModel(ModelConfig.from_name("paper"), HardwareConfig()).for_cluster(cluster)
+    g, kv = cluster.gpus_per_node, cost.kv_row_bytes()
+    acc: dict[str, list[tuple[float, float]]] = {}
+    for lengths in generate_steps(config.WorkloadConfig(steps=steps, seed=seed).for_cluster(cluster)):
+        samples = samples_from_lengths(lengths)
+        base = make_plan(samples, cluster, cost, "baseline")
+        if base.widest_parent <= g:
+            continue
+        for mode in ("baseline", "repack", "halo", "parent+halo"):
+            plan = base if mode == "baseline" else make_plan(samples, cluster, cost, mode)
+            tokens = plan.child_layout.tokens_per_rank()
+            per_rank: dict[int, list[float]] = {}  # rank -> [bytes, across nodes]
+            for p in plan.wide_parents():
+                for c in (c for c in p.children if c.size > 1):
+                    if c.halo:
+                        for (src, dst), rows in halo_pair_rows(plan.child_layout, c, cost.sparse.first_key, cost.model.sparse_params).items():
+                            e = per_rank.setdefault(dst, [0.0, 0.0])
+                            e[0] += rows * kv
+                            e[1] += rows * kv * (src // g != dst // g)
+                        continue
+                    row = cost.entry_row_bytes(c.size) + cost.exit_row_bytes()
+                    intra, inter = cost.peers(c.start, c.size, c.start)
+                    for r in c.ranks:
+                        sent = tokens[r] * row * (c.size - 1) / c.size
+                        per_rank[r] = [sent, sent * inter / (intra + inter)]
+            acc.setdefault(mode, []).append(tuple(max(per_rank.values(), default=[0.0, 0.0])))
+    return {m: {"mb": float(np.mean([w[0] for w in v])) / 1e6, "across_mb": float(np.mean([w[1] for w in v])) / 1e6} for m, v in acc.items()}
+
+
+def sparse_traffic() -> tuple[str, list[dict]]:
+    """The busiest rank's bytes in one sparse layer, by the way the sparse layers run."""
+    labels = {
+        "baseline": "Ulysses in the parent (baseline): heads, entry and exit",
+        "repack": "node-local Ulysses children (repack): heads, entry and exit",
+        "halo": "halo children (halo): keys and values from the ranks before",
+        "parent+halo": "the parent's layout with halos (parent+halo)",
+    }
+    got = sparse_layer_traffic()
+    rows = [[labels[m], f"{e['mb']:.0f}", f"{e['across_mb']:.0f}"] for m, e in got.items()]
+    text = table(["how the sparse layers run", "busiest rank, MB a layer", "of which across nodes"], rows)
+    return text, [{"command": "python -m experiments.report", "where": "the default workload's steps with parents wider than a node (seed 0)"}]
+
+
 def memory() -> tuple[str, list[dict]]:
     """The memory estimate per rank (FSDP2 without and with expert parallelism, full recompute, bf16,
     16384 tokens per rank)."""
@@ -411,6 +512,7 @@ RENDERERS: dict[str, Callable[..., tuple[str, list[dict]]]] = {
     "ablation-variants": ablation_variants,
     "breakdown": breakdown,
     "sweep": sweep,
+    "sweep-strategies": sweep_strategies,
     "solver-planning": solver_planning,
     "solver-joint": solver_joint,
     "host-bench": host_bench,
@@ -418,6 +520,7 @@ RENDERERS: dict[str, Callable[..., tuple[str, list[dict]]]] = {
     "groups-bench": groups_bench,
     "groups-summary": groups_summary,
     "memory": memory,
+    "sparse-traffic": sparse_traffic,
     "emulated": emulated,
     "settings": settings,
 }
