@@ -98,6 +98,7 @@ def plan_row(step: int, lengths, cluster, cost, mode: str, engine: str = "sim", 
         "widest_parent": plan.widest_parent,
         "wide_parents": len(plan.wide_parents()),
         "repacked_parents": sum(p.repacked for p in plan.parents),
+        "halo_parents": sum(p.halo for p in plan.parents),
         "anchor_load_ratio": anchor_load_ratio(plan),
         "plan_hash": plan.hash,
         "plan_ms": round(plan_ms, 3),
@@ -263,6 +264,13 @@ def print_tables(rows, summary, out=None):
         p(
             f"folding the layout change into the full layers' all-to-alls (repack+solver) instead of a redistribution pass of its own "
             f"(redistribute) saves {_range({'f': fold}, 'f', fmt='.2f')}% of the step time (mean over seeds [min, max])"
+        )
+    if "choose" in modes:
+        ch = [r for r in rows if r["mode"] == "choose"]
+        wide, rep, halo = (sum(r[k] for r in ch) for k in ("wide_parents", "repacked_parents", "halo_parents"))
+        p(
+            f"choose: of its {wide} wide parents, {rep} take new children and {wide - rep} keep the parent's layout; "
+            f"{halo} run sparse attention by halo exchange"
         )
     halo_off = [m for m in HALO_MODES[:2] if m not in modes]
     if halo_off:

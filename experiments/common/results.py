@@ -35,6 +35,7 @@ STEP_COLUMN_TYPES = {
     "widest_parent": int,
     "wide_parents": int,
     "repacked_parents": int,
+    "halo_parents": int,  # parents some of whose sparse attention runs by halo exchange
     "anchor_load_ratio": float,  # max over wide parents: its anchor child's tokens per rank / the step's mean
     "step_time_s": float,
     "mfu": float,  # causal full attention FLOPs (ours)

@@ -68,16 +68,21 @@ def mode_means(df: pd.DataFrame, columns=("step_time_s", "mfu", "loss")) -> pd.D
 def plot_step_times(df: pd.DataFrame, ax=None):
     ax = ax or plt.figure(figsize=(12, 4)).gca()
     d = df.assign(step_label=df["seed"].astype(str) + ":" + df["step"].astype(str))
-    sns.barplot(data=d, x="step_label", y="step_time_s", hue="mode", hue_order=list(MODES), ax=ax)
+    sns.barplot(data=d, x="step_label", y="step_time_s", hue="mode", hue_order=[m for m in MODES if m in set(df["mode"])], ax=ax)
     ax.set(title="Step time of each selected step by mode (simulated)", xlabel="seed:training step", ylabel="step time (s)")
     ax.tick_params(axis="x", rotation=90)
     return ax
 
 
+def run_modes(summary: dict) -> list[str]:
+    """The modes a run holds, in MODES' order (a sparse kind without a reach runs no halo modes)."""
+    return [m for m in MODES if m in summary["modes"]]
+
+
 def mean_changes(summary: dict) -> pd.DataFrame:
     """Each mode's change vs baseline: ours as the mean over seeds with its [min, max], the paper's where it has one."""
     recs = []
-    for m in MODES[1:]:
+    for m in run_modes(summary)[1:]:
         e = summary["over_seeds"][m]
         for key, label in (("time_change_pct", "step time change (%)"), ("mfu_change_pp", "MFU change (pp)")):
             recs.append({"mode": m, "figure": label, "source": "ours", "mean": e[key]["mean"], "min": e[key]["min"], "max": e[key]["max"]})
@@ -90,9 +95,9 @@ def mean_changes(summary: dict) -> pd.DataFrame:
 def plot_mean_changes(summary: dict, axes=None):
     """Bars: ours (mean over seeds, whiskers: min and max over seeds) next to the paper's."""
     if axes is None:
-        _, axes = plt.subplots(1, 2, figsize=(11, 4))
+        _, axes = plt.subplots(1, 2, figsize=(14, 4.5), layout="constrained")
     d = mean_changes(summary)
-    modes = list(MODES[1:])
+    modes = run_modes(summary)[1:]
     for ax, figure in zip(axes, ("step time change (%)", "MFU change (pp)")):
         sub = d[d["figure"] == figure]
         for k, source in enumerate(("ours", "paper")):
@@ -101,7 +106,7 @@ def plot_mean_changes(summary: dict, axes=None):
             err = np.vstack([rows["mean"] - rows["min"], rows["max"] - rows["mean"]])
             ax.bar(x, rows["mean"], width=0.38, label=source, yerr=None if source == "paper" else err, capsize=4)
         ax.axhline(0, color="gray", lw=0.8)
-        ax.set_xticks(np.arange(len(modes)), modes)
+        ax.set_xticks(np.arange(len(modes)), modes, rotation=30, ha="right")
         ax.set(title=f"{figure.split(' (')[0]} vs baseline (whiskers: range over seeds)", ylabel=figure)
         ax.legend()
     return axes
@@ -120,13 +125,14 @@ BREAKDOWN_LABELS = {
 
 def plot_breakdown(summary: dict, ax=None):
     ax = ax or plt.figure(figsize=(8, 4)).gca()
-    bottom = np.zeros(len(MODES))
+    modes = run_modes(summary)
+    bottom = np.zeros(len(modes))
     for key in BREAKDOWN:
-        vals = np.array([summary["modes"][m]["mean_" + key] or 0.0 for m in MODES])
-        ax.bar(list(MODES), vals, bottom=bottom, label=BREAKDOWN_LABELS[key])
+        vals = np.array([summary["modes"][m]["mean_" + key] or 0.0 for m in modes])
+        ax.bar(modes, vals, bottom=bottom, label=BREAKDOWN_LABELS[key])
         bottom += vals
     ax.set(title="Where a step's time goes (mean over ranks and steps)", xlabel="mode", ylabel="seconds per step")
-    ax.tick_params(axis="x", rotation=15)
+    ax.tick_params(axis="x", rotation=30)
     ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
     return ax
 

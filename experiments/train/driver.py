@@ -389,6 +389,7 @@ def one_step(run: Run, plan, batch, mode: str) -> dict:
         "widest_parent": plan.widest_parent,
         "wide_parents": len(plan.wide_parents()),
         "repacked_parents": sum(p.repacked for p in plan.parents),
+        "halo_parents": sum(p.halo for p in plan.parents),
         "step_time_s": dt,
         "mfu": flops / (dt * run.world * run.hw.peak_flops),
         "model_flops": flops,
