@@ -388,7 +388,9 @@ def sparse_layer_traffic(steps: int = 200, seed: int = 0) -> dict[str, dict[str,
             for p in plan.wide_parents():
                 for c in (c for c in p.children if c.size > 1):
                     if c.halo:
-                        for (src, dst), rows in halo_pair_rows(plan.child_layout, c, cost.sparse.first_key, cost.model.sparse_params).items():
+                        for (src, dst), rows in halo_pair_rows(
+                            plan.child_layout, c, cost.sparse.first_key, cost.model.sparse_params
+                        ).items():
                             e = per_rank.setdefault(dst, [0.0, 0.0])
                             e[0] += rows * kv
                             e[1] += rows * kv * (src // g != dst // g)
@@ -399,7 +401,9 @@ def sparse_layer_traffic(steps: int = 200, seed: int = 0) -> dict[str, dict[str,
                         sent = tokens[r] * row * (c.size - 1) / c.size
                         per_rank[r] = [sent, sent * inter / (intra + inter)]
             acc.setdefault(mode, []).append(tuple(max(per_rank.values(), default=[0.0, 0.0])))
-    return {m: {"mb": float(np.mean([w[0] for w in v])) / 1e6, "across_mb": float(np.mean([w[1] for w in v])) / 1e6} for m, v in acc.items()}
+    return {
+        m: {"mb": float(np.mean([w[0] for w in v])) / 1e6, "across_mb": float(np.mean([w[1] for w in v])) / 1e6} for m, v in acc.items()
+    }
 
 
 def sparse_traffic() -> tuple[str, list[dict]]:
@@ -413,7 +417,9 @@ def sparse_traffic() -> tuple[str, list[dict]]:
     got = sparse_layer_traffic()
     rows = [[labels[m], f"{e['mb']:.0f}", f"{e['across_mb']:.0f}"] for m, e in got.items()]
     text = table(["how the sparse layers run", "busiest rank, MB a layer", "of which across nodes"], rows)
-    return text, [{"command": "python -m experiments.report", "where": "the default workload's steps with parents wider than a node (seed 0)"}]
+    return text, [
+        {"command": "python -m experiments.report", "where": "the default workload's steps with parents wider than a node (seed 0)"}
+    ]
 
 
 def memory() -> tuple[str, list[dict]]:
