@@ -90,6 +90,21 @@ class StepPlan:
     def wide_parents(self) -> list[ParentPlan]:
         return [p for p in self.parents if p.group.size > self.cluster.gpus_per_node]
 
+    def parent_counts(self) -> dict[str, int]:
+        """How the step's parents run their sparse layers: the wide ones, the repacked ones, those
+        with halo attention, and of those the ones with a halo child across nodes."""
+        g = self.cluster.gpus_per_node
+
+        def across(c: Group) -> bool:
+            return c.halo and c.start // g != (c.start + c.size - 1) // g
+
+        return {
+            "wide_parents": len(self.wide_parents()),
+            "repacked_parents": sum(p.repacked for p in self.parents),
+            "halo_parents": sum(p.halo for p in self.parents),
+            "halo_across_parents": sum(any(across(c) for c in p.children) for p in self.parents),
+        }
+
     @property
     def widest_parent(self) -> int:
         return max(p.group.size for p in self.parents)

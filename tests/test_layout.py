@@ -167,3 +167,47 @@ def test_bad_layout_errors():
         TokenLayout((Group(0, 8, (0,)),), {0: 8 * 64 + 1}).validate(cluster)
     with pytest.raises(PlanError, match="must cover each"):
         TokenLayout((Group(0, 4, (0,)),), {0: 10}).validate(cluster)
+
+
+# ----- halo groups: the rows each rank receives, against the sparse kinds' masks ---------------------
+# which keys a query at position i of its sample sees, written from the kinds' definitions
+# (docs/design.md), not from their first_key
+KIND_MASKS = {
+    "sliding_window": lambda i, j, p: (j <= i) & (i - j < p["window"]),
+    "chunked": lambda i, j, p: (j <= i) & (i // p["chunk"] == j // p["chunk"]),
+}
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.integers(2, 9),
+    st.lists(st.one_of(st.sampled_from([1, 2, 7]), st.integers(1, 400)), min_size=1, max_size=4),
+    st.sampled_from(sorted(KIND_MASKS)),
+    st.sampled_from([1, 2, 5, 33, 128]),
+    st.integers(0, 5),
+)
+def test_halo_rows_are_the_keys_each_rank_sees_on_other_ranks(size, lengths, kind, reach, start):
+    from solver.cost import sparse_cost  # noqa: PLC0415
+    from solver.layout import halo_pair_rows, halo_transfers  # noqa: PLC0415
+
+    params = {"window": reach} if kind == "sliding_window" else {"chunk": reach}
+    group = Group(start, size, tuple(range(len(lengths))), halo=True)
+    layout = TokenLayout((group,), dict(enumerate(lengths)))
+    owner = {(s, t): r for r in group.ranks for s, a, b in layout.local_chunks(r) for t in range(a, b)}
+    want: dict[tuple[int, int], int] = {}
+    for r in group.ranks:
+        for s, a, b in layout.local_chunks(r):
+            if a == b:
+                continue
+            keys = np.arange(b)
+            seen = KIND_MASKS[kind](np.arange(a, b)[:, None], keys[None, :], params).any(axis=0)
+            for j in keys[seen].tolist():
+                if owner[(s, j)] != r:
+                    want[(owner[(s, j)], r)] = want.get((owner[(s, j)], r), 0) + 1
+    first_key = sparse_cost(kind).first_key
+    assert halo_pair_rows(layout, group, first_key, params) == want  # what the simulator prices
+    moved: dict[tuple[int, int], int] = {}
+    for t in halo_transfers(layout, group, first_key, params):  # what the runtime moves
+        assert t.src < t.dst and all(owner[(t.sample, x)] == t.src for x in (t.lo, t.hi - 1))
+        moved[(t.src, t.dst)] = moved.get((t.src, t.dst), 0) + t.hi - t.lo
+    assert moved == want

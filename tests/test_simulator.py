@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import experiments.ablation.__main__ as ablation
-from config import MODES, Cluster, CostsConfig, HardwareConfig, ModelConfig, SettingError
+from config import HALO_MODES, MODES, Cluster, CostsConfig, HardwareConfig, ModelConfig, SettingError
 from experiments.ablation.run import anchor_load_ratio
 from experiments.common.results import read_run
 from solver import CostModel, Group, make_plan, samples_from_lengths
@@ -131,6 +131,12 @@ def test_ablation_end_to_end_short_run(tmp_path, capsys):
     fold = got["folding_saving_pct"]  # redistribute's pass against the folding: what the paper avoids costs time
     assert 0 < fold["min"] <= fold["mean"] <= fold["max"] and "saves" in text
     assert all(r["repacked_parents"] == 0 for r in got_rows if r["mode"] in ("baseline", "baseline+solver"))
+    # halo attention only where a mode runs it; the naive variant on every wide parent's own layout
+    assert all(r["halo_parents"] == 0 for r in got_rows if r["mode"] not in HALO_MODES)
+    naive = [r for r in got_rows if r["mode"] == "parent+halo"]
+    assert all(r["halo_parents"] == r["wide_parents"] > 0 and r["repacked_parents"] == 0 for r in naive)
+    assert all(r["halo_across_parents"] <= r["halo_parents"] for r in got_rows)
+    assert "choose: of its" in text
     json.dumps(got)
 
 

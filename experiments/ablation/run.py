@@ -96,9 +96,7 @@ def plan_row(step: int, lengths, cluster, cost, mode: str, engine: str = "sim", 
         "tokens": int(sum(lengths)),
         "longest": int(max(lengths)),
         "widest_parent": plan.widest_parent,
-        "wide_parents": len(plan.wide_parents()),
-        "repacked_parents": sum(p.repacked for p in plan.parents),
-        "halo_parents": sum(p.halo for p in plan.parents),
+        **plan.parent_counts(),
         "anchor_load_ratio": anchor_load_ratio(plan),
         "plan_hash": plan.hash,
         "plan_ms": round(plan_ms, 3),
@@ -267,10 +265,11 @@ def print_tables(rows, summary, out=None):
         )
     if "choose" in modes:
         ch = [r for r in rows if r["mode"] == "choose"]
-        wide, rep, halo = (sum(r[k] for r in ch) for k in ("wide_parents", "repacked_parents", "halo_parents"))
+        keys = ("wide_parents", "repacked_parents", "halo_parents", "halo_across_parents")
+        wide, rep, halo, across = (sum(r[k] for r in ch) for k in keys)
         p(
             f"choose: of its {wide} wide parents, {rep} take new children and {wide - rep} keep the parent's layout; "
-            f"{halo} run sparse attention by halo exchange"
+            f"{halo} run sparse attention by halo exchange, {across} of them with a halo child across nodes"
         )
     halo_off = [m for m in HALO_MODES[:2] if m not in modes]
     if halo_off:

@@ -36,6 +36,7 @@ STEP_COLUMN_TYPES = {
     "wide_parents": int,
     "repacked_parents": int,
     "halo_parents": int,  # parents some of whose sparse attention runs by halo exchange
+    "halo_across_parents": int,  # of which some halo child spans nodes
     "anchor_load_ratio": float,  # max over wide parents: its anchor child's tokens per rank / the step's mean
     "step_time_s": float,
     "mfu": float,  # causal full attention FLOPs (ours)

@@ -108,7 +108,7 @@ def plot_mean_changes(summary: dict, axes=None):
         ax.axhline(0, color="gray", lw=0.8)
         ax.set_xticks(np.arange(len(modes)), modes, rotation=30, ha="right")
         ax.set(title=f"{figure.split(' (')[0]} vs baseline (whiskers: range over seeds)", ylabel=figure)
-        ax.legend()
+        ax.legend(loc="best")
     return axes
 
 
@@ -132,7 +132,7 @@ def plot_breakdown(summary: dict, ax=None):
         ax.bar(modes, vals, bottom=bottom, label=BREAKDOWN_LABELS[key])
         bottom += vals
     ax.set(title="Where a step's time goes (mean over ranks and steps)", xlabel="mode", ylabel="seconds per step")
-    ax.tick_params(axis="x", rotation=30)
+    ax.set_xticks(np.arange(len(modes)), modes, rotation=30, ha="right")
     ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
     return ax
 

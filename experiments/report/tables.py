@@ -193,7 +193,9 @@ def sweep(path: str) -> tuple[str, list[dict]]:
     return text, [csv_provenance(rows, path)]
 
 
-STRATEGIES = ("repack+solver", "repack+widths", "redistribute", "halo", "parent+halo", "choose")
+# in pairs on the same parents: the baseline's (repack, halo, parent+halo), repack+solver's
+# (itself, redistribute), repack+widths' (itself, choose)
+STRATEGIES = ("repack", "halo", "parent+halo", "repack+solver", "redistribute", "repack+widths", "choose")
 
 
 def sweep_strategies(path: str) -> tuple[str, list[dict]]:
