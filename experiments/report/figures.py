@@ -55,10 +55,10 @@ def layouts(out_dir: str) -> tuple[str, list[dict]]:
 
 
 def sweep(out_dir: str, path: str) -> tuple[str, list[dict]]:
-    """The gain against the fill and the ratio, per baseline pricing."""
+    """The gain against the fill, the ratio and the window, per baseline pricing."""
     rows = csv_rows(path)
     axes = plots.plot_sweep(path)
-    fig = axes[0].figure
+    fig = axes.flat[0].figure
     fig.tight_layout()
     return _save(fig, out_dir, "sweep"), [csv_provenance(rows, path)]
 

@@ -140,30 +140,40 @@ def plot_breakdown(summary: dict, ax=None):
 SWEEP_MODES = ("repack", "repack+solver", "repack+widths", "redistribute", "halo", "choose")  # the sweep plot's lines
 
 
+SWEEP_FACTORS = {  # the sweep plot's columns, and their axes' labels
+    "fill": "fill (global batch / cluster capacity)",
+    "ratio": "inter/intra-node all-to-all ratio",
+    "window": "sliding window W (tokens)",
+}
+
+
 def plot_sweep(path: str | None = None, axes=None):
-    """The gain against the fill and against the ratio (both readings), mean over seeds with the
-    [min, max] band, for each baseline pricing."""
+    """The gain against the fill, the ratio (both readings: solid group, dashed link) and the
+    window, mean over seeds with the [min, max] band: a row per baseline pricing, a colour per mode."""
     path = path or os.path.join(RESULTS, "sweep", "sweep.csv")
     if not os.path.exists(path):
         print(f"no sweep results at {path}: run `python -m experiments.sweep` to add these plots", file=sys.stderr)
         return None
     df = pd.read_csv(path)
-    df = df[df["mode"].isin(SWEEP_MODES)]
-    panels = [(f, p) for f in ("fill", "ratio") for p in sorted(df["baseline_pricing"].unique())]
+    df = df[df["mode"].isin(SWEEP_MODES) & df["factor"].isin(list(SWEEP_FACTORS))]
+    pricings = sorted(df["baseline_pricing"].unique())
     if axes is None:
-        _, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4), squeeze=False)
-        axes = axes[0]
-    for ax, (factor, pricing) in zip(axes, panels):
-        sub = df[(df["factor"] == factor) & (df["baseline_pricing"] == pricing)].assign(value=lambda d: d["value"].astype(float))
-        for (mode, reading), g in sub.groupby(["mode", "ratio_reading"]):
-            agg = g.groupby("value")["time_change_pct"].agg(["mean", "min", "max"]).reset_index()
-            style = "-" if reading == "group" else "--"
-            (line,) = ax.plot(agg["value"], agg["mean"], style, marker="o", label=f"{mode} ({reading})")
-            ax.fill_between(agg["value"], agg["min"], agg["max"], color=line.get_color(), alpha=0.15)
-        ax.axhline(0, color="gray", lw=0.8)
-        xlabel = "fill (global batch / cluster capacity)" if factor == "fill" else "inter/intra-node all-to-all ratio"
-        ax.set(title=f"Gain vs {factor}, {pricing} baseline", xlabel=xlabel, ylabel="change of mean step time (%)")
-        ax.legend(fontsize=7)
+        _, axes = plt.subplots(len(pricings), len(SWEEP_FACTORS), figsize=(6 * len(SWEEP_FACTORS), 4 * len(pricings)), squeeze=False)
+    colour = dict(zip(SWEEP_MODES, sns.color_palette("tab10", len(SWEEP_MODES))))
+    for row, pricing in zip(axes, pricings):
+        for ax, (factor, xlabel) in zip(row, SWEEP_FACTORS.items()):
+            sub = df[(df["factor"] == factor) & (df["baseline_pricing"] == pricing)].assign(value=lambda d: d["value"].astype(float))
+            for (mode, reading), g in sub.groupby(["mode", "ratio_reading"]):
+                agg = g.groupby("value")["time_change_pct"].agg(["mean", "min", "max"]).reset_index()
+                style = "-" if reading == "group" else "--"
+                label = mode if reading == "group" else None  # one legend entry per mode; dashed: the link reading
+                ax.plot(agg["value"], agg["mean"], style, marker="o", color=colour[mode], label=label)
+                ax.fill_between(agg["value"], agg["min"], agg["max"], color=colour[mode], alpha=0.12)
+            ax.axhline(0, color="gray", lw=0.8)
+            if factor == "window":
+                ax.set_xscale("log", base=2)
+            ax.set(title=f"Gain vs {factor}, {pricing} baseline", xlabel=xlabel, ylabel="change of mean step time (%)")
+            ax.legend(fontsize=7, title="dashed: link reading" if factor == "ratio" else None, title_fontsize=7)
     return axes
 
 
