@@ -5,6 +5,7 @@ field by field whatever route its values came by: a preset, a config file, a fla
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -133,6 +134,23 @@ def check_value(name: str, value, f: dataclasses.Field) -> None:
 def flag_of(f: dataclasses.Field) -> str:
     """A setting's one command-line spelling."""
     return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
+
+
+def profile_section(path: str, name: str) -> dict:
+    """The `name` section of a profile written by experiments.calibrate (a JSON file); a
+    SettingError naming the file when it cannot be read, is not JSON, or has no such object."""
+    what = f"{name} profile {path!r}"
+    try:
+        with open(path) as f:
+            obj = json.load(f)
+    except OSError as e:
+        raise SettingError(f"{what} cannot be read: {e.strerror or e}") from None
+    except ValueError as e:
+        raise SettingError(f"{what} is not JSON: {e}") from None
+    section = obj.get(name) if isinstance(obj, dict) else None
+    if not isinstance(section, dict):
+        raise SettingError(f"{what} has no {name!r} object (write one with python -m experiments.calibrate)")
+    return section
 
 
 class Section:

@@ -5,10 +5,9 @@ every relative gain and of MFU, so leaving them out inflates both."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
-from .base import FRACTION, POSITIVE_INT, POWER_OF_TWO, Section, SettingError, number_in, optional, setting
+from .base import FRACTION, POSITIVE_INT, POWER_OF_TWO, Section, SettingError, number_in, optional, profile_section, setting
 
 RECOMPUTE = ("full", "selective", "none")
 EP_PLACEMENTS = ("intra", "inter")
@@ -71,16 +70,7 @@ class CostsConfig(Section):
         default preset with the costs the calibration measured (its "costs" section)."""
         if not name.endswith(".json"):
             return super().from_name(name, **overrides)
-        try:
-            with open(name) as f:
-                obj = json.load(f)
-        except OSError as e:
-            raise SettingError(f"costs profile {name!r} cannot be read: {e.strerror or e}") from None
-        except ValueError as e:
-            raise SettingError(f"costs profile {name!r} is not JSON: {e}") from None
-        section = obj.get("costs") if isinstance(obj, dict) else None
-        if not isinstance(section, dict):
-            raise SettingError(f"costs profile {name!r} has no 'costs' object (write one with python -m experiments.calibrate)")
+        section = profile_section(name, "costs")
         where = f"costs profile {name!r}: "
         cls.unknown(section, where)
         try:

@@ -3,10 +3,9 @@ profile measured by experiments.calibrate."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
-from .base import POSITIVE_INT, Section, SettingError, number_in, optional, setting
+from .base import POSITIVE_INT, Section, SettingError, number_in, optional, profile_section, setting
 
 RATIO_READINGS = ("group", "link")
 H100 = "H100 SXM datasheet"
@@ -129,16 +128,7 @@ class HardwareConfig(Section):
     def from_profile(cls, path: str, **overrides) -> HardwareConfig:
         """The hardware of a profile (experiments.calibrate): its "hardware" section, checked setting
         by setting like any config. An empty or partial section is an error, not a preset."""
-        try:
-            with open(path) as f:
-                obj = json.load(f)
-        except OSError as e:
-            raise SettingError(f"hardware profile {path!r} cannot be read: {e.strerror or e}") from None
-        except ValueError as e:
-            raise SettingError(f"hardware profile {path!r} is not JSON: {e}") from None
-        section = obj.get("hardware") if isinstance(obj, dict) else None
-        if not isinstance(section, dict):
-            raise SettingError(f"hardware profile {path!r} has no 'hardware' object (write one with python -m experiments.calibrate)")
+        section = profile_section(path, "hardware")
         where = f"hardware profile {path!r}: "
         cls.unknown(section, where)
         missing = sorted(set(cls.settings()) - set(section))
