@@ -79,11 +79,6 @@ class SparseCost:
             )
         return self.first_key
 
-    def reach(self, params: dict) -> int:
-        """The most tokens before its own a query may see (a window of W: W - 1)."""
-        far = np.arange(1 << 20, (1 << 20) + (1 << 16), dtype=np.int64)  # positions past any start effect
-        return int((far - self.check_local()(far, params)).max())
-
     def resolve(self, given: dict) -> dict:
         """The kind's parameters: the given ones over the defaults. Raises SettingError naming an
         unknown or invalid parameter (a default's type is the type a value must have; numbers > 0)."""

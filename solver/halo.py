@@ -52,10 +52,6 @@ def halo_rows(group: Group, length_of: Mapping[int, int], cost: CostModel) -> np
     return rows
 
 
-def spans_nodes(group: Group, gpus_per_node: int) -> bool:
-    return group.start // gpus_per_node != (group.stop - 1) // gpus_per_node
-
-
 def child_time(child: Group, parent: Group, length_of: Mapping[int, int], cost: CostModel) -> float:
     """Seconds of `child`'s slowest rank on everything that runs in the child layout: a Ulysses
     child as solver.reference prices it; a halo child its even share of the work and of the
@@ -65,7 +61,7 @@ def child_time(child: Group, parent: Group, length_of: Mapping[int, int], cost: 
     lin = sum(float(cost.linear_cost(length_of[s])) for s in child.samples)
     tokens = sum(length_of[s] for s in child.samples)
     rows = float(halo_rows(child, length_of, cost).max(initial=0.0))
-    return rank_time(lin, tokens, child.size, cost.halo_line(parent.size, rows, spans_nodes(child, cost.gpus_per_node)))
+    return rank_time(lin, tokens, child.size, cost.halo_line(parent.size, rows, child.spans_nodes(cost.gpus_per_node)))
 
 
 def parent_time(parent: ParentPlan, length_of: Mapping[int, int], cost: CostModel) -> float:

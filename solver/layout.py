@@ -41,6 +41,10 @@ class Group:
     def ranks(self) -> range:
         return range(self.start, self.stop)
 
+    def spans_nodes(self, gpus_per_node: int) -> bool:
+        """Its ranks lie on more than one node (of `gpus_per_node` ranks each)."""
+        return self.start // gpus_per_node != (self.stop - 1) // gpus_per_node
+
     def same_tokens(self, other: Group) -> bool:
         """The same ranks and samples: the same token layout, whatever the attention."""
         return (self.start, self.size, self.samples) == (other.start, other.size, other.samples)

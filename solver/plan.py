@@ -94,15 +94,11 @@ class StepPlan:
         """How the step's parents run their sparse layers: the wide ones, the repacked ones, those
         with halo attention, and of those the ones with a halo child across nodes."""
         g = self.cluster.gpus_per_node
-
-        def across(c: Group) -> bool:
-            return c.halo and c.start // g != (c.start + c.size - 1) // g
-
         return {
             "wide_parents": len(self.wide_parents()),
             "repacked_parents": sum(p.repacked for p in self.parents),
             "halo_parents": sum(p.halo for p in self.parents),
-            "halo_across_parents": sum(any(across(c) for c in p.children) for p in self.parents),
+            "halo_across_parents": sum(any(c.halo and c.spans_nodes(g) for c in p.children) for p in self.parents),
         }
 
     @property
@@ -123,7 +119,7 @@ class StepPlan:
                 for c in p.children:
                     if c.start < p.group.start or c.stop > p.group.stop:
                         raise PlanError(f"child [{c.start}, {c.stop}) lies outside its parent [{p.group.start}, {p.group.stop})")
-                    if not c.halo and c.start // g != (c.stop - 1) // g:
+                    if not c.halo and c.spans_nodes(g):
                         raise PlanError(f"child [{c.start}, {c.stop}) spans nodes; Ulysses children must be node-local")
             if not p.repacked and not p.reason:
                 raise PlanError(f"parent at rank {p.group.start} is not repacked and records no reason")

@@ -76,7 +76,6 @@ def make_plan(
     if mode in HALO_MODES[:2]:
         cost.sparse.check_local(f"mode {mode}")
     samples = check_samples(samples, cluster)
-    groups = assign_parents(samples, cluster, cost, pricing=baseline_pricing)
     if mode == "redistribute":  # repack+solver's parents and children; the simulator and runtime change the layout apart
         solved = make_plan(samples, cluster, cost, "repack+solver", baseline_pricing)
         return StepPlan(cluster, solved.lengths, solved.parents, mode).validate()
@@ -90,6 +89,7 @@ def make_plan(
             for p in solved.parents
         )
         return StepPlan(cluster, solved.lengths, parents, mode).validate()
+    groups = assign_parents(samples, cluster, cost, pricing=baseline_pricing)
     if mode in ("repack+solver", "baseline+solver", "repack+widths"):
         repack = mode != "baseline+solver"
         length_of = {s.id: s.length for s in samples}

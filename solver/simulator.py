@@ -164,16 +164,25 @@ def _exchange(cost: CostModel, layout: _Layout, send_rows: np.ndarray, recv_rows
             node_rows[lo_n:hi_n] = rows[lo_n - a : hi_n - a].sum()
     recv_intra = (node_rows - send_rows) * per_peer
     recv_inter = (recv_rows - node_rows) * per_peer
-    single = size == 1
-    latency = np.where(single, 0.0, cost.hw.a2a_latency)
-    spans = size > same
-    extra = np.where(spans, cost.hw.a2a_inter_latency, 0.0)  # a call across nodes pays the network's round trip
-    intra_s = np.maximum(send_intra, recv_intra) / cost.hw.intra_node_bw + latency
-    inter_s = np.maximum(send_inter, recv_inter) / cost.hw.inter_node_bw + extra
-    if cost.hw.ratio_reading == "group":  # a group across nodes moves all its bytes at the cross-node rate
-        whole = np.maximum(send_intra + send_inter, recv_intra + recv_inter) / cost.hw.inter_node_bw + extra
-        intra_s = np.where(spans, latency, intra_s)
-        inter_s = np.where(spans, whole, inter_s)
+    spans = size > same  # a call across nodes pays the network's round trip
+    group_rate = spans if cost.hw.ratio_reading == "group" else None  # a group across nodes: all its bytes at the cross-node rate
+    return _priced(cost, send_intra, send_inter, recv_intra, recv_inter, size > 1, spans, group_rate)
+
+
+def _priced(cost: CostModel, send_intra, send_inter, recv_intra, recv_inter, calls, across, group_rate):
+    """Per-rank (intra seconds, inter seconds, intra bytes sent, inter bytes sent) of one exchange
+    from each rank's bytes by tier: calls[r], r pays a call's latency; across[r], what crossing
+    nodes adds; group_rate[r] (or None), all r's bytes at the cross-node rate. Otherwise each
+    tier's bytes at its rate, the larger of what a rank sends and receives."""
+    hw = cost.hw
+    latency = np.where(calls, hw.a2a_latency, 0.0)
+    extra = np.where(across, hw.a2a_inter_latency, 0.0)
+    intra_s = np.maximum(send_intra, recv_intra) / hw.intra_node_bw + latency
+    inter_s = np.maximum(send_inter, recv_inter) / hw.inter_node_bw + extra
+    if group_rate is not None:
+        whole = np.maximum(send_intra + send_inter, recv_intra + recv_inter) / hw.inter_node_bw + extra
+        intra_s = np.where(group_rate, latency, intra_s)
+        inter_s = np.where(group_rate, whole, inter_s)
     return intra_s, inter_s, send_intra, send_inter
 
 
@@ -190,17 +199,8 @@ def _pairs_exchange(cost: CostModel, pairs: dict, world: int, g: int, callers: n
         tier = 0 if src // g == dst // g else 1
         send[src, tier] += b
         recv[dst, tier] += b
-    hw = cost.hw
-    across = (send[:, 1] + recv[:, 1]) > 0
-    latency = np.where(callers, hw.a2a_latency, 0.0)
-    extra = np.where(callers & across, hw.a2a_inter_latency, 0.0)
-    intra_s = np.maximum(send[:, 0], recv[:, 0]) / hw.intra_node_bw + latency
-    inter_s = np.maximum(send[:, 1], recv[:, 1]) / hw.inter_node_bw + extra
-    if group_rate is not None:
-        whole = np.maximum(send.sum(1), recv.sum(1)) / hw.inter_node_bw + extra
-        intra_s = np.where(group_rate, latency, intra_s)
-        inter_s = np.where(group_rate, whole, inter_s)
-    return intra_s, inter_s, send[:, 0], send[:, 1]
+    across = callers & ((send[:, 1] + recv[:, 1]) > 0)
+    return _priced(cost, send[:, 0], send[:, 1], recv[:, 0], recv[:, 1], callers, across, group_rate)
 
 
 def halo_exchange(plan: StepPlan, cost: CostModel):
@@ -221,10 +221,11 @@ def halo_exchange(plan: StepPlan, cost: CostModel):
     return _pairs_exchange(cost, pairs, world, g, callers, None)
 
 
-def redistribution(plan: StepPlan, cost: CostModel, to_parent: bool):
-    """The hidden states' all-to-all at a full/sparse boundary of a redistribute plan (child
-    layout -> parent layout before a full layer, back after), over each repacked parent's group,
-    as _pairs_exchange (a group across nodes under the group reading at the cross-node rate)."""
+def redistributions(plan: StepPlan, cost: CostModel):
+    """The hidden states' all-to-alls at the full/sparse boundaries of a redistribute plan, each
+    over a repacked parent's group, as _pairs_exchange (a group across nodes under the group
+    reading at the cross-node rate): (child layout -> parent layout before a full layer, the way
+    back after it, whose bytes per pair are the first's transposed)."""
     world, g = plan.cluster.world_size, plan.cluster.gpus_per_node
     row = cost.hidden_row_bytes()
     pairs: dict = {}
@@ -235,13 +236,13 @@ def redistribution(plan: StepPlan, cost: CostModel, to_parent: bool):
             continue
         grp = p.group
         callers[grp.start : grp.stop] = True
-        spans[grp.start : grp.stop] = grp.start // g != (grp.stop - 1) // g
-        src, dst = (plan.child_layout, plan.parent_layout) if to_parent else (plan.parent_layout, plan.child_layout)
-        for key, rows in relayout_rows(src, dst, grp).items():
+        spans[grp.start : grp.stop] = grp.spans_nodes(g)
+        for key, rows in relayout_rows(plan.child_layout, plan.parent_layout, grp).items():
             if key[0] != key[1]:
                 pairs[key] = pairs.get(key, 0.0) + rows * row
     reading = spans if cost.hw.ratio_reading == "group" else None
-    return _pairs_exchange(cost, pairs, world, g, callers, reading)
+    back = {(dst, src): b for (src, dst), b in pairs.items()}
+    return _pairs_exchange(cost, pairs, world, g, callers, reading), _pairs_exchange(cost, back, world, g, callers, reading)
 
 
 def lower_bound(plan: StepPlan, cost: CostModel) -> float:
@@ -310,7 +311,7 @@ def simulate(plan: StepPlan, cost: CostModel) -> StepResult:
             tuple(np.where(on, h, u) for h, u in zip(halo, entry)),
             tuple(np.where(on, 0.0, u) for u in exit_),
         )
-    redist = (redistribution(plan, cost, True), redistribution(plan, cost, False)) if redistribute else None
+    redist = redistributions(plan, cost) if redistribute else None
 
     tl = _Timeline(world)
     bytes_acc = {"full": [0.0, 0.0], "sparse": [0.0, 0.0], "redist": [0.0, 0.0]}
