@@ -22,7 +22,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from .permute import gather_heads, scatter_heads
+from .permute import gather_heads, gather_rows, scatter_heads
 
 
 def head_split_map(head_counts: Sequence[int], group_size: int, replicated: bool = False) -> np.ndarray:
@@ -210,15 +210,7 @@ class CommStats:
 
     def record_counts(self, site: str, rank: int, group_start: int, send_counts, row_bytes: int) -> None:
         """One call at `site`: send_counts[j] rows of row_bytes to rank group_start + j."""
-        self.calls[site] += 1
-        src_node = rank // self.gpus_per_node
-        for j, c in enumerate(send_counts):
-            dst = group_start + j
-            if dst == rank or c == 0:
-                continue
-            b = c * row_bytes
-            self.bytes_to_peer[site][(rank, dst)] += b
-            self.bytes_by_site[site][0 if dst // self.gpus_per_node == src_node else 1] += b
+        self.record_peers(site, rank, {group_start + j: c for j, c in enumerate(send_counts)}, row_bytes)
 
     def record_peers(self, site: str, rank: int, rows_to: dict, row_bytes: int) -> None:
         """One call at `site`: rows_to[dst] rows of row_bytes to each rank dst (point-to-point)."""
@@ -392,12 +384,6 @@ class HaloArgs:
         return sum(c for _, c in self.recvs)
 
 
-def _rows_of(x: torch.Tensor, rows: torch.Tensor, backend: str) -> torch.Tensor:
-    """x [n, H, D] -> x[rows] through the pack kernel (every head kept)."""
-    heads = torch.arange(x.shape[1], dtype=torch.int32, device=x.device).view(1, -1)
-    return gather_heads(x, rows, torch.zeros(rows.numel(), dtype=torch.int32, device=x.device), heads, backend)
-
-
 def _p2p(sends: list[tuple[int, torch.Tensor]], recvs: list[tuple[int, torch.Tensor]]) -> None:
     ops = [dist.P2POp(dist.isend, t, peer) for peer, t in sends] + [dist.P2POp(dist.irecv, t, peer) for peer, t in recvs]
     if ops:
@@ -410,7 +396,7 @@ class _Halo(torch.autograd.Function):
     def forward(ctx, kv, args, backend, stats, site):
         ctx.args, ctx.backend, ctx.stats, ctx.site = args, backend, stats, site
         clock = PhaseClock(stats.seconds[site] if stats is not None and stats.timed else None, kv.device)
-        out = [(dst, _rows_of(kv, rows, backend)) for dst, rows in args.sends]
+        out = [(dst, gather_rows(kv, rows, backend)) for dst, rows in args.sends]
         clock.lap("pack")
         if stats is not None:
             row_bytes = math.prod(kv.shape[1:]) * kv.element_size()

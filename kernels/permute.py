@@ -14,6 +14,8 @@ compiles these kernels for sm_80/90/100 and reads the registers, spills and vect
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from ._triton import tl, triton
@@ -160,6 +162,20 @@ def gather_heads(x, rows, peers, head_map, backend: str = "auto") -> torch.Tenso
     if resolve_pack_backend(backend, x.device) == "triton":
         return gather_heads_triton(x, rows, peers, head_map)
     return gather_heads_ref(x, rows, peers, head_map)
+
+
+def gather_rows(x: torch.Tensor, rows: torch.Tensor, backend: str = "auto") -> torch.Tensor:
+    """x [n, ...] -> x[rows] [m, ...] through the pack kernel, each row one wide head (one read and
+    one write a row): the experts' slot gathers and the halos' packing.
+
+    >>> x = torch.randn(5, 3, 4)
+    >>> torch.equal(gather_rows(x, torch.tensor([4, 0, 0]), "triton"), x[[4, 0, 0]])
+    True
+    """
+    heads = torch.zeros(1, 1, dtype=torch.int32, device=x.device)
+    peers = torch.zeros(rows.numel(), dtype=torch.int32, device=x.device)
+    flat = x.reshape(x.shape[0], 1, math.prod(x.shape[1:]))
+    return gather_heads(flat, rows, peers, heads, backend).reshape(rows.numel(), *x.shape[1:])
 
 
 def scatter_heads(src, rows, peers, head_map, n_out: int, out_heads: int, backend: str = "auto") -> torch.Tensor:

@@ -257,6 +257,14 @@ def chunk_segments(cu_q: np.ndarray, cu_k: np.ndarray, q_start: np.ndarray, k_st
     return as_int(out_q), as_int(out_k), as_int(qs), as_int(ks)
 
 
+def chunked_key_inputs(cu_q: np.ndarray, keys: KeySegments, chunk: int, device) -> tuple[np.ndarray, int, KeySegments]:
+    """(cu_seqlens, max_seqlen, key segments) full causal attention runs on for a chunked kind
+    whose keys reach back before their queries (a halo child's): chunk_segments' pieces."""
+    cq, ck, qs, ks = chunk_segments(cu_q, keys.cu.cpu().numpy(), keys.q_start, keys.k_start, chunk)
+    pieces = KeySegments(torch.as_tensor(ck, dtype=torch.int32, device=device), int(np.diff(ck).max(initial=0)), qs, ks)
+    return cq, int(np.diff(cq).max(initial=0)), pieces
+
+
 def kernel_inputs(cu_seqlens: np.ndarray, max_seqlen: int, kind: str, params: dict | None) -> tuple[np.ndarray, int, str]:
     """(cu_seqlens, max_seqlen, attention kind) a kernel runs attention of `kind` on: a chunked kind
     is full causal attention on each sample's aligned chunks. Host-side, so a placement computes it
@@ -313,12 +321,9 @@ def varlen_attention(
         if keys is None:
             cu, mx, kind = kernel_inputs(cu_seqlens.cpu().numpy(), max_seqlen, kind, params)
             return varlen_attention(q, k, v, torch.as_tensor(cu, device=q.device), mx, kind, None, backend, fn)
-        cq, ck, qs, ks = chunk_segments(
-            cu_seqlens.cpu().numpy(), keys.cu.cpu().numpy(), keys.q_start, keys.k_start, sk.split_chunks(params)
-        )
-        pieces = KeySegments(torch.as_tensor(ck, dtype=torch.int32, device=q.device), int(np.diff(ck).max(initial=0)), qs, ks)
+        cq, mx, pieces = chunked_key_inputs(cu_seqlens.cpu().numpy(), keys, sk.split_chunks(params), q.device)
         cu = torch.as_tensor(cq, dtype=torch.int32, device=q.device)
-        return varlen_attention(q, k, v, cu, int(np.diff(cq).max(initial=0)), "full", None, backend, fn, pieces)
+        return varlen_attention(q, k, v, cu, mx, "full", None, backend, fn, pieces)
     if backend in WINDOWED and (sk is None or sk.flash_window is not None):
         window = (-1, -1) if sk is None else sk.flash_window(params)
         return WINDOWED[backend](q, k, v, cu_seqlens, max_seqlen, window, fn=fn, keys=keys)

@@ -22,7 +22,7 @@ from solver.cost import sparse_cost
 from solver.layout import halo_transfers, token_to_token_rank
 
 from .attention import KeySegments
-from .experts import ExpertDispatch, permute_rows
+from .experts import ExpertDispatch, inverse_permutation, permute_rows
 from .hybrid import IGNORE, attention_sites
 from .layers import Rotary
 from .sharding import is_sharded
@@ -153,8 +153,7 @@ def halo_rank_args(layout: TokenLayout, group: Group, rank: int, first_key, para
         tuple(sorted(recvs.items())),
     )
     key_rows = torch.as_tensor(rows, device=device)
-    inverse = torch.empty_like(key_rows)
-    inverse[key_rows] = torch.arange(len(rows), device=device)
+    inverse = inverse_permutation(key_rows)
     segs = KeySegments(
         torch.as_tensor(cu_k, dtype=torch.int32, device=device), int(np.diff(cu_k).max(initial=0)), np.asarray(q_start), np.asarray(k_start)
     )
@@ -222,17 +221,17 @@ class RankPlacement:
         full layer moves it to the parent's token layout."""
         if kind != "F" or self.redistribution is None:
             return x
-        y = exchange(
-            x.reshape(x.shape[0], 1, x.shape[1]), self.redistribution, self.transport, self.pack_backend, self.stats, "full.redist"
-        )
-        return y.reshape(y.shape[0], x.shape[1])
+        return self._redistribute(x, self.redistribution, "full.redist")
 
     def leave(self, x: torch.Tensor, kind: str) -> torch.Tensor:
         """The way back of enter: the child layout again after a redistribute plan's full layer."""
         if kind != "F" or self.redistribution is None:
             return x
-        back = self.redistribution.inverse()
-        y = exchange(x.reshape(x.shape[0], 1, x.shape[1]), back, self.transport, self.pack_backend, self.stats, "full.redist.back")
+        return self._redistribute(x, self.redistribution.inverse(), "full.redist.back")
+
+    def _redistribute(self, x: torch.Tensor, args, site: str) -> torch.Tensor:
+        """x [n, hidden] whole rows through one all-to-all of `args` (a redistribution)."""
+        y = exchange(x.reshape(x.shape[0], 1, x.shape[1]), args, self.transport, self.pack_backend, self.stats, site)
         return y.reshape(y.shape[0], x.shape[1])
 
     def rotary_for(self, kind: str) -> Rotary:

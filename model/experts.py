@@ -29,23 +29,13 @@ per rank follows the layout, as on a cluster.
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from kernels.exchange import all_to_all_rows
-from kernels.permute import gather_heads
-
-
-def _gather_rows(x: torch.Tensor, rows: torch.Tensor, backend: str) -> torch.Tensor:
-    """x [n, ...] -> x[rows] [m, ...] through the permute kernel (one read and one write a row)."""
-    heads = torch.zeros(1, 1, dtype=torch.int32, device=x.device)
-    peers = torch.zeros(rows.numel(), dtype=torch.int32, device=x.device)
-    flat = x.reshape(x.shape[0], 1, math.prod(x.shape[1:]))
-    return gather_heads(flat, rows, peers, heads, backend).reshape(rows.numel(), *x.shape[1:])
+from kernels.permute import gather_rows
 
 
 class _Permute(torch.autograd.Function):
@@ -54,11 +44,11 @@ class _Permute(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, rows, inverse, backend):
         ctx.inverse, ctx.backend = inverse, backend
-        return _gather_rows(x, rows, backend)
+        return gather_rows(x, rows, backend)
 
     @staticmethod
     def backward(ctx, grad):
-        return _gather_rows(grad.contiguous(), ctx.inverse, ctx.backend), None, None, None
+        return gather_rows(grad.contiguous(), ctx.inverse, ctx.backend), None, None, None
 
 
 class _GatherSlots(torch.autograd.Function):
@@ -68,11 +58,11 @@ class _GatherSlots(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, order, inverse, k, backend):
         ctx.inverse, ctx.k, ctx.backend = inverse, k, backend
-        return _gather_rows(x, torch.div(order, k, rounding_mode="floor"), backend)
+        return gather_rows(x, torch.div(order, k, rounding_mode="floor"), backend)
 
     @staticmethod
     def backward(ctx, grad):
-        slots = _gather_rows(grad.contiguous(), ctx.inverse, ctx.backend)
+        slots = gather_rows(grad.contiguous(), ctx.inverse, ctx.backend)
         return slots.view(-1, ctx.k, slots.shape[1]).sum(dim=1), None, None, None, None
 
 

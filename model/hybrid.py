@@ -17,7 +17,7 @@ from torch.utils.checkpoint import checkpoint
 
 from config import RECOMPUTE, ModelConfig
 
-from .attention import KeySegments, chunk_segments, kernel_inputs, sparse_kind, varlen_attention
+from .attention import KeySegments, chunked_key_inputs, kernel_inputs, sparse_kind, varlen_attention
 from .layers import MoE, Reduce, RMSNorm, Rotary
 
 IGNORE = -100
@@ -82,9 +82,8 @@ class Site:
     def __init__(self, cu: np.ndarray, kind: str, params: dict | None, device, keys: KeySegments | None = None):
         longest = int(np.diff(cu).max()) if len(cu) > 1 else 0
         if keys is not None and kind != "full" and sparse_kind(kind).split_chunks is not None and sparse_kind(kind).fn is None:
-            cq, ck, qs, ks = chunk_segments(cu, keys.cu.cpu().numpy(), keys.q_start, keys.k_start, sparse_kind(kind).split_chunks(params))
-            keys = KeySegments(torch.as_tensor(ck, dtype=torch.int32, device=device), int(np.diff(ck).max(initial=0)), qs, ks)
-            cu, longest, kind = cq, int(np.diff(cq).max(initial=0)), "full"
+            cu, longest, keys = chunked_key_inputs(cu, keys, sparse_kind(kind).split_chunks(params), device)
+            kind = "full"
         elif keys is None:
             cu, longest, kind = kernel_inputs(cu, longest, kind, params)
         self.max_len, self.kind, self.keys = longest, kind, keys

@@ -186,7 +186,7 @@ def test_triton_halo_packing_bit_exact_with_reference():
     """The halo exchange's packing (model.distributed.halo_rank_args: the rows each later rank
     reaches back to, then every chunk's keys gathered halo first) through Triton (interpreted) and
     torch, on every rank of halo children of two samples across nodes, window and chunked."""
-    from kernels.exchange import _rows_of
+    from kernels.permute import gather_rows
     from model.distributed import halo_rank_args
     from model.experts import permute_rows
     from solver import Group, TokenLayout
@@ -201,7 +201,7 @@ def test_triton_halo_packing_bit_exact_with_reference():
             args, rows, inverse, keys = halo_rank_args(layout, halo, rank, sparse_cost(kind).first_key, params)
             kv = torch.randn(args.n_in, 6, 7, generator=g, dtype=torch.float64)
             for _, r in args.sends:
-                assert torch.equal(_rows_of(kv, r, "triton"), _rows_of(kv, r, "torch"))
+                assert torch.equal(gather_rows(kv, r, "triton"), gather_rows(kv, r, "torch"))
             ext = torch.cat([torch.randn(args.n_recv, 6, 7, generator=g, dtype=torch.float64), kv])
             got, want = permute_rows(ext, rows, inverse, "triton"), permute_rows(ext, rows, inverse, "torch")
             assert not torch.isnan(got).any() and torch.equal(got, want) and torch.equal(want, ext[rows])
