@@ -31,6 +31,7 @@ from experiments.calibrate.measure import STEP_SAMPLE_TOKENS, calibrate, report
 from experiments.common import options
 from experiments.common.errors import USER_ERRORS
 from experiments.common.files import check_output_dir
+from experiments.common.ranks import end_rank, leave, start_rank
 from experiments.common.settings import MODEL_CHOICES
 from model.attention import BACKENDS
 
@@ -87,6 +88,7 @@ def main(argv=None):
     if cuda:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     timeout = datetime.timedelta(seconds=c.timeout)
+    start_rank()
     dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=s.cluster.world_size, timeout=timeout)
     try:
         profile = calibrate(
@@ -101,15 +103,16 @@ def main(argv=None):
         )
     except Exception as e:  # noqa: BLE001 - every failure ends the job with its rank and reason
         print(f"[rank {rank}] failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
-        os._exit(1)
+        leave(1)
     if rank == 0:
         path = os.path.join(c.out, "profile.json")
         with open(path, "w") as f:
             json.dump(profile, f, indent=1)
         print(report(profile))
         print(f"wrote {path}")
-    dist.destroy_process_group()
+    end_rank()
 
 
 if __name__ == "__main__":
     main()
+    leave()

@@ -39,6 +39,7 @@ from config.base import NON_NEGATIVE_INT, POSITIVE_INT, Section, optional, setti
 from config.cli import Command, Derived
 from experiments.common import options
 from experiments.common.errors import USER_ERRORS
+from experiments.common.ranks import end_rank, leave, start_rank
 from experiments.common.settings import MODEL_CHOICES
 from experiments.train.driver import DTYPES, check_options, stuck_ranks, train
 from kernels.permute import PACK_BACKENDS
@@ -121,6 +122,7 @@ def main(argv=None):
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", "29512")
     timeout = datetime.timedelta(seconds=settings.train.timeout)
+    start_rank()
     dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world, timeout=timeout)
     try:
         train(settings, rank, torch.device(f"cuda:{local}" if cuda else "cpu"))
@@ -128,10 +130,10 @@ def main(argv=None):
         timed_out = isinstance(e, dist.DistBackendError) or "timed out" in str(e).lower() or "timeout" in str(e).lower()
         note = f" {stuck_ranks(rank, world)}" if timed_out else ""
         print(f"[rank {rank}] failed: {type(e).__name__}: {_first_line(e)}{note}", file=sys.stderr, flush=True)
-        sys.stderr.flush()
-        os._exit(1)
-    dist.destroy_process_group()
+        leave(1)
+    end_rank()
 
 
 if __name__ == "__main__":
     main()
+    leave()

@@ -1,0 +1,44 @@
+"""How a rank of a launched job (torchrun, one process per rank) ends: once its work is done, and
+once it has failed.
+
+A finished rank meets the others, destroys its process groups while the interpreter is whole,
+then leaves at once with `os._exit`, skipping the interpreter's teardown. That teardown is where
+a gloo rank aborted (SIGABRT, "terminate called without an active exception") after a run whose
+results were all written: a communication thread still holding a tensor with a Python object
+asks for the GIL while the interpreter finalizes, the thread is unwound, and the C++ runtime
+terminates the process. Forked ranks (`torch.multiprocessing`) already leave this way: a forked
+child ends in `os._exit`. `faulthandler` prints every thread's Python stack if a rank aborts
+anyway, so the job's log says where it was.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import gc
+import os
+import sys
+from typing import NoReturn
+
+import torch.distributed as dist
+
+
+def start_rank() -> None:
+    """Before any work: a rank killed by a fatal signal (SIGABRT, SIGSEGV) prints where every
+    thread was."""
+    faulthandler.enable(all_threads=True)
+
+
+def end_rank() -> None:
+    """A rank whose work is done: every rank arrives here (a barrier on the default group, bounded
+    by its timeout), the work objects no longer referenced are freed, then the process groups are
+    destroyed. Call `leave` after it, outside any in-process caller."""
+    dist.barrier()
+    gc.collect()
+    dist.destroy_process_group()
+
+
+def leave(code: int = 0) -> NoReturn:
+    """End the process now with `code`, its output flushed, without the interpreter's teardown."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
