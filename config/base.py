@@ -62,6 +62,14 @@ def one_of(choices) -> Check:
     return Check(f"one of {list(choices)}", lambda v: v in choices)
 
 
+def list_from(choices) -> Check:
+    """A comma-separated list of one or more of `choices`."""
+    choices = tuple(choices)
+    return Check(
+        f"a comma-separated list from {list(choices)}", lambda v: isinstance(v, str) and bool(v) and set(v.split(",")) <= set(choices)
+    )
+
+
 def optional(check: Check) -> Check:
     """None (the setting's default follows another setting, as its doc says) or a value `check` passes."""
     return Check(f"{check.requirement}, or unset", lambda v: v is None or check.ok(v))

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from tqdm import tqdm
 
 from config import PRICINGS, RATIO_READINGS
-from config.base import POSITIVE_INT, Check, Section, setting
+from config.base import POSITIVE_INT, Section, list_from, setting
 from config.cli import Command, Settings
 from experiments.ablation.run import SECTIONS, run_ablation
 from experiments.common import options
@@ -50,7 +50,7 @@ class SweepOptions(Section):
     factors: str = setting(
         ",".join(FACTORS),
         f"the factors to sweep, comma-separated, from {list(FACTORS)}",
-        Check(f"a comma-separated list from {list(FACTORS)}", lambda v: bool(v) and set(v.split(",")) <= set(FACTORS)),
+        list_from(FACTORS),
     )
     seeds: int = setting(3, "workload seeds, from --seed on (a mean without its range over seeds is not a result)", POSITIVE_INT)
     out: str = options.out("results/sweep")

@@ -12,7 +12,7 @@ import sys
 from dataclasses import dataclass
 
 from config import Cluster, CostsConfig, HardwareConfig, ModelConfig
-from config.base import Check, Section, number_in, setting
+from config.base import Section, list_from, number_in, setting
 from config.cli import Command
 from experiments.common.errors import USER_ERRORS
 from experiments.train.memory import GIB, estimate
@@ -28,9 +28,7 @@ class MemoryOptions(Section):
     models: str = setting(
         "small,paper",
         "model presets to tabulate, comma-separated",
-        Check(
-            f"a comma-separated list from {list(ModelConfig.PRESETS)}", lambda v: bool(v) and set(v.split(",")) <= set(ModelConfig.PRESETS)
-        ),
+        list_from(ModelConfig.PRESETS),
     )
     gpu_gib: float = setting(80.0, "memory of one GPU in GiB, for the fits columns", number_in(0, 1e6, lo_open=True))
 

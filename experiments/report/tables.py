@@ -289,8 +289,13 @@ def solver_joint(path: str) -> tuple[str, list[dict]]:
 
 def host_bench(path: str) -> tuple[str, list[dict]]:
     rows = csv_rows(path)
-    out = [[r["ranks"], f"SP{r['widest_parent']}", f"{float(r['median_ms']):.1f}", f"{float(r['worst_ms']):.1f}"] for r in rows]
-    return table(["ranks", "widest parent", "median ms", "worst rank ms"], out), [csv_provenance(rows, path)]
+    out = [
+        [r["ranks"], r["mode"], f"SP{r['widest_parent']}", f"{r['halo_ranks']} of {r['timed_ranks']}"]
+        + [f"{float(r['median_ms']):.1f}", f"{float(r['worst_ms']):.1f}"]
+        for r in rows
+    ]
+    head = ["ranks", "mode", "widest parent", "timed ranks in halo children", "median ms", "worst rank ms"]
+    return table(head, out), [csv_provenance(rows, path)]
 
 
 def groups_bench(*paths: str) -> tuple[str, list[dict]]:
