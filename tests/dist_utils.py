@@ -51,8 +51,12 @@ def torchrun(nproc: int, *args, timeout=240):
     return subprocess.run(torchrun_cmd(nproc, *args), cwd=ROOT, capture_output=True, text=True, timeout=timeout)
 
 
+def single_rank_cmd(*args) -> list[str]:
+    """The driver as one process (no launcher: world 1), the tiny model, collectives bounded by 60 s."""
+    return [sys.executable, "-m", "experiments.train", "--model", "tiny", "--timeout", "60", *args]
+
+
 def single_rank(*args, timeout=120):
-    """The driver as one process (no launcher: world 1), for checks that fail before step 1 or need
-    no second rank: seconds, where torchrun's start takes several."""
-    cmd = [sys.executable, "-m", "experiments.train", "--model", "tiny", "--timeout", "60", *args]
-    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    """single_rank_cmd run to its end, for checks that fail before step 1 or need no second rank:
+    seconds, where torchrun's start takes several."""
+    return subprocess.run(single_rank_cmd(*args), cwd=ROOT, capture_output=True, text=True, timeout=timeout)

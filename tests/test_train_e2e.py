@@ -1,6 +1,7 @@
 """The training driver end to end under torchrun: gloo ranks in emulated nodes, tiny model."""
 
 import os
+import subprocess
 
 import numpy as np
 import pytest
@@ -9,7 +10,7 @@ from config import MODES
 from experiments.common.errors import InputError
 from experiments.common.results import read_run
 from experiments.train.data import TokenFileSource, load_offsets
-from tests.dist_utils import single_rank, torchrun
+from tests.dist_utils import ROOT, single_rank, single_rank_cmd, torchrun
 from tests.test_gpu import BF16_LOSS_RTOL
 
 
@@ -92,6 +93,19 @@ def test_a_sample_too_long_for_the_cluster_fails_before_step_1_with_its_reason(t
     assert "failed: PlanError: step 1: a sample of 100000 tokens needs SP4096 at tokens_per_rank=32" in p.stderr
     assert "use tokens_per_rank >= 100000" in p.stderr and "--tokens-per-rank" in p.stderr
     assert " loss " not in p.stdout, "no step may run"
+
+
+@pytest.mark.slow
+def test_plain_single_rank_runs_side_by_side_all_finish(tmp_path):
+    """A plain `python -m experiments.train` (no launcher) takes no network port: three at once on
+    one machine (as a notebook, a sweep script or two users start them) all train their step and
+    write their results, none refused an address another holds."""
+    cmds = [single_rank_cmd("--steps", "1", "--out", str(tmp_path / f"o{k}")) for k in range(3)]
+    procs = [subprocess.Popen(c, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for c in cmds]
+    outs = [p.communicate(timeout=120) for p in procs]
+    for k, (p, (_, err)) in enumerate(zip(procs, outs)):
+        assert p.returncode == 0, err[-2000:]
+        assert sorted(losses(tmp_path / f"o{k}")) == [0]
 
 
 def test_corrupt_token_files_are_clear_errors(tmp_path):

@@ -15,14 +15,12 @@ device, world, commit and date.
 
 from __future__ import annotations
 
-import datetime
 import json
 import os
 import sys
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 
 from config import Cluster, ModelConfig
 from config.base import POSITIVE_INT, Section, int_at_least, number_in, optional, setting
@@ -82,14 +80,10 @@ def main(argv=None):
             print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     c = s.calibrate
-    if "MASTER_ADDR" not in os.environ:
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29513")
     cuda = torch.cuda.is_available()
     if cuda:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-    timeout = datetime.timedelta(seconds=c.timeout)
-    start_rank()
-    dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=s.cluster.world_size, timeout=timeout)
+    start_rank(rank, s.cluster.world_size, c.timeout)
     try:
         profile = calibrate(
             s.model,

@@ -1,5 +1,5 @@
-"""How a rank of a launched job (torchrun, one process per rank) ends: once its work is done, and
-once it has failed.
+"""How a rank of a job (torchrun, one process per rank; or a plain `python -m`, one rank) joins
+its process group, and how it ends: once its work is done, and once it has failed.
 
 A finished rank meets the others, destroys its process groups while the interpreter is whole,
 then leaves at once with `os._exit`, skipping the interpreter's teardown. That teardown is where
@@ -13,19 +13,29 @@ anyway, so the job's log says where it was.
 
 from __future__ import annotations
 
+import datetime
 import faulthandler
 import gc
 import os
 import sys
 from typing import NoReturn
 
+import torch
 import torch.distributed as dist
 
 
-def start_rank() -> None:
-    """Before any work: a rank killed by a fatal signal (SIGABRT, SIGSEGV) prints where every
-    thread was."""
+def start_rank(rank: int, world: int, timeout: float) -> None:
+    """Join the job's process group (NCCL on CUDA, gloo elsewhere), every collective bounded by
+    `timeout` seconds. Under a launcher (MASTER_ADDR set) at its rendezvous; a plain run of one
+    rank in a store of its own, so it takes no port and any number run side by side. A rank
+    killed by a fatal signal (SIGABRT, SIGSEGV) prints where every thread was."""
     faulthandler.enable(all_threads=True)
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    bound = datetime.timedelta(seconds=timeout)
+    if "MASTER_ADDR" not in os.environ and world == 1:
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=bound)
+    else:
+        dist.init_process_group(backend, rank=rank, world_size=world, timeout=bound)
 
 
 def end_rank() -> None:

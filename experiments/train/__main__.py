@@ -16,7 +16,6 @@ launcher's (WORLD_SIZE), and a node's ranks are LOCAL_WORLD_SIZE unless --gpus-p
 
 from __future__ import annotations
 
-import datetime
 import os
 import sys
 from dataclasses import dataclass
@@ -118,12 +117,7 @@ def main(argv=None):
     cuda = torch.cuda.is_available()
     if cuda:
         torch.cuda.set_device(local)
-    if "MASTER_ADDR" not in os.environ:  # a plain `python -m experiments.train`: one rank
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", "29512")
-    timeout = datetime.timedelta(seconds=settings.train.timeout)
-    start_rank()
-    dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world, timeout=timeout)
+    start_rank(rank, world, settings.train.timeout)
     try:
         train(settings, rank, torch.device(f"cuda:{local}" if cuda else "cpu"))
     except Exception as e:  # noqa: BLE001 - every failure ends the job with its rank and reason
