@@ -81,6 +81,11 @@ class HardwareConfig(Section):
         0.0, "seconds a call whose group spans nodes adds to a2a_latency (the network's round trip)", number_in(0, 60),
         source="no sourced GPU figure: 0 unless measured (experiments.calibrate fits it)",
     )  # fmt: skip
+    halo_latency: float = setting(
+        None, "seconds one halo exchange call costs whatever its bytes (a layer's point-to-point key/value sends and receives; "
+        "a call across nodes adds a2a_inter_latency; unset: a2a_latency's)", optional(number_in(0, 60)), kind=float,
+        source="no sourced GPU figure apart from an all-to-all's: a2a_latency's unless measured (experiments.calibrate fits it)",
+    )  # fmt: skip
     experts_intra_bw: float = setting(
         None, "effective bytes/s per GPU of the experts' all-to-all inside a node (unset: intra_node_bw's)",
         optional(number_in(0, 1e15, lo_open=True)), kind=float,
@@ -110,6 +115,11 @@ class HardwareConfig(Section):
     @property
     def inter_node_bw(self) -> float:
         return self.intra_node_bw / self.inter_intra_ratio
+
+    @property
+    def halo_call_latency(self) -> float:
+        """Seconds of one halo exchange call inside a node (halo_latency, or a2a_latency's)."""
+        return self.a2a_latency if self.halo_latency is None else self.halo_latency
 
     @property
     def experts_rates(self) -> tuple[float, float]:

@@ -476,12 +476,12 @@ class CostModel:
         """Seconds of one sparse layer's key/value halo exchange for a rank that receives `rows`
         rows (and sends as many), every pass (forward, its gradients back in backward, forward
         again under full recompute): point-to-point, each byte at its link's rate (`across`: the
-        neighbour is on another node), a call's latency each pass (and what crossing adds)."""
+        neighbour is on another node), a halo call's latency each pass (and what crossing adds)."""
         if rows <= 0:
             return 0.0
         hw = self.hw
         bw = hw.inter_node_bw if across else hw.intra_node_bw
-        call = hw.a2a_latency + (hw.a2a_inter_latency if across else 0.0) + rows * self.kv_row_bytes() / bw
+        call = hw.halo_call_latency + (hw.a2a_inter_latency if across else 0.0) + rows * self.kv_row_bytes() / bw
         return self.exchange_passes * call
 
     def halo_line(self, parent_size: int, rows: float, across: bool) -> tuple[float, float]:

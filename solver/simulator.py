@@ -166,16 +166,16 @@ def _exchange(cost: CostModel, layout: _Layout, send_rows: np.ndarray, recv_rows
     recv_inter = (recv_rows - node_rows) * per_peer
     spans = size > same  # a call across nodes pays the network's round trip
     group_rate = spans if cost.hw.ratio_reading == "group" else None  # a group across nodes: all its bytes at the cross-node rate
-    return _priced(cost, send_intra, send_inter, recv_intra, recv_inter, size > 1, spans, group_rate)
+    return _priced(cost, send_intra, send_inter, recv_intra, recv_inter, size > 1, spans, group_rate, cost.hw.a2a_latency)
 
 
-def _priced(cost: CostModel, send_intra, send_inter, recv_intra, recv_inter, calls, across, group_rate):
+def _priced(cost: CostModel, send_intra, send_inter, recv_intra, recv_inter, calls, across, group_rate, call_latency: float):
     """Per-rank (intra seconds, inter seconds, intra bytes sent, inter bytes sent) of one exchange
-    from each rank's bytes by tier: calls[r], r pays a call's latency; across[r], what crossing
+    from each rank's bytes by tier: calls[r], r pays `call_latency`; across[r], what crossing
     nodes adds; group_rate[r] (or None), all r's bytes at the cross-node rate. Otherwise each
     tier's bytes at its rate, the larger of what a rank sends and receives."""
     hw = cost.hw
-    latency = np.where(calls, hw.a2a_latency, 0.0)
+    latency = np.where(calls, call_latency, 0.0)
     extra = np.where(across, hw.a2a_inter_latency, 0.0)
     intra_s = np.maximum(send_intra, recv_intra) / hw.intra_node_bw + latency
     inter_s = np.maximum(send_inter, recv_inter) / hw.inter_node_bw + extra
@@ -186,10 +186,12 @@ def _priced(cost: CostModel, send_intra, send_inter, recv_intra, recv_inter, cal
     return intra_s, inter_s, send_intra, send_inter
 
 
-def _pairs_exchange(cost: CostModel, pairs: dict, world: int, g: int, callers: np.ndarray, group_rate: np.ndarray | None):
+def _pairs_exchange(
+    cost: CostModel, pairs: dict, world: int, g: int, callers: np.ndarray, group_rate: np.ndarray | None, call_latency: float
+):
     """Per-rank (intra seconds, inter seconds, intra bytes sent, inter bytes sent) of one exchange
     given by its bytes per (source, destination): a redistribution's all-to-all or a halo's
-    point-to-point sends. callers[r]: rank r takes part (pays a call's latency, and what crossing
+    point-to-point sends. callers[r]: rank r takes part (pays `call_latency`, and what crossing
     nodes adds when any of its peers is on another node); group_rate[r] (an all-to-all's group
     spans nodes under the group reading): all r's bytes at the cross-node rate. Otherwise each
     byte goes at its link's rate, the tiers one after the other."""
@@ -200,12 +202,13 @@ def _pairs_exchange(cost: CostModel, pairs: dict, world: int, g: int, callers: n
         send[src, tier] += b
         recv[dst, tier] += b
     across = callers & ((send[:, 1] + recv[:, 1]) > 0)
-    return _priced(cost, send[:, 0], send[:, 1], recv[:, 0], recv[:, 1], callers, across, group_rate)
+    return _priced(cost, send[:, 0], send[:, 1], recv[:, 0], recv[:, 1], callers, across, group_rate, call_latency)
 
 
 def halo_exchange(plan: StepPlan, cost: CostModel):
     """One sparse layer's key/value halo exchange (forward) of every halo child of `plan`, as
-    _pairs_exchange; None when the plan has none. Point-to-point: each byte at its link's rate."""
+    _pairs_exchange; None when the plan has none. Point-to-point: each byte at its link's rate, a
+    halo call's latency (HardwareConfig.halo_call_latency) per rank that takes part."""
     halos = [c for p in plan.parents for c in p.children if c.halo and c.size > 1]
     if not halos:
         return None
@@ -218,7 +221,7 @@ def halo_exchange(plan: StepPlan, cost: CostModel):
         callers[c.start : c.stop] = True
         for key, rows in halo_pair_rows(plan.child_layout, c, first_key, cost.model.sparse_params).items():
             pairs[key] = pairs.get(key, 0.0) + rows * row
-    return _pairs_exchange(cost, pairs, world, g, callers, None)
+    return _pairs_exchange(cost, pairs, world, g, callers, None, cost.hw.halo_call_latency)
 
 
 def redistributions(plan: StepPlan, cost: CostModel):
@@ -242,7 +245,8 @@ def redistributions(plan: StepPlan, cost: CostModel):
                 pairs[key] = pairs.get(key, 0.0) + rows * row
     reading = spans if cost.hw.ratio_reading == "group" else None
     back = {(dst, src): b for (src, dst), b in pairs.items()}
-    return _pairs_exchange(cost, pairs, world, g, callers, reading), _pairs_exchange(cost, back, world, g, callers, reading)
+    lat = cost.hw.a2a_latency  # an all-to-all's call
+    return _pairs_exchange(cost, pairs, world, g, callers, reading, lat), _pairs_exchange(cost, back, world, g, callers, reading, lat)
 
 
 def lower_bound(plan: StepPlan, cost: CostModel) -> float:

@@ -36,12 +36,13 @@ def test_a_quick_calibration_writes_a_profile_the_planners_accept(tmp_path, caps
         assert math.isfinite(hw.to_dict()[key]) and hw.to_dict()[key] > 0, key
     # each fixed cost: the larger of the isolated measurement's and the fit to the runtime's step
     m, net = profile["measurements"], profile["fits"]["all_to_all"]
-    assert m["runtime_step_sizes"] == {"own": 1, "node": 2, "wide": 4} and m["runtime_step_tokens"] == 4
+    assert m["runtime_step_sizes"] == {"own": 1, "node": 2, "wide": 4, "halo": 2} and m["runtime_step_tokens"] == 4
     assert all(t > 0 for t in m["runtime_step_s"].values())
     step = m["from_runtime_step"]
     assert hw.layer_overhead == pytest.approx(max(m["layer_1_token_s"] / 3, step["layer_overhead"]))
     assert hw.a2a_latency == pytest.approx(max(net["intra"]["a2a_latency"], step["a2a_latency"]))
     assert hw.a2a_inter_latency == pytest.approx(max(net["inter"][net["reading"]]["a2a_inter_latency"], step["a2a_inter_latency"]))
+    assert hw.halo_latency == pytest.approx(step["halo_latency"])  # no lone halo call to floor it: the halo step's fit
     # the experts' all-to-all, measured like the exchanges, inside and across the emulated nodes, and
     # the share of it hidden behind compute from the runtime's EP2 step and its timers
     assert {(r["group_size"], r["spans_nodes"]) for r in m["experts_all_to_all"]} == {(2, False), (4, True)}
@@ -97,20 +98,30 @@ def test_a_slow_large_transfer_barely_moves_the_fitted_latencies():
 
 
 @pytest.mark.parametrize(
-    "field, size, tokens", [("layer_overhead", 1, 2), ("a2a_latency", 2, 2), ("a2a_inter_latency", 8, 2), ("a2a_latency", 2, 48)]
+    "field, size, tokens, halo",
+    [
+        ("layer_overhead", 1, 2, False),
+        ("a2a_latency", 2, 2, False),
+        ("a2a_inter_latency", 8, 2, False),
+        ("a2a_latency", 2, 48, False),
+        ("halo_latency", 2, 2, True),
+        ("halo_latency", 2, 48, True),
+    ],
 )
-def test_the_fixed_cost_fits_recover_what_a_step_was_priced_with(field, size, tokens):
+def test_the_fixed_cost_fits_recover_what_a_step_was_priced_with(field, size, tokens, halo):
     """A runtime step priced by the simulator with a known fixed cost (a layer's per pass on ranks
     alone, a call's latency on groups of a node, what crossing nodes adds on groups of 8 over 4
-    nodes; on 2 or 48 tokens per rank) fits back to it from a profile that had another, and a step faster than the price
-    without it fits to none; a plan that does not pay it cannot fit it."""
+    nodes, a halo call's latency on groups of a node whose sparse layers run by halo exchange; on
+    2 or 48 tokens per rank) fits back to it from a profile that had another, and a step faster
+    than the price without it fits to none; a plan that does not pay it cannot fit it (ranks
+    alone pay no call; groups without halo children no halo call)."""
     cfg, known = ModelConfig.from_name("tiny"), 3.7e-3
-    hw = HardwareConfig(collective_latency=2e-3, layer_overhead=1e-3, a2a_latency=5e-4, a2a_inter_latency=2e-4)
+    hw = HardwareConfig(collective_latency=2e-3, layer_overhead=1e-3, a2a_latency=5e-4, a2a_inter_latency=2e-4, halo_latency=1e-4)
     costs = CostsConfig(recompute="full", moe_all_to_all=False, optimizer=False)
     priced = CostModel(cfg, hw.replace(**{field: known}), costs=costs)
-    step = simulate(runtime_step_plan(8, 2, size, tokens), priced).step_time
-    assert fit_fixed_cost(step, cfg, hw, 8, 2, field, size, tokens) == pytest.approx(known, rel=1e-9)
-    assert fit_fixed_cost(1e-9, cfg, hw, 8, 2, field, size, tokens) == 0.0
+    step = simulate(runtime_step_plan(8, 2, size, tokens, halo), priced).step_time
+    assert fit_fixed_cost(step, cfg, hw, 8, 2, field, size, tokens, halo) == pytest.approx(known, rel=1e-9)
+    assert fit_fixed_cost(1e-9, cfg, hw, 8, 2, field, size, tokens, halo) == 0.0
     if size > 1:
         with pytest.raises(ValueError, match=f"does not pay {field}"):
             fit_fixed_cost(step, cfg, hw, 8, 2, field, 1 if field == "a2a_latency" else 2)

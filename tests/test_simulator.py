@@ -277,6 +277,43 @@ def test_a_call_across_nodes_pays_the_inter_latency_and_a_node_local_one_does_no
     assert wide.exchange_line(8) == local.exchange_line(8)
 
 
+def halo_plan(spans: bool) -> StepPlan:
+    """One parent holding one sample, its sparse layers by halo exchange on its own layout: 8 ranks
+    over two nodes of 4 (`spans`) or 4 ranks inside one node (and 4 idle)."""
+    cluster = Cluster(8, 4, 32768)
+    size = 8 if spans else 4
+    parent = Group(0, size, (0,))
+    idle = () if spans else (ParentPlan(Group(4, 4, ()), (Group(4, 4, ()),), NODE_LOCAL),)
+    pp = ParentPlan(parent, (Group(0, size, (0,), halo=True),), "halo attention on its own layout")
+    return StepPlan(cluster, ((0, 20_000 * size),), (pp, *idle), "parent+halo").validate()
+
+
+@pytest.mark.parametrize("spans", [False, True])
+def test_a_halo_call_pays_the_halo_latency_and_the_all_to_alls_do_not(spans):
+    """halo_latency: every rank of a halo child pays it once per sparse layer and pass (forward,
+    recompute, backward: its halo exchange is one point-to-point call), in place of a2a_latency
+    (the sparse sites' column, a mean over ranks, moves by the callers' share); the full layers'
+    all-to-alls keep a2a_latency, and what crossing nodes adds is the same for both. Unset, a
+    halo call costs a2a_latency (the step is priced exactly as with it set so); the solvers' halo
+    line moves by the same amount per layer."""
+    plan, base = halo_plan(spans), PAPER.hw.replace(a2a_latency=2e-4, a2a_inter_latency=1e-4)
+    unset = simulate(plan, CostModel(PAPER.model, base, costs=PAPER.costs))
+    same = simulate(plan, CostModel(PAPER.model, base.replace(halo_latency=2e-4), costs=PAPER.costs))
+    assert same.step_time == unset.step_time and same.sparse_exchange == unset.sparse_exchange
+    delta = 3e-4
+    dearer = CostModel(PAPER.model, base.replace(halo_latency=2e-4 + delta), costs=PAPER.costs)
+    got = simulate(plan, dearer)
+    halo_calls = PAPER.model.n_sparse * PAPER.exchange_passes
+    assert got.step_time - unset.step_time == pytest.approx(halo_calls * delta, rel=1e-9)
+    share = 1.0 if spans else 0.5  # the column is a mean over ranks: half of them idle inside one node
+    assert got.sparse_exchange - unset.sparse_exchange == pytest.approx(share * halo_calls * delta, rel=1e-9)
+    assert got.full_exchange == unset.full_exchange
+    cheap = CostModel(PAPER.model, base, costs=PAPER.costs).for_cluster(plan.cluster)
+    assert dearer.for_cluster(plan.cluster).halo_layer_time(100.0, spans) - cheap.halo_layer_time(100.0, spans) == pytest.approx(
+        PAPER.exchange_passes * delta, rel=1e-9
+    )
+
+
 def test_a_wide_parent_left_empty_has_no_anchor():
     """A parent solver may leave a group across nodes without samples (53 and 19 tokens on 8 ranks
     of 32: the long one on SP2, ranks 0-3 idle); the anchor load is then the non-empty wide

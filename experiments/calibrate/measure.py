@@ -12,13 +12,15 @@ once as in a training step, it measures:
 4. the device's matmul peak (a large square product) and memory bandwidth (a large copy);
 5. fixed costs: a whole layer forward and backward on one token, one small all-reduce of the
    world (what the gradient sync's and the router's collectives pay whatever their size), and
-   the driver's whole step (FSDP2, full recompute) on 2 tokens per rank (--step-tokens) in three plans: every
-   rank alone, groups of a node's ranks, groups across nodes (the widest the heads allow). In
-   that order each plan fits one fixed cost, the value that makes the simulator's price of the
-   step equal its measured time: the layer's per pass, an all-to-all call's latency, what a call
-   across nodes adds. Each is kept where it is above the isolated measurement's (the sharding
-   and recompute hooks, and the collectives and scheduling around a call in a step, are fixed
-   costs a bare layer and a lone all-to-all leave out).
+   the driver's whole step (FSDP2, full recompute) on 2 tokens per rank (--step-tokens) in four plans: every
+   rank alone, groups of a node's ranks, groups across nodes (the widest the heads allow), and
+   groups of a node's ranks whose sparse layers run by halo exchange. In that order each plan
+   fits one fixed cost, the value that makes the simulator's price of the step equal its
+   measured time: the layer's per pass, an all-to-all call's latency, what a call across nodes
+   adds, a halo call's latency. Each is kept where it is above the isolated measurement's (the
+   sharding and recompute hooks, and the collectives and scheduling around a call in a step, are
+   fixed costs a bare layer and a lone all-to-all leave out); the halo call's, which has no
+   isolated measurement, as fitted.
 Each time is the slowest rank's, the median over repeats. It fits the cost model's hardware
 parameters: intra_node_bw and a2a_latency from the groups inside a node; the inter-node rate
 and the latency a call across nodes adds (a2a_inter_latency) under both readings of the ratio
@@ -47,7 +49,7 @@ from kernels.exchange import ExchangeGroups
 from model import HybridMoE, varlen_attention
 from model.attention import resolve_backend
 from solver import CostModel
-from solver.cost import FLOPS_PER_MAC, FWD_BWD_COMPUTE, attention_flops, causal_keys
+from solver.cost import FLOPS_PER_MAC, FWD_BWD_COMPUTE, attention_flops, causal_keys, sparse_cost
 
 # what is measured: bytes per peer of the all-to-alls, median-of runs, sample lengths of attention, tokens of the token-wise work
 QUICK = {"bytes": [1 << 10, 1 << 16, 1 << 20], "median_of": 3, "lengths": [32, 64, 128], "tokens": 64}
@@ -288,21 +290,26 @@ STEP_SAMPLE_TOKENS = 2
 EXPERTS_STEP_TOKENS = 32
 
 
-def runtime_step_plan(world: int, node: int, size: int = 1, tokens: int = STEP_SAMPLE_TOKENS):
+def runtime_step_plan(world: int, node: int, size: int = 1, tokens: int = STEP_SAMPLE_TOKENS, halo: bool = False):
     """The plan measure_runtime_steps runs: aligned groups of `size` ranks, each holding one sample of
     `tokens` tokens per rank. Size 1 exchanges nothing; groups of a node's ranks exchange inside
-    nodes only; wider groups across nodes."""
+    nodes only; wider groups across nodes. `halo`: each group's sparse layers run on its own token
+    layout by halo exchange (a parent+halo plan): the full layers' all-to-alls, the sparse layers'
+    point-to-point calls."""
     from solver import Group, StepPlan  # noqa: PLC0415
     from solver.plan import NODE_LOCAL, ParentPlan  # noqa: PLC0415
 
     if size < 1 or world % size:
         raise ValueError(f"runtime step groups of {size} ranks do not tile {world} ranks: use a power of two dividing it")
+    if halo and size == 1:
+        raise ValueError("a runtime halo step needs groups of 2 ranks or more: a rank alone exchanges nothing")
     reason = NODE_LOCAL if size <= node else "one group across nodes: what its exchanges cost in a step"
     groups = [Group(k * size, size, (k,)) for k in range(world // size)]
     if tokens < 2:
         raise SettingError(f"--step-tokens={tokens} is invalid: it must be 2 or more (a sample needs a label)")
     lengths = tuple((k, tokens * size) for k in range(world // size))
-    return StepPlan(Cluster(world, node, tokens), lengths, tuple(ParentPlan(g, (g,), reason) for g in groups), "baseline").validate()
+    parents = tuple(ParentPlan(g, (Group(g.start, g.size, g.samples, halo=halo),), reason) for g in groups)
+    return StepPlan(Cluster(world, node, tokens), lengths, parents, "parent+halo" if halo else "baseline").validate()
 
 
 def measure_runtime_steps(
@@ -317,9 +324,9 @@ def measure_runtime_steps(
 ) -> dict[str, float]:
     """Seconds of the driver's whole step (model.distributed.run_step: FSDP2 over every rank, full
     recompute, the router's statistics summed over the world) on runtime_step_plan(size, tokens)
-    for each named size, one sharded model for all: next to no work, so what a step takes is the
-    runtime's fixed costs as the step pays them (layers, sharding and recompute hooks,
-    collectives, and with size > 1 the exchanges' calls)."""
+    for each named size (a name in HALO_STEPS: its halo plan), one sharded model for all: next to
+    no work, so what a step takes is the runtime's fixed costs as the step pays them (layers,
+    sharding and recompute hooks, collectives, and with size > 1 the exchanges' calls)."""
     from model.distributed import run_step  # noqa: PLC0415
     from model.sharding import shard_model  # noqa: PLC0415
 
@@ -330,7 +337,7 @@ def measure_runtime_steps(
         shard_model(model, device)
     out = {}
     for name, size in sizes.items():
-        plan = runtime_step_plan(world, node, size, tokens)
+        plan = runtime_step_plan(world, node, size, tokens, name in HALO_STEPS)
         gen = np.random.default_rng(0)
         batch = {k: gen.integers(0, cfg.vocab, n) for k, n in plan.lengths}
 
@@ -342,21 +349,31 @@ def measure_runtime_steps(
     return out
 
 
-# what each runtime step's time is fitted to (fit_fixed_cost), in order: each fit keeps the ones before
-STEP_FITS = (("layer_overhead", "own"), ("a2a_latency", "node"), ("a2a_inter_latency", "wide"))
+# what each runtime step's time is fitted to (fit_fixed_cost), in order: each fit keeps the ones
+# before (the halo step's full layers pay the all-to-all latency the node step fitted)
+STEP_FITS = (("layer_overhead", "own"), ("a2a_latency", "node"), ("a2a_inter_latency", "wide"), ("halo_latency", "halo"))
+HALO_STEPS = frozenset({"halo"})  # the runtime steps whose plan is a halo plan
 
 
 def fit_fixed_cost(
-    step_s: float, cfg: ModelConfig, hw: HardwareConfig, world: int, node: int, field: str, size: int = 1, tokens: int = STEP_SAMPLE_TOKENS
+    step_s: float,
+    cfg: ModelConfig,
+    hw: HardwareConfig,
+    world: int,
+    node: int,
+    field: str,
+    size: int = 1,
+    tokens: int = STEP_SAMPLE_TOKENS,
+    halo: bool = False,
 ) -> float:
     """The value of the hardware setting `field` (a fixed cost the simulator charges linearly: a
-    layer's seconds per pass, an all-to-all call's latency) that makes the simulator's price of
-    the runtime step on runtime_step_plan(size, tokens) (as measure_runtime_steps runs it: full recompute,
-    no optimizer, no experts' all-to-all) equal `step_s`: the price with it at 0, the rest over
-    what one second of it adds. 0 if the price without it is already as long."""
+    layer's seconds per pass, an all-to-all or halo call's latency) that makes the simulator's
+    price of the runtime step on runtime_step_plan(size, tokens, halo) (as measure_runtime_steps
+    runs it: full recompute, no optimizer, no experts' all-to-all) equal `step_s`: the price with
+    it at 0, the rest over what one second of it adds. 0 if the price without it is already as long."""
     from solver.simulator import simulate  # noqa: PLC0415
 
-    plan = runtime_step_plan(world, node, size, tokens)
+    plan = runtime_step_plan(world, node, size, tokens, halo)
     costs = CostsConfig(recompute="full", moe_all_to_all=False, optimizer=False)
     price = lambda v: simulate(plan, CostModel(cfg, hw.replace(**{field: v}), costs=costs)).step_time  # noqa: E731
     without = price(0.0)
@@ -454,11 +471,13 @@ def calibrate(
     # the runtime's step on step_tokens per rank: every rank alone, in groups of a node (at most the heads allow), in groups of
     # the widest width the heads allow across nodes (where there is more than one node)
     widest = CostModel(cfg, HardwareConfig()).widest_group(Cluster(world, node, step_tokens))
-    step_sizes = {"own": 1, "node": min(node, widest), "wide": widest}
+    step_sizes = {"own": 1, "node": min(node, widest), "wide": widest, "halo": min(node, widest)}
     if widest <= node:
         del step_sizes["wide"]
     if step_sizes["node"] == 1:  # no group inside a node the heads allow: nothing pays a call's latency
-        del step_sizes["node"]
+        del step_sizes["node"], step_sizes["halo"]
+    elif sparse_cost(cfg.sparse_kind).first_key is None:  # a kind without a reach runs no halo exchange
+        del step_sizes["halo"]
     runtime_steps = measure_runtime_steps(cfg, groups, node, device, dtype, sizes["median_of"], step_sizes, step_tokens)
     experts_a2a = measure_experts_all_to_all(groups, node, sizes["bytes"], cfg, device, dtype, sizes["median_of"])
     overlap = measure_experts_overlap(cfg, groups, node, device, dtype, sizes["median_of"], EXPERTS_STEP_TOKENS)
@@ -488,12 +507,17 @@ def calibrate(
     )
     # the runtime's own steps: its fixed costs as it pays them (a bare layer's forward and backward
     # leave out the sharding and recompute hooks; a lone all-to-all, the collectives and the
-    # scheduling around it in a step); each never below what the isolated measurement says
+    # scheduling around it in a step); each never below what the isolated measurement says, but
+    # the halo call's, which has none
     from_step = {}
     for field, key in STEP_FITS:
         if key in runtime_steps:
-            from_step[field] = fit_fixed_cost(runtime_steps[key], cfg, hw, world, node, field, step_sizes[key], step_tokens)
-            hw = hw.replace(**{field: max(getattr(hw, field), from_step[field])})
+            from_step[field] = fit_fixed_cost(
+                runtime_steps[key], cfg, hw, world, node, field, step_sizes[key], step_tokens, key in HALO_STEPS
+            )
+            # no lone halo call is measured: the halo step's fit is the halo call's latency
+            kept = from_step[field] if field == "halo_latency" else max(getattr(hw, field), from_step[field])
+            hw = hw.replace(**{field: kept})
     costs = {} if overlap["moe_overlap"] is None else {"moe_overlap": overlap["moe_overlap"]}
     return {
         "hardware": hw.to_dict(),
@@ -517,7 +541,7 @@ def calibrate(
             "experts_overlap": overlap,
             "collective_s": collective,
             "layer_1_token_s": layer,
-            "runtime_step_s": runtime_steps,  # by plan: "own" (groups of 1), "node", "wide"
+            "runtime_step_s": runtime_steps,  # by plan: "own" (groups of 1), "node", "wide", "halo" (groups of a node, halo sparse layers)
             "runtime_step_sizes": step_sizes,
             "runtime_step_tokens": step_tokens,  # per rank
             "from_runtime_step": from_step,  # each fixed cost's fit to its step
@@ -557,19 +581,24 @@ def report(profile: dict) -> str:
         "layer_overhead": ("per layer and forward pass; a bare layer on one token", m["layer_1_token_s"] / FWD_BWD_COMPUTE),
         "a2a_latency": ("per all-to-all call; a lone call", net["intra"]["a2a_latency"]),
         "a2a_inter_latency": ("more per call across nodes; a lone call", crossing),
+        "halo_latency": ("per halo call (kept as fitted); a lone all-to-all call", net["intra"]["a2a_latency"]),
     }
     lines.append(
-        f"  fixed costs, fitted to the runtime's step on {m['runtime_step_tokens']} tokens per rank (kept where above the isolated):"
+        f"  fixed costs, fitted to the runtime's step on {m['runtime_step_tokens']} tokens per rank (kept where above the isolated, "
+        "the halo call's as fitted):"
     )
     for field, key in STEP_FITS:
         if field in m["from_runtime_step"]:
             label, alone = isolated[field]
             lines.append(
-                f"    groups of {m['runtime_step_sizes'][key]}: {1e3 * m['runtime_step_s'][key]:.1f} ms -> "
+                f"    groups of {m['runtime_step_sizes'][key]}{', halo sparse layers' if key in HALO_STEPS else ''}: "
+                f"{1e3 * m['runtime_step_s'][key]:.1f} ms -> "
                 f"{1e3 * m['from_runtime_step'][field]:.2f} ms {label}: {1e3 * alone:.2f} ms; kept {1e3 * hw[field]:.2f} ms"
             )
     if "a2a_inter_latency" not in m["from_runtime_step"]:
         lines.append("    no step across nodes: one node, or too few heads for a group across two")
+    if "halo_latency" not in m["from_runtime_step"]:
+        lines.append("    no halo step: no group inside a node the heads allow, or a sparse kind without a reach")
     ex = fits["experts_all_to_all"]
     across = f", {hw['experts_inter_bw'] / 1e9:.3f} GB/s across nodes" if hw.get("experts_inter_bw") else ""
     lines.append(
