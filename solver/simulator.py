@@ -264,6 +264,41 @@ def lower_bound(plan: StepPlan, cost: CostModel) -> float:
     return (compute + xfull) / world + cost.moe_fixed_time() + cost.grad_sync_time(world) + cost.optimizer_time(world)
 
 
+def _layer_exchanges(cost: CostModel, layout: _Layout, rows: np.ndarray, g: int):
+    """(entry, exit) Ulysses exchanges of one attention layer over the groups of `layout`, each
+    rank sending its `rows`, each as _exchange. The exit's byte matrix is the entry's transpose,
+    so with per-rank max(send, receive) it has the entry's shape at the exit's row size."""
+    world = len(rows)
+    group_tokens = np.repeat(np.add.reduceat(rows, layout.starts), layout.sizes)
+    entry = np.array([cost.entry_row_bytes(int(s)) for s in layout.size_of_rank])
+    exit_ = np.full(world, cost.exit_row_bytes())
+    return _exchange(cost, layout, rows, group_tokens, entry, g), _exchange(cost, layout, rows, group_tokens, exit_, g)
+
+
+def _sparse_exchanges(plan: StepPlan, cost: CostModel, child: _Layout):
+    """(entry, exit) of one sparse layer's exchanges, per rank as _exchange: a Ulysses child's
+    heads, a halo child's keys and values at the entry (nothing at its exit)."""
+    world, g = plan.cluster.world_size, plan.cluster.gpus_per_node
+    entry, exit_ = _layer_exchanges(cost, child, child.tokens, g)
+    halo = halo_exchange(plan, cost)
+    if halo is None:
+        return entry, exit_
+    on = np.zeros(world, dtype=bool)
+    for c in (c for p in plan.parents for c in p.children if c.halo):
+        on[c.start : c.stop] = True
+    return tuple(np.where(on, h, u) for h, u in zip(halo, entry)), tuple(np.where(on, 0.0, u) for u in exit_)
+
+
+def sparse_layer_bytes(plan: StepPlan, cost: CostModel) -> tuple[np.ndarray, np.ndarray]:
+    """Per rank, the bytes it sends in one sparse layer's forward as the simulator prices it (a
+    Ulysses child's entry and exit all-to-alls, a halo child's keys and values): (in all, of
+    which to other nodes)."""
+    cost = cost.for_cluster(plan.cluster)
+    child = _Layout(plan.child_layout.groups, plan.cluster.world_size, plan.length_of, cost)
+    (_, _, e_intra, e_inter), (_, _, x_intra, x_inter) = _sparse_exchanges(plan, cost, child)
+    return e_intra + e_inter + x_intra + x_inter, e_inter + x_inter
+
+
 def simulate(plan: StepPlan, cost: CostModel) -> StepResult:
     """Simulate one training step (forward + backward) of `plan`.
 
@@ -294,27 +329,8 @@ def simulate(plan: StepPlan, cost: CostModel) -> StepResult:
     t_post = {k: t * cost.layer_token_time * (1 - pre_share) for k, t in tokens.items()}
     t_head = child.tokens * cost.head_token_time
 
-    def xchg(layout, rows):
-        """(entry, exit) exchanges of one layout, each rank sending its `rows`. The exit's byte
-        matrix is the entry's transpose, so with per-rank max(send, receive) it has the entry's
-        shape at the exit's row size."""
-        group_tokens = np.repeat(np.add.reduceat(rows, layout.starts), layout.sizes)
-        entry = np.array([cost.entry_row_bytes(int(s)) for s in layout.size_of_rank])
-        exit_ = np.full(world, cost.exit_row_bytes())
-        return _exchange(cost, layout, rows, group_tokens, entry, g), _exchange(cost, layout, rows, group_tokens, exit_, g)
-
-    full_x = xchg(parent, tokens["F"])
-    sparse_x = xchg(child, tokens["S"])
-    halo = halo_exchange(plan, cost)
-    if halo is not None:  # a halo child's sparse layers exchange halos instead of heads: nothing at the exit
-        on = np.zeros(world, dtype=bool)
-        for c in (c for p in plan.parents for c in p.children if c.halo):
-            on[c.start : c.stop] = True
-        entry, exit_ = sparse_x
-        sparse_x = (
-            tuple(np.where(on, h, u) for h, u in zip(halo, entry)),
-            tuple(np.where(on, 0.0, u) for u in exit_),
-        )
+    full_x = _layer_exchanges(cost, parent, tokens["F"], g)
+    sparse_x = _sparse_exchanges(plan, cost, child)
     redist = redistributions(plan, cost) if redistribute else None
 
     tl = _Timeline(world)

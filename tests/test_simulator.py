@@ -13,7 +13,7 @@ from experiments.common.results import read_run
 from solver import CostModel, Group, make_plan, samples_from_lengths
 from solver.estimate import PlanEstimate
 from solver.plan import NODE_LOCAL, ParentPlan, StepPlan
-from solver.simulator import simulate
+from solver.simulator import simulate, sparse_layer_bytes
 
 PAPER = CostModel(ModelConfig.from_name("paper"), HardwareConfig())
 
@@ -312,6 +312,23 @@ def test_a_halo_call_pays_the_halo_latency_and_the_all_to_alls_do_not(spans):
     assert dearer.for_cluster(plan.cluster).halo_layer_time(100.0, spans) - cheap.halo_layer_time(100.0, spans) == pytest.approx(
         PAPER.exchange_passes * delta, rel=1e-9
     )
+
+
+@pytest.mark.parametrize(
+    "plan", [hand_plan(False), hand_plan(True), halo_plan(False), halo_plan(True)], ids=["baseline", "repack", "halo", "halo-across"]
+)
+def test_one_sparse_layers_bytes_per_rank_make_up_the_steps_sparse_bytes(plan):
+    """sparse_layer_bytes (the report's busiest-rank table reads it): over every rank, every
+    sparse layer and every pass, its bytes are the step's sparse-site bytes, and its bytes to
+    other nodes the step's inter-node ones; node-local children send none across."""
+    sent, across = sparse_layer_bytes(plan, PAPER)
+    r = simulate(plan, PAPER)
+    layers = PAPER.model.n_sparse * PAPER.exchange_passes
+    assert layers * sent.sum() == pytest.approx(r.sparse_intra_bytes + r.sparse_inter_bytes, rel=1e-12)
+    assert layers * across.sum() == pytest.approx(r.sparse_inter_bytes, rel=1e-12, abs=1e-6)
+    assert (across <= sent).all() and sent.sum() > 0
+    if plan.mode == "repack":
+        assert across.sum() == 0
 
 
 def test_a_wide_parent_left_empty_has_no_anchor():

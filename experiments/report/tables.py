@@ -371,43 +371,31 @@ def kernel_static(path: str) -> tuple[str, list[dict]]:
 
 
 def sparse_layer_traffic(steps: int = 200, seed: int = 0) -> dict[str, dict[str, float]]:
-    """Per way of running the sparse layers: the bytes the busiest rank sends (Ulysses: its heads'
-    all-to-all, entry and exit) or receives (halo: keys and values) in one sparse layer's forward,
-    in all and across nodes, mean over the default workload's steps with a parent wider than a
-    node (the paper preset on 64 ranks, 8 a node)."""
+    """Per way of running the sparse layers: the bytes the busiest rank of a wide parent sends in
+    one sparse layer's forward as the simulator prices them (solver.simulator.sparse_layer_bytes:
+    Ulysses, its heads' all-to-all, entry and exit; halo, keys and values), in all and across
+    nodes, mean over the default workload's steps with a parent wider than a node (the paper
+    preset on 64 ranks, 8 a node)."""
     from experiments.common.workload import generate_steps  # noqa: PLC0415
     from solver import make_plan, samples_from_lengths  # noqa: PLC0415
-    from solver.layout import halo_pair_rows  # noqa: PLC0415
+    from solver.simulator import sparse_layer_bytes  # noqa: PLC0415
 
     cluster = Cluster()
     cost = CostModel(ModelConfig.from_name("paper"), HardwareConfig()).for_cluster(cluster)
-    g, kv = cluster.gpus_per_node, cost.kv_row_bytes()
     acc: dict[str, list[tuple[float, float]]] = {}
     for lengths in generate_steps(config.WorkloadConfig(steps=steps, seed=seed).for_cluster(cluster)):
         samples = samples_from_lengths(lengths)
         base = make_plan(samples, cluster, cost, "baseline")
-        if base.widest_parent <= g:
+        if base.widest_parent <= cluster.gpus_per_node:
             continue
         for mode in ("baseline", "repack", "halo", "parent+halo"):
             plan = base if mode == "baseline" else make_plan(samples, cluster, cost, mode)
-            tokens = plan.child_layout.tokens_per_rank()
-            per_rank: dict[int, list[float]] = {}  # rank -> [bytes, across nodes]
+            sent, across = sparse_layer_bytes(plan, cost)
+            wide = np.zeros(len(sent), dtype=bool)  # the ranks the modes run differently: the wide parents'
             for p in plan.wide_parents():
-                for c in (c for c in p.children if c.size > 1):
-                    if c.halo:
-                        for (src, dst), rows in halo_pair_rows(
-                            plan.child_layout, c, cost.sparse.first_key, cost.model.sparse_params
-                        ).items():
-                            e = per_rank.setdefault(dst, [0.0, 0.0])
-                            e[0] += rows * kv
-                            e[1] += rows * kv * (src // g != dst // g)
-                        continue
-                    row = cost.entry_row_bytes(c.size) + cost.exit_row_bytes()
-                    intra, inter = cost.peers(c.start, c.size, c.start)
-                    for r in c.ranks:
-                        sent = tokens[r] * row * (c.size - 1) / c.size
-                        per_rank[r] = [sent, sent * inter / (intra + inter)]
-            acc.setdefault(mode, []).append(tuple(max(per_rank.values(), default=[0.0, 0.0])))
+                wide[p.group.start : p.group.stop] = True
+            busiest = int(np.argmax(np.where(wide, sent, -1.0)))
+            acc.setdefault(mode, []).append((float(sent[busiest]), float(across[busiest])))
     return {
         m: {"mb": float(np.mean([w[0] for w in v])) / 1e6, "across_mb": float(np.mean([w[1] for w in v])) / 1e6} for m, v in acc.items()
     }
@@ -418,7 +406,7 @@ def sparse_traffic() -> tuple[str, list[dict]]:
     labels = {
         "baseline": "Ulysses in the parent (baseline): heads, entry and exit",
         "repack": "node-local Ulysses children (repack): heads, entry and exit",
-        "halo": "halo children (halo): keys and values from the ranks before",
+        "halo": "halo children (halo): keys and values to the ranks after",
         "parent+halo": "the parent's layout with halos (parent+halo)",
     }
     got = sparse_layer_traffic()
