@@ -110,6 +110,8 @@ def test_ablation_end_to_end_short_run(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "the paper" in text and "-5.95" in text and "-7.61" in text and "baseline+solver" in text
     assert "MFU pp (non-causal)" in text and "experts' a2a" in text and "SP8/SP16" in text
+    # the calls' fixed costs it prices with, printed: the default's 25 us, a halo call at an all-to-all's
+    assert "an all-to-all call 25 us, a halo call 25 us (halo_latency unset" in text
     assert os.path.exists(out / "steps.csv") and os.path.exists(out / "summary.json")
     got_rows, got = read_run(str(out))
     n_selected = sum(len(v) for v in summary["selected_steps"].values())
