@@ -219,10 +219,9 @@ def print_tables(rows, summary, out=None):
     ratios = ", ".join(f"{k} {v:.2f}x" for k, v in cfg["group_rate_ratios"].items())
     crossing = f", +{1e6 * hw['a2a_inter_latency']:.0f} us per call across nodes" if hw.get("a2a_inter_latency") else ""
     p(f"inter/intra ratio {hw['inter_intra_ratio']} read per {hw['ratio_reading']}: group all-to-all rates {ratios}{crossing}")
+    halo = f"{1e6 * HardwareConfig.from_dict(hw).halo_call_latency:.0f} us"  # the simulator's rule for an unset one
     if hw.get("halo_latency") is None:
-        halo = f"{1e6 * hw['a2a_latency']:.0f} us (halo_latency unset: an all-to-all call's)"
-    else:
-        halo = f"{1e6 * hw['halo_latency']:.0f} us"
+        halo += " (halo_latency unset: an all-to-all call's)"
     p(
         f"fixed costs: an all-to-all call {1e6 * hw['a2a_latency']:.0f} us, a halo call {halo}, a collective "
         f"{1e6 * hw['collective_latency']:.0f} us, a layer {1e6 * hw['layer_overhead']:.0f} us per pass (their sources: --help)"
