@@ -25,7 +25,7 @@ from .attention import KeySegments
 from .experts import ExpertDispatch, inverse_permutation, permute_rows
 from .hybrid import IGNORE, attention_sites
 from .layers import Rotary
-from .sharding import is_sharded
+from .sharding import expert_params, is_sharded
 
 
 class LayoutError(RuntimeError):
@@ -299,20 +299,23 @@ def allreduce_grads(model: torch.nn.Module, bucket_bytes: int | None = None) -> 
     for p in model.parameters():
         if p.grad is None:
             p.grad = torch.zeros_like(p)
+    # under expert parallelism (model.sharding.replicate_experts) the experts sum over their replicas only
+    replicas = getattr(model, "expert_replicas", None)
+    experts = {id(p) for p in expert_params(model).values()} if replicas is not None else set()
     buckets: dict[tuple, list[list[torch.Tensor]]] = {}
     filled: dict[tuple, int] = {}  # bytes in each kind's last bucket
     for p in model.parameters():
-        key = (p.grad.dtype, p.grad.device)
+        key = (p.grad.dtype, p.grad.device, id(p) in experts)
         bs = buckets.setdefault(key, [[]])
         if bs[-1] and filled[key] + p.grad.nbytes > bucket_bytes:
             bs.append([])
             filled[key] = 0
         bs[-1].append(p.grad)
         filled[key] = filled.get(key, 0) + p.grad.nbytes
-    for bs in buckets.values():
+    for key, bs in buckets.items():
         for grads in bs:
             flat = torch.cat([g.reshape(-1) for g in grads])
-            dist.all_reduce(flat)
+            dist.all_reduce(flat, group=replicas if key[2] else None)
             for g, part in zip(grads, flat.split([g.numel() for g in grads])):
                 g.copy_(part.view_as(g))
 
@@ -340,9 +343,10 @@ def run_step(
     clock = PhaseClock(timers, dev)
     ep = getattr(model, "ep", 1)
     validate(plan, model.cfg, world, ep)
-    if ep > 1 and not is_sharded(model):
+    if ep > 1 and not is_sharded(model) and getattr(model, "expert_replicas", None) is None:
         raise LayoutError(
-            f"expert parallelism (degree {ep}) needs the model sharded with FSDP2: its experts' gradients sum over their replicas"
+            f"expert parallelism (degree {ep}) needs the experts' replicas to sum their gradients over: shard the model with "
+            f"model.sharding.shard_model, or keep it replicated with model.sharding.replicate_experts"
         )
     if check_hash:
         check_same_plan(plan, dev)

@@ -38,7 +38,7 @@ def shard_model(model: nn.Module, device: torch.device, mixed_precision: bool | 
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if mixed_precision else MixedPrecisionPolicy()
     ep = getattr(model, "ep", 1)
     if ep > 1:  # a rank's experts shard over the ranks that hold the same ones, and their gradients sum there
-        replicas = DeviceMesh.from_group(_replica_group(ep, timeout), device.type, mesh_dim_names=("replicas",))
+        replicas = DeviceMesh.from_group(replica_group(ep, timeout), device.type, mesh_dim_names=("replicas",))
     for block in model.blocks:
         if ep > 1:
             fully_shard(block.moe.experts, mesh=replicas, mp_policy=mp)
@@ -73,7 +73,7 @@ def replica_ranks(ep: int, world: int, rank: int) -> list[int]:
     return list(range(rank % ep, world, ep))
 
 
-def _replica_group(ep: int, timeout=None):
+def replica_group(ep: int, timeout=None):
     """This rank's replica group, made once per (default group, ep): every rank makes all ep of
     them, slot by slot, and keeps its own."""
     key = (id(dist.distributed_c10d._get_default_group()), "replicas", ep)
@@ -82,6 +82,15 @@ def _replica_group(ep: int, timeout=None):
         made = [dist.new_group(replica_ranks(ep, world, slot), timeout=timeout) for slot in range(ep)]
         _GROUPS[key] = made[rank % ep]
     return _GROUPS[key]
+
+
+def replicate_experts(model: nn.Module, timeout=None) -> nn.Module:
+    """Replicated parameters (no FSDP2) under expert parallelism: the model keeps the process group
+    of its experts' replicas, over which model.distributed.allreduce_grads sums their gradients
+    (every other gradient sums over the world). Collective: every rank calls it alike."""
+    ep = getattr(model, "ep", 1)
+    model.expert_replicas = replica_group(ep, timeout) if ep > 1 else None
+    return model
 
 
 def is_sharded(model: nn.Module) -> bool:
@@ -93,3 +102,73 @@ def is_sharded(model: nn.Module) -> bool:
 def full_tensor(t: torch.Tensor) -> torch.Tensor:
     """A sharded (DTensor) parameter or gradient gathered whole; a plain tensor as it is."""
     return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+# ----- the experts' global layout, for checkpoints ----------------------------------------------------
+def expert_params(model: nn.Module) -> dict[str, torch.Tensor]:
+    """FQN -> parameter of every expert weight (model.experts.Experts), as the model's own
+    named_parameters (and so get_state_dict) names them."""
+    from model.experts import Experts  # noqa: PLC0415  (model.experts imports kernels; sharding stays light)
+
+    out = {}
+    for name, mod in model.named_modules():
+        if isinstance(mod, Experts):
+            for p in ("w1", "w3", "w2"):
+                out[f"{name}.{p}" if name else p] = getattr(mod, p)
+    return out
+
+
+def _expert_mesh(ep: int, world: int, device_type: str):
+    """A 2-D mesh (slot, replica) of the world: mesh[s, j] = j ep + s, so the groups along dim 0
+    are the aligned EP groups (rank // ep) and those along dim 1 the replica groups (rank % ep).
+    No process group is made: a checkpoint only needs each rank's coordinate."""
+    from torch.distributed.device_mesh import DeviceMesh  # noqa: PLC0415
+
+    mesh = torch.arange(world).reshape(world // ep, ep).T.contiguous()
+    return DeviceMesh(device_type, mesh, mesh_dim_names=("ep_slot", "ep_replica"), _init_backend=False)
+
+
+def experts_as_global(state: dict, model: nn.Module) -> dict:
+    """The model's or the optimizer's state dict (get_state_dict's) with every expert tensor under
+    expert parallelism of degree ep > 1 shown as the whole layer's: a DTensor of global shape
+    [n_experts, ...] on the (slot, replica) mesh, sharded on dim 0 by slot, then by FSDP2 over the
+    replicas (or replicated across them), sharing storage with the tensor it wraps.
+
+    Without it every EP slot saves its n_experts / ep experts under the same name and shape, and a
+    checkpoint keeps one slot's. With it DCP writes every expert once (the replicas' copies are
+    one chunk) and reads back any slice: a checkpoint written at one EP degree loads at another.
+    Loading into the returned dict writes into the model's and the optimizer's own tensors.
+    Under ep = 1 the dict is returned as it is (every rank's experts are the layer's)."""
+    ep = getattr(model, "ep", 1)
+    if ep == 1:
+        return state
+    from torch.distributed.tensor import DTensor, Replicate, Shard  # noqa: PLC0415
+
+    params = expert_params(model)
+    first = next(iter(params.values()))
+    local0 = first.to_local() if isinstance(first, DTensor) else first
+    mesh = _expert_mesh(ep, dist.get_world_size(), local0.device.type)
+    shapes = {n: tuple(p.shape) for n, p in params.items()}  # a slot's experts (FSDP2's DTensor: its global shape)
+
+    def wrap(name: str, t):
+        if not isinstance(t, torch.Tensor) or t.dim() == 0 or tuple(t.shape) != shapes[name]:
+            return t  # a step counter, or not an expert tensor
+        sharded = isinstance(t, DTensor)
+        local = t.to_local() if sharded else t
+        size = (shapes[name][0] * ep, *shapes[name][1:])
+        placements = (Shard(0), Shard(0) if sharded else Replicate())
+        stride = torch.empty(size, device="meta").stride()
+        return DTensor.from_local(local, mesh, placements, run_check=False, shape=torch.Size(size), stride=stride)
+
+    if "state" in state and "param_groups" in state:  # an optimizer's: {"state": {fqn: {name: tensor}}, ...}
+        return {**state, "state": {f: ({k: wrap(f, v) for k, v in s.items()} if f in params else s) for f, s in state["state"].items()}}
+    return {k: wrap(k, v) if k in params else v for k, v in state.items()}
+
+
+def parameter_count(cfg) -> int:
+    """The whole model's parameter count (every expert once), from its config alone: the yardstick a
+    checkpoint's saved elements are held to, whatever the layout."""
+    from model.hybrid import HybridMoE  # noqa: PLC0415
+
+    with torch.device("meta"):
+        return sum(p.numel() for p in HybridMoE(cfg).parameters())

@@ -182,3 +182,86 @@ def test_rng_states_round_trip_through_json():
     checkpoint.set_rng_state(state)
     got = (torch.rand(3), np.random.rand(3), random.random())
     assert torch.equal(got[0], want[0]) and np.array_equal(got[1], want[1]) and got[2] == want[2]
+
+
+# ----- expert parallelism: every expert saved once, read back at any degree ---------------------------
+def _ep_model(ep, rank, shard, seed=0):
+    from model.sharding import replicate_experts
+
+    torch.manual_seed(seed)
+    model = HybridMoE(CFG).double()
+    if ep > 1:
+        model.expert_parallel(ep, rank)
+    model = shard_model(model, torch.device("cpu")) if shard else replicate_experts(model)
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-2)
+
+
+def _elementwise_step(model, opt):
+    """An optimizer step whose gradient is an elementwise function of the weights: the same update of
+    every element whatever the layout, so every layout's state is a slice of one whole model's."""
+    for p in model.parameters():
+        p.grad = torch.sin(3 * p.detach() + 1)
+    opt.step()
+    opt.zero_grad()
+
+
+def _ep_body(rank, world, root):
+    from torch.distributed.checkpoint import FileSystemReader
+
+    from model.sharding import parameter_count
+
+    whole, wopt = _ep_model(1, rank, shard=False)  # the yardstick: one process's whole model (no collective)
+    _elementwise_step(whole, wopt)
+    want = {n: (p.detach(), wopt.state[p]["exp_avg"], wopt.state[p]["exp_avg_sq"]) for n, p in whole.named_parameters()}
+    meta = {"model": CFG.to_dict(), "fingerprint": {}, "scheduler": {}, "rows": []}
+    expect = {"world_size": world, "model": CFG.to_dict(), "fingerprint": {}}
+    e = CFG.n_experts
+    reads = {  # written at (degree, FSDP2 or replicated): read at
+        (2, True): ((1, True), (2, True), (4, True), (2, False)),
+        (4, True): ((2, False),),
+        (2, False): ((4, True), (1, True)),
+    }
+    for (ep, shard), read_at in reads.items():
+        ck = os.path.join(root, f"ep{ep}{'fsdp' if shard else 'replicated'}")
+        model, opt = _ep_model(ep, rank, shard)
+        _elementwise_step(model, opt)
+        checkpoint.save(ck, 1, model, opt, meta)
+        # the metadata holds the whole layer's experts, and the model's parameter count
+        md = FileSystemReader(os.path.join(ck, "step_0000001")).read_metadata().state_dict_metadata
+        assert list(md["model.blocks.0.moe.experts.w1"].size) == [e, CFG.hidden, CFG.expert_ffn]
+        assert list(md["optim.state.blocks.0.moe.experts.w2.exp_avg"].size) == [e, CFG.expert_ffn, CFG.hidden]
+        total = sum(int(torch.Size(v.size).numel()) for k, v in md.items() if k.startswith("model."))
+        assert total == sum(p.numel() for p in whole.parameters()) == parameter_count(CFG)
+        for ep_read, shard_read in read_at:
+            fresh, fopt = _ep_model(ep_read, rank, shard_read, seed=5)
+            _elementwise_step(fresh, fopt)  # state of its own, to be replaced
+            checkpoint.load(ck, fresh, fopt, expect)
+            per = e // ep_read
+            mine = slice((rank % ep_read) * per, (rank % ep_read + 1) * per)
+            for n, p in fresh.named_parameters():
+                got = (p.detach(), fopt.state[p]["exp_avg"], fopt.state[p]["exp_avg_sq"])
+                for g, w in zip(got, want[n]):
+                    assert torch.equal(full_tensor(g), w[mine] if ".experts." in n else w), (ep, shard, ep_read, shard_read, n)
+    # the check at save time: the old layout (each slot's experts under the whole layer's name)
+    # writes half the experts, and is refused before the checkpoint is renamed into place
+    model, opt = _ep_model(2, rank, shard=True)
+    real = checkpoint.experts_as_global
+    checkpoint.experts_as_global = lambda state, model: state
+    try:
+        with pytest.raises(checkpoint.IncompleteCheckpoint, match=r"holds [\d,]+ model parameters, the model has [\d,]+"):
+            checkpoint.save(os.path.join(root, "old"), 1, model, opt, meta)
+    finally:
+        checkpoint.experts_as_global = real
+    dist_barrier()
+    assert not os.path.exists(os.path.join(root, "old", "step_0000001")) and not os.path.exists(os.path.join(root, "old", "latest"))
+
+
+def dist_barrier():
+    import torch.distributed as dist
+
+    dist.barrier()
+
+
+@pytest.mark.slow
+def test_expert_parallel_checkpoints_hold_every_expert_once_and_load_at_any_degree(tmp_path):
+    run_distributed(_ep_body, 4, str(tmp_path))

@@ -1,6 +1,7 @@
 """Expert parallelism over gloo: 8 forked ranks in nodes of 2, EP 2 (inside a node) and EP 4
 (across two), FSDP2 (the experts sharded over their replicas): every mode with MHA, repack+solver
-and choose with GQA.
+and choose with GQA; replicated parameters (the experts' gradients summed over their replicas):
+repack+solver with MHA.
 
 - the loss and every gradient equal the single-process run's (fp64), each rank's expert slice
   against the same slice of the whole model's gradient;
@@ -20,7 +21,7 @@ from config import CostsConfig, HardwareConfig
 from kernels.exchange import CommStats, ExchangeGroups
 from model.distributed import run_step
 from model.experts import ExpertDispatch
-from model.sharding import full_tensor, shard_model
+from model.sharding import full_tensor, replicate_experts, shard_model
 from solver import CostModel
 from solver.simulator import simulate
 from tests.dist_utils import run_distributed
@@ -83,6 +84,19 @@ def _body(rank, world, refs):
                 spreads.append((got_bytes - want) / sigma)
                 assert abs(got_bytes - want) <= 4 * sigma, (where, got_bytes, want, sigma)
     ExpertDispatch.__call__ = run
+    # replicated parameters (no FSDP2): the experts' gradients sum over their replicas only, the rest
+    # over the world; the same loss and gradients (MHA, the paper's best plan, each EP degree)
+    cfg, (ref_loss, ref_grads) = CONFIGS["mha"], refs["mha"]
+    plan = next(p for p in solver_plans(cfg) if p.mode == "repack+solver")
+    for ep in EPS:
+        per = cfg.n_experts // ep
+        mine = slice((rank % ep) * per, (rank % ep + 1) * per)
+        model = replicate_experts(make_model(cfg).expert_parallel(ep, rank))
+        loss = run_step(model, plan, sample_tokens(LENGTHS), groups, "torch", "torch")
+        torch.testing.assert_close(loss, ref_loss, rtol=1e-10, atol=1e-12, msg=f"replicated EP{ep}")
+        for n, p in model.named_parameters():
+            want = ref_grads[n][mine] if ".experts." in n else ref_grads[n]
+            torch.testing.assert_close(p.grad, want, rtol=1e-9, atol=1e-11, msg=f"replicated EP{ep} {n}")
     if rank == 0:
         print(f"counted against expected experts' bytes, in standard deviations: {np.round(spreads, 2).tolist()}")
 
@@ -111,13 +125,9 @@ def test_bad_expert_parallel_settings_fail_before_step_1_naming_the_flag(tmp_pat
             ("--ep", "4", "--ep-placement", "inter", "--gpus-per-node", "1"),
             "costs.ep_degree (--ep)=4 does not divide the world of 1",
         ),
-        # nodes of 2: the default EP degree is 2, which --shard none cannot run
-        (torchrun, 2, ("--shard", "none"), "--shard none replicates every parameter, but expert parallelism (costs.ep_degree (--ep)=2"),
     ]
     for launch, ranks, args, message in cases:
         extra = (ranks,) if launch is torchrun else ()
         p = launch(*extra, "--steps", "1", *args, "--out", str(tmp_path / "o"))
         assert p.returncode != 0 and message in p.stderr, (args, p.stderr[-2000:])
         assert " loss " not in p.stdout, f"{args}: no step may run"
-    p = torchrun(2, "--shard", "none", "--ep", "1", "--steps", "1", "--out", str(tmp_path / "ok"))  # today's replicated run
-    assert p.returncode == 0, p.stderr[-2000:]

@@ -66,22 +66,41 @@ def test_three_modes_same_losses_results_parse_and_resume_matches(tmp_path):
     # training with updates, checkpointed every 2 steps; then resumed from the step-2 checkpoint
     # (as after an interruption there): exactly the uninterrupted losses of steps 3 and 4 on CPU.
     # 2 ranks in nodes of 1 (a parent of both spans the emulated nodes) with a budget that holds
-    # the tiny workload: a quarter of the 8 ranks' start-up
-    budget = ("--tokens-per-rank", "64", "--gpus-per-node", "1")
-    ck = tmp_path / "ck"
-    p = torchrun(
-        2, *budget, "--mode", "repack+solver", "--steps", "4", "--save-every", "2", "--ckpt-dir", str(ck), "--out", str(tmp_path / "full")
-    )
+    # the tiny workload, the experts split over both (EP2 across the nodes, FSDP2)
+    _resume_matches(tmp_path / "ep2-inter", 2, ("--gpus-per-node", "1", "--ep", "2", "--ep-placement", "inter"))
+
+
+def _resume_matches(root, ranks, layout, resumed_layout=None):
+    """Train 4 steps checkpointed every 2, resume from step 2: the resumed steps' losses equal the
+    uninterrupted run's exactly; resumed_layout: also resume under those flags (another EP degree,
+    sharding), the same losses within float32's accumulated rounding."""
+    budget = ("--tokens-per-rank", "64", "--mode", "repack+solver", "--steps", "4")
+    ck = root / "ck"
+    p = torchrun(ranks, *budget, *layout, "--save-every", "2", "--ckpt-dir", str(ck), "--out", str(root / "full"))
     assert p.returncode == 0, p.stderr[-3000:]
-    full = losses(tmp_path / "full")
+    full = losses(root / "full")
     assert sorted(full) == [0, 1, 2, 3]
     assert sorted(os.listdir(ck)) == ["latest", "step_0000002", "step_0000004"]  # no torn .tmp folders
     (ck / "latest").write_text("step_0000002")
-    p = torchrun(
-        2, *budget, "--mode", "repack+solver", "--steps", "4", "--ckpt-dir", str(ck), "--resume", "--out", str(tmp_path / "resumed")
-    )
+    p = torchrun(ranks, *budget, *layout, "--ckpt-dir", str(ck), "--resume", "--out", str(root / "resumed"))
     assert p.returncode == 0, p.stderr[-3000:]
-    assert losses(tmp_path / "resumed") == full
+    assert losses(root / "resumed") == full
+    if resumed_layout is not None:
+        p = torchrun(ranks, *budget, *resumed_layout, "--ckpt-dir", str(ck), "--resume", "--out", str(root / "relaid"))
+        assert p.returncode == 0, p.stderr[-3000:]
+        assert "resumed a checkpoint written at EP" in p.stdout
+        got = losses(root / "relaid")
+        assert got.keys() == full.keys()
+        np.testing.assert_allclose([got[k] for k in sorted(got)], [full[k] for k in sorted(full)], rtol=1e-6)
+
+
+@pytest.mark.slow
+def test_resume_under_expert_parallelism_inside_a_node_is_exact_and_resumes_at_another_degree(tmp_path):
+    # 4 ranks in nodes of 2: the default EP degree is a node's (EP2 inside each node), with
+    # replicated parameters (the experts' gradients summed over their replicas); resumed exactly,
+    # then at EP4 across the nodes under FSDP2 (every expert read from the whole layer's tensors)
+    _resume_matches(tmp_path, 4, ("--gpus-per-node", "2", "--shard", "none"),
+                    ("--gpus-per-node", "2", "--ep", "4", "--ep-placement", "inter", "--shard", "fsdp"))  # fmt: skip
 
 
 @pytest.mark.slow

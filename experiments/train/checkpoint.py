@@ -33,6 +33,7 @@ import torch
 import torch.distributed as dist
 
 from experiments.common.errors import InputError
+from model.sharding import experts_as_global, parameter_count
 
 NAME = re.compile(r"^step_(\d{7})$")
 MANIFEST, META = "manifest.json", "meta.json"
@@ -186,7 +187,9 @@ def save(ckpt_dir: str, step: int, model, opt, meta: dict) -> str:
         os.makedirs(tmp)
     dist.barrier()
     model_sd, optim_sd = get_state_dict(model, opt)
-    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=tmp)
+    state = {"model": experts_as_global(model_sd, model), "optim": experts_as_global(optim_sd, model)}
+    written = dcp.save(state, checkpoint_id=tmp)
+    check_complete(written, model, tmp)  # every rank has the metadata: all raise alike, before any rename
     _write_json(os.path.join(tmp, f"rng_rank{rank}.json"), rng_state())
     dist.barrier()
     if rank == 0:
@@ -202,6 +205,39 @@ def save(ckpt_dir: str, step: int, model, opt, meta: dict) -> str:
         _replace_text(os.path.join(ckpt_dir, "latest"), step_name(step))
     dist.barrier()
     return final
+
+
+class IncompleteCheckpoint(RuntimeError):
+    """A checkpoint that would not hold the whole model: a bug in how the parameters are laid out,
+    never a user's error (so not a CheckpointError): its traceback is kept."""
+
+
+def check_complete(written, model, folder: str) -> None:
+    """What DCP wrote (its Metadata) holds the whole model: each model tensor's chunks cover its
+    global shape exactly once, and the global shapes add up to the parameter count of the model's
+    config (every expert once). Raised before the checkpoint is renamed into place, so no layout
+    can silently save part of the model (as one that saved one EP slot's experts under every
+    slot's name once did)."""
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata  # noqa: PLC0415
+
+    total = 0
+    for fqn, md in written.state_dict_metadata.items():
+        if not fqn.startswith("model.") or not isinstance(md, TensorStorageMetadata):
+            continue
+        size = int(np.prod(md.size, dtype=np.int64))
+        chunks = sum(int(np.prod(c.sizes, dtype=np.int64)) for c in md.chunks)
+        if chunks != size:
+            raise IncompleteCheckpoint(
+                f"checkpoint {folder!r}: {fqn} of shape {list(md.size)} was written as {len(md.chunks)} chunks of {chunks} "
+                f"elements, not {size}: the ranks' shards do not tile it"
+            )
+        total += size
+    want = parameter_count(model.cfg)
+    if total != want:
+        raise IncompleteCheckpoint(
+            f"checkpoint {folder!r} holds {total:,} model parameters, the model has {want:,}: some ranks' parameters were "
+            f"saved under another rank's name (expert parallelism degree {getattr(model, 'ep', 1)})"
+        )
 
 
 # ----- load -------------------------------------------------------------------------------------------
@@ -336,12 +372,13 @@ def _load_shards(folder: str, model, opt) -> str | None:
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict  # noqa: PLC0415
 
     model_sd, optim_sd = get_state_dict(model, opt)
-    state = {"model": model_sd, "optim": optim_sd}
+    # read through the experts' global view, which writes into model_sd's and optim_sd's tensors
+    state = {"model": experts_as_global(model_sd, model), "optim": experts_as_global(optim_sd, model)}
     try:
         dcp.load(state, storage_reader=_reader(folder), planner=_planner())
     except (Exception, CheckpointException) as e:  # noqa: BLE001 - DCP gathers every rank's failure into one exception
         return _dcp_failure(e, folder)
-    set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    set_state_dict(model, opt, model_state_dict=model_sd, optim_state_dict=optim_sd)
     return None
 
 

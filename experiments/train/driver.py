@@ -29,7 +29,7 @@ from experiments.common.workload import generate_steps, load_trace, longest_step
 from kernels.exchange import CommStats, ExchangeGroups
 from model import HybridMoE
 from model.distributed import run_step
-from model.sharding import shard_model
+from model.sharding import replicate_experts, shard_model
 from solver import CostModel, PlanError, check_setup, make_plan, samples_from_lengths
 
 from . import checkpoint, memory
@@ -118,7 +118,7 @@ def check_generated(settings: Settings, cost: CostModel) -> None:
 
 
 def check_expert_parallel(settings: Settings, cost: CostModel) -> None:
-    """The expert-parallel degree (the cost model's, --ep) against the world and the sharding."""
+    """The expert-parallel degree (the cost model's, --ep) against the world."""
     ep, world = cost.ep_degree, settings.cluster.world_size
     if ep == 1:
         return
@@ -126,11 +126,6 @@ def check_expert_parallel(settings: Settings, cost: CostModel) -> None:
         raise SettingError(
             f"costs.ep_degree (--ep)={ep} does not divide the world of {world} ranks: expert-parallel groups are aligned groups of "
             f"{ep} ranks that tile it (use --ep 1, or a world that is a multiple of {ep})"
-        )
-    if settings.train.shard != "fsdp":
-        raise SettingError(
-            f"--shard {settings.train.shard} replicates every parameter, but expert parallelism (costs.ep_degree (--ep)={ep}, the "
-            f"default follows the node's ranks) shards the experts over their replicas: use --shard fsdp, or --ep 1"
         )
 
 
@@ -247,7 +242,7 @@ def set_up(settings: Settings, rank: int, device: torch.device) -> Run:
     check_expert_parallel(settings, cost)
     fp = fingerprint(settings)
     agree_across_ranks(fp, world)
-    expect = {"world_size": world, "model": settings.model.to_dict(), "fingerprint": fp}
+    expect = {"world_size": world, "model": settings.model.to_dict(), "fingerprint": resumable(fp)}
     resume = t.resume or t.resume_step is not None
     if t.save_every and not resume:
         checkpoint.refuse_others(t.ckpt_dir, expect)
@@ -262,6 +257,8 @@ def set_up(settings: Settings, rank: int, device: torch.device) -> Run:
     timeout = datetime.timedelta(seconds=t.timeout)  # every group's collectives, not only the default group's
     if t.shard == "fsdp":
         shard_model(model, device, mixed_precision=dtype == "bf16", timeout=timeout)
+    else:  # replicated: under expert parallelism the experts' gradients sum over their replicas
+        replicate_experts(model, timeout)
     if rank == 0:
         print(estimate, flush=True)
     o = settings.optim
@@ -272,6 +269,13 @@ def set_up(settings: Settings, rank: int, device: torch.device) -> Run:
     run = Run(settings, rank, world, device, cost, source, step_ids, modes, model, opt, sched, ExchangeGroups(world, timeout), fp)
     if resume:
         meta = checkpoint.load(t.ckpt_dir, model, opt, expect, t.resume_step)
+        was = meta.get("ep_degree", cost.ep_degree)
+        if was != cost.ep_degree and rank == 0:
+            print(
+                f"resumed a checkpoint written at EP{was} at EP{cost.ep_degree}: every expert was read from the whole layer's "
+                f"tensors; the steps from here are planned and priced at EP{cost.ep_degree}",
+                flush=True,
+            )
         sched.load_state_dict(meta["scheduler"])
         run.start, run.rows = meta["step"], meta["rows"]
     return run
@@ -296,6 +300,15 @@ def fingerprint(settings: Settings) -> dict:
         "doc_offsets": file_identity(t.doc_offsets),
         "replay": file_identity(os.path.join(t.replay, "summary.json")) if t.replay else None,
     }
+
+
+LAYOUT_ONLY = ("ep_degree", "ep_placement")  # costs settings a checkpoint does not depend on (it holds every expert once)
+
+
+def resumable(fp: dict) -> dict:
+    """The fingerprint a resumed run must share with its checkpoint: the run's, less the experts'
+    layout (a checkpoint written at one EP degree resumes at another)."""
+    return {**fp, "costs": {k: v for k, v in fp["costs"].items() if k not in LAYOUT_ONLY}}
 
 
 def agree_across_ranks(fp: dict, world: int) -> None:
@@ -430,7 +443,8 @@ def save(run: Run, k: int) -> None:
         return
     meta = {
         "model": run.cfg.to_dict(),
-        "fingerprint": run.fingerprint,
+        "fingerprint": resumable(run.fingerprint),
+        "ep_degree": run.cost.ep_degree,
         "scheduler": run.sched.state_dict(),
         "rows": run.rows,
         "settings": run.settings.to_dict(),
