@@ -128,12 +128,17 @@ def of_kind(value, kind: type) -> bool:
 KIND_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "true or false", dict: "an object", tuple: "a list"}
 
 
+INT64 = 2**63  # every integer setting lies in (-INT64, INT64): seeds, sizes and counts reach numpy and torch as int64
+
+
 def check_value(name: str, value, f: dataclasses.Field) -> None:
     """Raise SettingError naming `name` unless `value` is of the field's kind and passes its check."""
     meta = f.metadata
     kind = meta.get("kind")
     if kind is not None and not of_kind(value, kind):
         raise SettingError(f"{name}={value!r} is invalid: it must be {KIND_NAMES[kind]}, not {type(value).__name__}")
+    if _int(value) and not -INT64 < value < INT64:
+        raise SettingError(f"{name}={value} is invalid: it is beyond a 64-bit integer (|value| < 2^63), the widest numpy and torch take")
     check = meta.get("check")
     if check is not None and not check.ok(value):
         raise SettingError(f"{name}={value!r} is invalid: it must be {check.requirement}")

@@ -269,6 +269,8 @@ class Command:
         if preset is None:
             preset = self.defaults.get(cls.SECTION, next(iter(cls.PRESETS)))
             preset = preset(out) if isinstance(preset, Derived) else preset
+        if not isinstance(preset, str):
+            raise SettingError(f"{preset!r} is invalid: a preset is a name (a string), one of {sorted(cls.PRESETS)}")
         return cls.from_name(preset)
 
     def choices_of(self, key: str):

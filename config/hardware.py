@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .base import POSITIVE_INT, Section, SettingError, number_in, optional, profile_section, setting
+from .base import POSITIVE_INT, Check, Section, SettingError, number_in, optional, profile_section, setting
 
 RATIO_READINGS = ("group", "link")
 H100 = "H100 SXM datasheet"
@@ -36,6 +36,13 @@ GPU_DEVICES = {
 MEMORY_LATENCY_S = 0.7e-6
 
 
+# bounds that keep every price finite: a rate of 1e-300 bytes/s passes "> 0" but prices every
+# exchange at 1e300 s, and a plan then fails far from the setting that caused it
+BYTE_RATE = number_in(1e3, 1e15)  # bytes/s: 1 KB/s to 1 PB/s (the emulated cluster's slowest measured: ~5e7)
+EFFICIENCY = number_in(1e-4, 1)
+FIXED_COSTS = ("layer_overhead", "a2a_latency", "a2a_inter_latency", "halo_latency", "collective_latency")  # what a calibration fits
+
+
 @dataclass(frozen=True)
 class HardwareConfig(Section):
     """What a step's compute and communication cost on one kind of GPU and network. The GPU
@@ -46,20 +53,20 @@ class HardwareConfig(Section):
 
     name: str = setting("h100", "the preset or profile these figures came from (results carry it)", cli=False)
     peak_flops: float = setting(
-        GPU_DEVICES["h100"].peak_flops, "dense bf16 FLOP/s per GPU (MFU's denominator)", number_in(0, 1e18, lo_open=True), source=H100
+        GPU_DEVICES["h100"].peak_flops, "dense bf16 FLOP/s per GPU (MFU's denominator)", number_in(1e6, 1e18), source=H100
     )
     gemm_efficiency: float = setting(
         0.70,
         "achieved / peak of large bf16 GEMMs and grouped expert GEMMs",
-        number_in(0, 1, lo_open=True),
+        EFFICIENCY,
         source="typical achieved large bf16 GEMM on H100 (~650-750 TFLOP/s)",
     )
     attention_efficiency: float = setting(
-        0.55, "achieved / peak of varlen flash attention, forward and backward mixed", number_in(0, 1, lo_open=True),
+        0.55, "achieved / peak of varlen flash attention, forward and backward mixed", EFFICIENCY,
         source="FlashAttention-2/3 varlen forward + backward",
     )  # fmt: skip
     intra_node_bw: float = setting(
-        150e9, "effective all-to-all bytes/s per GPU inside a node", number_in(0, 1e15, lo_open=True),
+        150e9, "effective all-to-all bytes/s per GPU inside a node", BYTE_RATE,
         source="DeepEP's intranode all-to-all over NVLink (~150-160 GB/s)",
     )  # fmt: skip
     inter_intra_ratio: float = setting(
@@ -88,19 +95,19 @@ class HardwareConfig(Section):
     )  # fmt: skip
     experts_intra_bw: float = setting(
         None, "effective bytes/s per GPU of the experts' all-to-all inside a node (unset: intra_node_bw's)",
-        optional(number_in(0, 1e15, lo_open=True)), kind=float,
+        optional(BYTE_RATE), kind=float,
         source="the same all-to-all over the same links as the exchanges, unless measured (experiments.calibrate fits it)",
     )  # fmt: skip
     experts_inter_bw: float = setting(
         None, "effective bytes/s per GPU of the experts' all-to-all across nodes (unset: the exchanges' inter-node rate)",
-        optional(number_in(0, 1e15, lo_open=True)), kind=float,
+        optional(BYTE_RATE), kind=float,
         source="the same all-to-all over the same links as the exchanges, unless measured (experiments.calibrate fits it)",
     )  # fmt: skip
     bytes_per_element: int = setting(2, "bytes of one activation element (2: bf16)", POSITIVE_INT)
     hbm_bw: float = setting(
         GPU_DEVICES["h100"].hbm_bw,
         "device memory bytes/s (the optimizer step is memory-bound)",
-        number_in(0, 1e15, lo_open=True),
+        BYTE_RATE,
         source=H100,
     )
     layer_overhead: float = setting(
@@ -111,6 +118,13 @@ class HardwareConfig(Section):
         0.0, "seconds of one latency-bound collective (parameter gathers, gradient reductions, the router's all-reduces)",
         number_in(0, 60), source="0 unless measured (experiments.calibrate fits it)",
     )  # fmt: skip
+    floored: tuple = setting(
+        (),
+        "the fixed costs a calibration fitted at the floor of their range (the runtime's step took no longer than its price "
+        "without them): each is priced 0, a bound, not a measurement (the ablation says so in its header)",
+        Check("a list of the fixed costs' names", lambda v: all(f in FIXED_COSTS for f in v)),
+        cli=False,
+    )
 
     @property
     def inter_node_bw(self) -> float:

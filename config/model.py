@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
-from .base import NON_EMPTY, NON_NEGATIVE, POSITIVE, POSITIVE_INT, Check, Section, SettingError, setting
+from .base import NON_EMPTY, NON_NEGATIVE, POSITIVE, POSITIVE_INT, Check, Section, SettingError, int_in, setting
 
 LAYER_TYPES = ("F", "S")  # F: full causal attention; S: sparse attention of the model's sparse kind
 QWEN3 = "attention and MoE shapes of Qwen3-235B-A22B (2025)"
@@ -20,7 +20,7 @@ class ModelConfig(Section):
     SECTION = "model"
 
     name: str = setting("paper", "the preset these shapes came from (results carry it)", cli=False)
-    n_layers: int = setting(48, "transformer blocks", POSITIVE_INT, source="the paper's 1F3S pattern at 48 layers")
+    n_layers: int = setting(48, "transformer blocks", int_in(1, 100_000), source="the paper's 1F3S pattern at 48 layers")
     layer_pattern: str = setting(
         "FSSS",
         "layer types tiled over the blocks: F full causal attention, S sparse attention",

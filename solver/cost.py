@@ -60,6 +60,9 @@ SparseFlops = Callable[[np.ndarray, ModelConfig], np.ndarray]
 FirstKey = Callable[[np.ndarray, dict], np.ndarray]  # (query positions, params) -> the first key position each may see
 
 
+MAX_PARAM = 2**62  # a sparse kind's numeric parameter: positions offset by it stay within int64
+
+
 @dataclass(frozen=True)
 class SparseCost:
     name: str
@@ -88,9 +91,11 @@ class SparseCost:
         out = {**self.params, **given}
         for k, v in out.items():
             want = type(self.params[k])
-            if not of_kind(v, want) or (want in (int, float) and not (math.isfinite(v) and v > 0)):
+            if not of_kind(v, want) or (want in (int, float) and not (math.isfinite(v) and 0 < v < MAX_PARAM)):
+                article = "an" if want.__name__[0] in "aeiou" else "a"
                 raise SettingError(
-                    f"sparse kind {self.name!r}: {k}={v!r} is invalid; it takes a {want.__name__} > 0 (default {self.params[k]!r})"
+                    f"sparse kind {self.name!r}: {k}={v!r} is invalid; it takes {article} {want.__name__} > 0 and below 2^62 (a reach "
+                    f"in token positions, which numpy holds as int64; default {self.params[k]!r})"
                 )
         return out
 

@@ -31,3 +31,20 @@ def poison_empty():
 
     with nan_poisoned_empty():
         yield
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A folder on a 256 KiB tmpfs of its own: a disk that fills (root only; skipped where mounting is
+    not allowed). Unmounted afterwards."""
+    import subprocess  # noqa: PLC0415
+
+    path = tmp_path / "disk"
+    path.mkdir()
+    p = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(path)], capture_output=True, text=True)
+    if p.returncode != 0:
+        pytest.skip(f"a tmpfs cannot be mounted here ({p.stderr.strip() or p.returncode}): needs root")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], capture_output=True)

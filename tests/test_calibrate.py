@@ -125,3 +125,15 @@ def test_the_fixed_cost_fits_recover_what_a_step_was_priced_with(field, size, to
     if size > 1:
         with pytest.raises(ValueError, match=f"does not pay {field}"):
             fit_fixed_cost(step, cfg, hw, 8, 2, field, 1 if field == "a2a_latency" else 2)
+
+
+def test_a_fixed_cost_fitted_at_its_floor_is_kept_flagged_and_unflagged_when_refitted():
+    from experiments.calibrate.measure import keep_fit
+
+    hw = HardwareConfig(a2a_latency=5e-4, halo_latency=1e-4)
+    floored = keep_fit(hw, "halo_latency", 0.0)  # the halo step took no longer than its price without it
+    assert floored.halo_latency == 0.0 and floored.floored == ("halo_latency",)
+    assert keep_fit(floored, "halo_latency", 2e-3).floored == ()  # a later fit above the floor clears it
+    # a cost with an isolated measurement keeps it when the step fits lower: a measurement, not the floor
+    kept = keep_fit(hw, "a2a_latency", 0.0)
+    assert kept.a2a_latency == 5e-4 and kept.floored == ()

@@ -10,7 +10,7 @@ from experiments.common.errors import InputError
 from experiments.report.plots import load_or_run_ablation
 from experiments.train import checkpoint
 from experiments.train.checkpoint import CheckpointError
-from tests.dist_utils import run_distributed, single_rank
+from tests.dist_utils import ROOT, run_distributed, single_rank
 from tests.test_checkpoints import CFG, _model_and_opt, _nothing, _train_a_step, _weights
 
 
@@ -81,3 +81,65 @@ def test_an_incomplete_results_folder_is_never_run_over(tmp_path):
     with pytest.raises(InputError, match=r"holds \['steps.csv'\] but not \['summary.json'\]: an incomplete run"):
         load_or_run_ablation(str(folder))
     assert (folder / "steps.csv").read_text() == "engine,mode\n" and not (folder / "summary.json").exists()
+
+
+class _Holder:
+    """Another process that holds a folder's run lock (as a run writing into it does) until closed."""
+
+    def __init__(self, *folders):
+        import subprocess
+        import sys
+
+        code = "import sys\nfrom experiments.common.files import lock_folder\n" + "".join(
+            f"lock_folder({str(f)!r})\n" for f in folders
+        ) + "print('held', flush=True)\nsys.stdin.read()\n"  # fmt: skip
+        self.p = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert self.p.stdout.readline().strip() == "held"
+
+    def close(self):
+        self.p.stdin.close()
+        self.p.wait(timeout=30)
+
+
+def test_a_second_run_into_a_folder_in_use_is_refused_and_the_first_keeps_its_files(tmp_path):
+    import experiments.ablation.__main__ as ablation
+
+    out = tmp_path / "o"
+    holder = _Holder(out)
+    try:
+        with pytest.raises(SystemExit, match=r"--out '.*o' is in use by another run \(pid \d+ on .*\): two runs writing into one"):
+            ablation.main(["--seeds", "1", "--steps", "3", "--out", str(out), "--no-progress"])
+        assert sorted(os.listdir(out)) == [".lock"]
+    finally:
+        holder.close()
+    ablation.main(["--seeds", "1", "--steps", "3", "--out", str(out), "--no-progress"])  # the lock went with its process
+    assert {"steps.csv", "summary.json"} <= set(os.listdir(out))
+
+
+@pytest.mark.slow
+def test_a_training_run_into_a_checkpoint_folder_in_use_is_refused(tmp_path):
+    ck = tmp_path / "ck"
+    holder = _Holder(ck)
+    try:
+        p = single_rank("--steps", "2", "--save-every", "2", "--ckpt-dir", str(ck), "--tokens-per-rank", "64", "--out", str(tmp_path / "a"))
+    finally:
+        holder.close()
+    assert p.returncode != 0 and " loss " not in p.stdout
+    assert f"--ckpt-dir {str(ck)!r} is in use by another run" in p.stderr, p.stderr[-2000:]
+
+
+def test_a_block_left_open_in_a_doc_is_refused_and_no_doc_is_touched(tmp_path, capsys):
+    import experiments.report.__main__ as report
+
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    body = (
+        "# results\n\n<!-- report:memory -->\nold table\n\nA paragraph written by hand.\n\n"
+        "<!-- report:memory -->\n![figure](figures/x.png)\n<!-- /report -->\n"
+    )
+    (docs / "a.md").write_text(body)
+    (docs / "b.md").write_text("<!-- report:memory -->\nx\n<!-- /report -->\n")  # fine on its own: not written either
+    assert report.main(["--docs", str(docs), "--results", str(tmp_path / "r")]) == 1
+    err = capsys.readouterr().err
+    assert "a.md line 3: the block opened there has no closing <!-- /report --> before the next block (line 8)" in err
+    assert (docs / "a.md").read_text() == body and (docs / "b.md").read_text() == "<!-- report:memory -->\nx\n<!-- /report -->\n"

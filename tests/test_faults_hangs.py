@@ -85,3 +85,12 @@ def test_a_run_of_a_hundred_million_steps_starts_at_once(tmp_path):
     p = single_rank("--steps", "100000000", "--stop-after", "1", "--tokens-per-rank", "64", "--out", str(tmp_path / "o"))
     assert p.returncode == 0, p.stderr[-2000:]
     assert "step     0" in p.stdout and time.monotonic() - t0 < 120
+
+
+@pytest.mark.parametrize("args", [("--world-size", str(2**30)), ("--tokens-per-step", str(10**14))], ids=["world-2^30", "batch-1e14"])
+def test_a_workload_too_big_to_generate_is_refused_before_generating(tmp_path, args):
+    t0 = time.monotonic()
+    with pytest.raises(SystemExit) as e:
+        ablation.main(["--steps", "1", *args, "--out", str(tmp_path / "o"), "--no-progress"])
+    assert "documents" in str(e.value) and "more than the 20,000,000 the generator draws in minutes" in str(e.value), str(e.value)
+    assert time.monotonic() - t0 < 20  # the generation of these would take hours

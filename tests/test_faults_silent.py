@@ -92,15 +92,53 @@ def test_a_data_file_changed_in_the_middle_is_another_file(tmp_path):
     assert before["bytes"] == after["bytes"] and before["sha256"] != after["sha256"]
 
 
-def test_a_results_folder_cut_short_at_a_row_boundary_is_refused(tmp_path):
-    rows = [{"engine": "sim", "mode": m, "step": s, "step_time_s": 1.0, "mfu": 0.1} for s in range(3) for m in ("baseline", "repack")]
+def test_a_results_folder_cut_short_or_torn_between_two_runs_is_refused(tmp_path, monkeypatch):
+    import os
+
     from experiments.common.results import summarize
 
+    rows = [{"engine": "sim", "mode": m, "step": s, "step_time_s": 1.0, "mfu": 0.1} for s in range(3) for m in ("baseline", "repack")]
     write_run(str(tmp_path), rows, {"modes": summarize(rows)})
+    assert len(read_run(str(tmp_path))[0]) == 6
     lines = (tmp_path / "steps.csv").read_text().splitlines(keepends=True)
-    (tmp_path / "steps.csv").write_text("".join(lines[:-2]))  # two whole rows gone
-    with pytest.raises(InputError, match=r"has 2 rows of mode baseline but summary.json counted 3"):
+    (tmp_path / "steps.csv").write_text("".join(lines[:-2]))  # two whole rows gone, at a row boundary
+    with pytest.raises(InputError, match=r"steps.csv is not the one .*summary.json was written with"):
         read_run(str(tmp_path))
+    # a second run that dies between its two renames: its steps.csv beside the first run's summary
+    write_run(str(tmp_path), rows, {"modes": summarize(rows)})
+    renames, real = [], os.replace
+
+    def dies_at_the_second(src, dst):
+        renames.append(dst)
+        if len(renames) == 2:
+            raise KeyboardInterrupt  # the process ends here
+        real(src, dst)
+
+    monkeypatch.setattr(os, "replace", dies_at_the_second)
+    with pytest.raises(KeyboardInterrupt):
+        write_run(str(tmp_path), rows[:4], {"modes": summarize(rows[:4])})
+    monkeypatch.undo()
+    with pytest.raises(InputError, match=r"the two files are of different runs"):
+        read_run(str(tmp_path))
+
+
+def test_the_headline_counts_its_seeds_and_a_floored_fit_is_said(tmp_path, capsys):
+    import os
+
+    from experiments.report.tables import headline
+
+    ablation.main(["--seeds", "2", "--steps", "30", "--out", str(tmp_path / "a"), "--no-progress"])
+    text, _ = headline(str(tmp_path / "a"))
+    assert "(mean over 2 seeds)" in text and "5 seeds" not in text
+    # a calibration that fitted the halo call's latency at 0: the ablation's header says it is priced free
+    profile = {"hardware": {**HardwareConfig().to_dict(), "halo_latency": 0.0, "floored": ["halo_latency"]}}
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps(profile))
+    capsys.readouterr()
+    ablation.main(["--hardware", str(path), "--seeds", "1", "--steps", "3", "--out", str(tmp_path / "b"), "--no-progress"])
+    out = capsys.readouterr().out
+    assert "the calibration fitted halo_latency at the floor of its range (0)" in out and "priced free" in out
+    assert os.path.exists(tmp_path / "b" / "summary.json")
 
 
 def test_summary_json_is_strict_json_and_keeps_a_nan_loss(tmp_path):

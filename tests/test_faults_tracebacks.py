@@ -110,6 +110,13 @@ def _defects_body(rank, world, root):
 
     damaged(truncated_shard, r"__0_0.distcp' cannot be read")
 
+    def truncated_second_shard(folder):  # named as itself, not as the intact first shard read beside it
+        with open(os.path.join(folder, "__1_0.distcp"), "r+b") as fh:
+            fh.truncate(300)
+        _rewrite_manifest(folder)
+
+    damaged(truncated_second_shard, r"__1_0.distcp' cannot be read")
+
     def manifest_shape(folder):
         with open(os.path.join(folder, checkpoint.MANIFEST), "w") as fh:
             json.dump(["not", "a", "manifest"], fh)
@@ -127,3 +134,97 @@ def _defects_body(rank, world, root):
 @pytest.mark.slow
 def test_every_checkpoint_defect_is_one_line_naming_the_file_and_resume_falls_back(tmp_path):
     run_distributed(_defects_body, 2, str(tmp_path))
+
+
+@pytest.mark.parametrize(
+    "config, message",
+    [
+        ({"hardware": {"preset": 5}}, "hardware.preset: 5 is invalid: a preset is a name (a string), one of ['h100', 'h200']"),
+        ({"model": {"preset": ["tiny"]}}, "model.preset: ['tiny'] is invalid: a preset is a name (a string)"),
+        ({"model": {"n_layers": 10**29}}, f"model.n_layers={10**29} is invalid: it is beyond a 64-bit integer"),
+        (
+            {"model": {"sparse_params": {"window": 10**23}}},
+            "window=100000000000000000000000 is invalid; it takes an int > 0 and below 2^62",
+        ),
+    ],
+    ids=["preset-int", "preset-list", "huge-int", "huge-window"],
+)
+def test_config_values_of_the_wrong_type_or_beyond_int64_are_one_line(tmp_path, config, message):
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps(config))
+    with pytest.raises(SystemExit) as e:
+        ablation.main(["--config", str(path), "--out", str(tmp_path / "o"), "--no-progress"])
+    assert message in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+def _doc(tmp_path, body: str):
+    docs = tmp_path / "docs"
+    docs.mkdir(exist_ok=True)
+    (docs / "a.md").write_text(body)
+    return docs
+
+
+def test_report_over_results_it_cannot_render_is_one_line_and_writes_no_doc(tmp_path, capsys):
+    """A training run's folder where the ablation's should be, an ablation that selected no step (a
+    valid output: the notebook loader says the same), a summary that is a JSON list, a steps.csv of
+    non-UTF-8 bytes, a marker that names no renderer: each one line naming it, every doc unchanged."""
+    from experiments.common.errors import InputError
+    from experiments.common.results import write_run
+    from experiments.report.plots import load_or_run_ablation
+
+    results = tmp_path / "results"
+    ablation.main(["--seeds", "1", "--steps", "2", "--out", str(results / "none"), "--no-progress"])  # selects no step
+    write_run(str(results / "train"), [{"engine": "torch", "mode": "baseline", "step": 0}], {"engine": "torch"})
+    write_run(str(results / "list"), [], {})
+    (results / "list" / "summary.json").write_text("[1, 2]")
+    write_run(str(results / "bytes"), [], {"engine": "sim"})
+    with open(results / "bytes" / "steps.csv", "ab") as f:
+        f.write(b"\xff\xfe\x00")
+    cases = {
+        "none": "the ablation selected no step (none of its 2 steps for seeds [0] has a parent wider than a node)",
+        "train": "holds the results of engine 'torch' (the training driver's, python -m experiments.train), not an ablation's",
+        "list": "summary.json holds a JSON list; a run's summary is an object",
+        "bytes": "steps.csv is not the one",
+    }
+    for folder, message in cases.items():
+        body = f"hand text\n<!-- report:ablation {folder} -->\nold\n<!-- /report -->\n"
+        docs = _doc(tmp_path, body)
+        assert report.main(["--docs", str(docs), "--results", str(results)]) == 1
+        err = capsys.readouterr().err
+        assert message in err and "line 2, block ablation" in err and err.strip().count("\n") == 0, err
+        assert (docs / "a.md").read_text() == body
+    with pytest.raises(InputError, match="the ablation selected no step"):
+        load_or_run_ablation(str(results / "none"))
+    docs = _doc(tmp_path, "<!-- report:ablatoin none -->\nold\n<!-- /report -->\n")
+    assert report.main(["--docs", str(docs), "--results", str(results)]) == 1
+    assert "a.md line 1: report:ablatoin names no renderer; renderers: ['ablation'" in capsys.readouterr().err
+
+
+def test_results_and_checkpoints_on_a_full_disk_are_one_line_and_keep_what_was_there(small_disk, tmp_path, capsys):
+    """The ablation refuses an --out without room for its results before running; results that no
+    longer fit when written are one line, the old ones kept whole."""
+    from experiments.common.errors import InputError
+    from experiments.common.results import read_run, write_run
+
+    with pytest.raises(SystemExit, match=r"--out .* has 0.\d MiB free on its disk, and the run writes about 8.8 MiB there"):
+        ablation.main(["--steps", "200", "--out", str(small_disk / "o"), "--no-progress"])
+    rows = [{"engine": "sim", "mode": "baseline", "step": s, "step_time_s": 1.0, "mfu": 0.1} for s in range(3)]
+    write_run(str(small_disk / "r"), rows, {"engine": "sim"})
+    with pytest.raises(InputError, match=r"cannot be written to .* \(No space left on device\); what was there is unchanged"):
+        write_run(str(small_disk / "r"), rows * 20000, {"engine": "sim"})
+    assert len(read_run(str(small_disk / "r"))[0]) == 3 and sorted(os.listdir(small_disk / "r")) == ["steps.csv", "summary.json"]
+
+
+def _full_disk_body(rank, world, root, disk):
+    meta = {"model": CFG.to_dict(), "fingerprint": {}, "scheduler": {}, "rows": []}
+    model, opt = _model_and_opt()
+    _train_a_step(model, opt, 1)
+    with pytest.raises(CheckpointError, match=r"cannot be written: .*\(the disk is full: \d+ bytes free\); it was removed") as e:
+        checkpoint.save(os.path.join(disk, "ck"), 2, model, opt, meta)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.slow
+def test_a_checkpoint_on_a_full_disk_is_one_line_saying_so(small_disk, tmp_path):
+    run_distributed(_full_disk_body, 2, str(tmp_path), str(small_disk))
+    assert os.listdir(small_disk / "ck") == []  # the partial checkpoint removed, no `latest`

@@ -54,3 +54,16 @@ def test_a_model_that_cannot_fit_fails_with_the_memory_estimate_before_building_
     p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert p.returncode != 0 and time.monotonic() - t0 < 60
     assert "model paper needs about" in p.stderr and "GiB per rank" in p.stderr and "this rank has" in p.stderr, p.stderr[-2000:]
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (("--intra-node-bw", "1e-300"), "--intra-node-bw=1e-300 is invalid: it must be a finite number in [1000, 1e+15]"),
+        (("--seed", str(2**70)), f"--seed={2**70} is invalid: it is beyond a 64-bit integer"),
+        (("--sparse-params", f"window={2**63}"), f"window={2**63} is invalid; it takes an int > 0 and below 2^62"),
+    ],
+    ids=["bandwidth-1e-300", "seed-2^70", "window-2^63"],
+)
+def test_values_that_once_failed_far_from_their_setting_name_it(tmp_path, args, message):
+    assert message in _ablation(tmp_path, *args)

@@ -6,10 +6,11 @@ from __future__ import annotations
 import sys
 import time
 
+from config import MODES
 from experiments.ablation.run import COMMAND, print_tables, run_ablation
 from experiments.common.errors import USER_ERRORS
-from experiments.common.files import check_output_dir
-from experiments.common.results import write_run
+from experiments.common.files import check_output_dir, lock_folder
+from experiments.common.results import ROW_BYTES, write_run
 from experiments.common.settings import prepare
 
 
@@ -18,13 +19,18 @@ def main(argv=None):
     try:
         settings = prepare(COMMAND.parse(argv))  # every input checked before any work, and before anything is written
         opts = settings.ablation
-        check_output_dir(opts.out)
+        # the most it writes: a row of every step of every seed in every mode (ROW_BYTES each, at most)
+        check_output_dir(opts.out, need=opts.seeds * settings.workload.steps * len(MODES) * ROW_BYTES)
+        lock_folder(opts.out)  # a second ablation into the same folder is refused, not run over this one
         seeds = list(range(settings.workload.seed, settings.workload.seed + opts.seeds))
         rows, summary = run_ablation(settings, seeds, progress=opts.progress)
     except USER_ERRORS as e:
         sys.exit(f"error: {e}")
     print_tables(rows, summary)
-    csv_path, json_path = write_run(opts.out, rows, summary)
+    try:
+        csv_path, json_path = write_run(opts.out, rows, summary)
+    except USER_ERRORS as e:
+        sys.exit(f"error: {e}")
     p = summary["provenance"]
     print(f"\nwrote {csv_path} and {json_path}  (commit {p['commit']}, {p['device']}, {time.time() - t0:.1f} s)")
     return rows, summary

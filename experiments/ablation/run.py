@@ -20,7 +20,7 @@ from experiments.common import options
 from experiments.common.provenance import provenance
 from experiments.common.results import PAPER, summarize, summarize_seeds
 from experiments.common.settings import MODEL_CHOICES, cost_model
-from experiments.common.workload import workload_steps
+from experiments.common.workload import check_generation, workload_steps
 from solver import CostModel, PlanError, make_plan, samples_from_lengths
 from solver.simulator import simulate
 
@@ -139,6 +139,8 @@ def run_ablation(settings: Settings, seeds: list[int], progress: bool = True) ->
     cost = cost_model(settings)
     if wl.trace:
         seeds = seeds[:1]  # a trace is one workload: seeds do not change it
+    if not wl.trace:
+        check_generation(wl, len(seeds))  # every seed's steps can be drawn, before the first is
     rows, selected = [], {}
     modes = ablation_modes(cost)
     for seed in seeds:
@@ -226,6 +228,11 @@ def print_tables(rows, summary, out=None):
         f"fixed costs: an all-to-all call {1e6 * hw['a2a_latency']:.0f} us, a halo call {halo}, a collective "
         f"{1e6 * hw['collective_latency']:.0f} us, a layer {1e6 * hw['layer_overhead']:.0f} us per pass (their sources: --help)"
     )
+    if hw.get("floored"):
+        p(
+            f"note: the calibration fitted {', '.join(hw['floored'])} at the floor of its range (0): the runtime's step took no "
+            f"longer than its price without it, so it is priced free here (a bound, not a measurement)"
+        )
     experts = f"EP{tr['ep_degree']} {tr['ep_placement']}-node, {100 * tr['moe_overlap']:.0f}% hidden" if tr["moe_all_to_all"] else "off"
     grad = f"{100 * tr['grad_sync_overlap']:.0f}% hidden" if tr["grad_sync"] else "off"
     p(

@@ -28,7 +28,7 @@ from config.cli import Command, Settings
 from experiments.ablation.run import SECTIONS, run_ablation
 from experiments.common import options
 from experiments.common.errors import USER_ERRORS
-from experiments.common.files import check_output_dir
+from experiments.common.files import check_output_dir, lock_folder
 from experiments.common.provenance import provenance
 from experiments.common.settings import MODEL_CHOICES, prepare
 
@@ -115,6 +115,7 @@ def main(argv=None):
         base = COMMAND.parse(argv)
         opts = base.sweep
         check_output_dir(opts.out)
+        lock_folder(opts.out)
         prepare(base)  # the defaults' settings checked before any point runs
     except USER_ERRORS as e:
         sys.exit(f"error: {e}")

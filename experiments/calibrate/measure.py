@@ -383,6 +383,16 @@ def fit_fixed_cost(
     return max(step_s - without, 0.0) / per_second
 
 
+def keep_fit(hw: HardwareConfig, field: str, fitted: float) -> HardwareConfig:
+    """The hardware with a fixed cost fitted to a runtime step: never below what the isolated
+    measurement put there, but the halo call's (no lone halo call is measured: the halo step's fit
+    is its latency). A cost kept at 0, the floor of the fit's range, is listed in `floored`, so
+    the ablation says it prices that cost free on a bound, not a measurement."""
+    kept = fitted if field == "halo_latency" else max(getattr(hw, field), fitted)
+    floored = tuple(f for f in hw.floored if f != field) + ((field,) if kept == 0.0 else ())
+    return hw.replace(**{field: kept, "floored": floored})
+
+
 def measure_attention(cfg: ModelConfig, lengths: list[int], backend: str, device, dtype, repeats: int) -> list[dict]:
     """Seconds of full and sparse attention of one sample (all heads), forward + backward, against
     its length; FLOPs as the cost model counts them."""
@@ -515,9 +525,7 @@ def calibrate(
             from_step[field] = fit_fixed_cost(
                 runtime_steps[key], cfg, hw, world, node, field, step_sizes[key], step_tokens, key in HALO_STEPS
             )
-            # no lone halo call is measured: the halo step's fit is the halo call's latency
-            kept = from_step[field] if field == "halo_latency" else max(getattr(hw, field), from_step[field])
-            hw = hw.replace(**{field: kept})
+            hw = keep_fit(hw, field, from_step[field])
     costs = {} if overlap["moe_overlap"] is None else {"moe_overlap": overlap["moe_overlap"]}
     return {
         "hardware": hw.to_dict(),
@@ -595,6 +603,8 @@ def report(profile: dict) -> str:
                 f"{1e3 * m['runtime_step_s'][key]:.1f} ms -> "
                 f"{1e3 * m['from_runtime_step'][field]:.2f} ms {label}: {1e3 * alone:.2f} ms; kept {1e3 * hw[field]:.2f} ms"
             )
+    for field in hw.get("floored", ()):
+        lines.append(f"    {field} fitted at the floor of its range (0): the step took no longer than its price without it; priced free")
     if "a2a_inter_latency" not in m["from_runtime_step"]:
         lines.append("    no step across nodes: one node, or too few heads for a group across two")
     if "halo_latency" not in m["from_runtime_step"]:

@@ -2,24 +2,35 @@
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
+import shutil
+import socket
 import tempfile
+import time
 
 from .errors import InputError
 
 
-def check_output_dir(path: str, flag: str = "--out") -> None:
-    """The folder results go to can be written: it is a folder (or can be made one) and a file
-    can be created in it. Checked first, so a run never ends by losing its results."""
+def check_output_dir(path: str, flag: str = "--out", need: int = 0) -> None:
+    """The folder results go to can be written: it is a folder (or can be made one), a file can be
+    created in it, and its disk has `need` bytes free (what the run will write there, estimated).
+    Checked first, so a run never ends by losing its results."""
     if os.path.exists(path) and not os.path.isdir(path):
         raise InputError(f"{flag} {path!r} is a file, not a folder: name a folder")
     try:
         os.makedirs(path, exist_ok=True)
         with tempfile.TemporaryFile(dir=path):
             pass
+        free = shutil.disk_usage(path).free
     except OSError as e:
         raise InputError(f"{flag} {path!r} cannot be written: {e.strerror or e}") from None
+    if free < need:
+        raise InputError(
+            f"{flag} {path!r} has {free / 2**20:.1f} MiB free on its disk, and the run writes about {need / 2**20:.1f} MiB there: "
+            f"free space, or give another {flag}"
+        )
 
 
 def file_identity(path: str | None) -> dict | None:
@@ -32,3 +43,35 @@ def file_identity(path: str | None) -> dict | None:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return {"name": os.path.basename(path), "bytes": os.path.getsize(path), "sha256": h.hexdigest()[:16]}
+
+
+_LOCKS: dict[str, int] = {}  # folder -> the open lock file's descriptor, held until the process ends
+
+
+def lock_folder(path: str, flag: str = "--out") -> None:
+    """Take this process's exclusive lock on the folder a run writes into (an flock on
+    `<path>/.lock`, released by the kernel when the process ends, however it ends): a second run
+    started on the same folder is refused in one line naming the first, instead of both running
+    and one replacing the other's results or checkpoints. Taking a lock this process holds is a
+    no-op."""
+    key = os.path.realpath(path)
+    if key in _LOCKS:
+        return
+    os.makedirs(path, exist_ok=True)
+    lock = os.path.join(path, ".lock")
+    try:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        raise InputError(f"{flag} {path!r}: its lock file cannot be made ({e.strerror or e})") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
+        os.close(fd)
+        raise InputError(
+            f"{flag} {path!r} is in use by another run ({holder}): two runs writing into one folder would replace each "
+            f"other's files; wait for it to end, or give another {flag}"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}, since {time.strftime('%Y-%m-%d %H:%M:%S')}".encode(), 0)
+    _LOCKS[key] = fd

@@ -11,7 +11,9 @@ A run folder holds:
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import hashlib
 import json
 import math
 import os
@@ -71,6 +73,7 @@ STEP_COLUMN_TYPES = {
     "loss": float,
 }
 STEP_COLUMNS = list(STEP_COLUMN_TYPES)
+ROW_BYTES = 1024  # a steps.csv row is under this (about 600 bytes: 52 numbers written in full)
 BREAKDOWN = ("compute_s", "intra_comm_s", "inter_comm_s", "moe_comm_s", "grad_sync_s", "optimizer_s", "imbalance_wait_s")
 
 # The paper's ablation (docs/design.md): change of mean step time vs baseline and MFU change.
@@ -156,36 +159,87 @@ def strict_json(obj):
 
 
 def write_run(folder: str, rows: list[dict], summary: dict) -> tuple[str, str]:
-    """steps.csv and summary.json (strict JSON), each written whole and then renamed into place."""
-    os.makedirs(folder, exist_ok=True)
-    csv_path = os.path.join(folder, "steps.csv")
-    with open(csv_path + ".tmp", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=STEP_COLUMNS)
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: r.get(k, "") for k in STEP_COLUMNS})
-    os.replace(csv_path + ".tmp", csv_path)
-    json_path = os.path.join(folder, "summary.json")
-    with open(json_path + ".tmp", "w") as f:
-        json.dump(strict_json(summary), f, indent=2, sort_keys=True, allow_nan=False)
-    os.replace(json_path + ".tmp", json_path)
+    """steps.csv and summary.json (strict JSON) as one unit: both are written whole to temporary
+    files first (a full disk fails there, before anything is replaced: InputError, one line), then
+    renamed into place, steps.csv first; summary.json carries steps.csv's sha256, so a pair torn
+    between the two renames (a crash there) is refused by read_run, never read as one run."""
+    csv_path, json_path = os.path.join(folder, "steps.csv"), os.path.join(folder, "summary.json")
+    try:
+        os.makedirs(folder, exist_ok=True)
+        with open(csv_path + ".tmp", "w", newline="", encoding="utf-8") as f:
+            w = csv.DictWriter(f, fieldnames=STEP_COLUMNS)
+            w.writeheader()
+            for r in rows:
+                w.writerow({k: r.get(k, "") for k in STEP_COLUMNS})
+            f.flush()
+            os.fsync(f.fileno())
+        stamped = {**strict_json(summary), "steps_sha256": _sha256(csv_path + ".tmp")}
+        with open(json_path + ".tmp", "w", encoding="utf-8") as f:
+            json.dump(stamped, f, indent=2, sort_keys=True, allow_nan=False)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(csv_path + ".tmp", csv_path)
+        os.replace(json_path + ".tmp", json_path)
+    except OSError as e:
+        for tmp in (csv_path + ".tmp", json_path + ".tmp"):
+            with contextlib.suppress(OSError):
+                os.remove(tmp)
+        raise InputError(
+            f"the results cannot be written to {folder!r} ({e.strerror or e}); what was there is unchanged: free space, or give "
+            f"another --out"
+        ) from None
     return csv_path, json_path
+
+
+def _sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def read_run(folder: str) -> tuple[list[dict], dict]:
     """Rows (typed by STEP_COLUMN_TYPES; an empty cell is None) and the summary of a run folder,
-    checked against each other: the rows of each mode are as many as the summary counted (a
-    steps.csv cut short, even at a row boundary, is an error naming it)."""
+    checked against each other: summary.json names steps.csv's sha256 (the two files of one
+    write_run), and the rows of each mode are as many as the summary counted. Anything else (a
+    summary that is not an object, a file that is not UTF-8, a torn or mixed pair) is an
+    InputError naming the file."""
     for name in ("summary.json", "steps.csv"):
         if not os.path.isfile(os.path.join(folder, name)):
             raise InputError(f"{folder!r} has no {name}: not a run's results (or an incomplete one)")
     try:
-        with open(os.path.join(folder, "summary.json")) as f:
+        with open(os.path.join(folder, "summary.json"), encoding="utf-8") as f:
             summary = json.load(f)
-    except ValueError as e:
+    except ValueError as e:  # JSONDecodeError and UnicodeDecodeError
         raise InputError(f"{folder}/summary.json is not JSON ({e})") from None
+    if not isinstance(summary, dict):
+        raise InputError(f"{folder}/summary.json holds a JSON {type(summary).__name__}; a run's summary is an object (write_run's)")
+    digest = summary.get("steps_sha256")
+    if digest is None:
+        raise InputError(f"{folder}/summary.json names no steps.csv digest: not written by this version's write_run (rerun its command)")
+    if digest != _sha256(os.path.join(folder, "steps.csv")):
+        raise InputError(
+            f"{folder}/steps.csv is not the one {folder}/summary.json was written with (its sha256 differs): the two files are of "
+            f"different runs, or one was cut short or replaced; rerun the command that wrote them"
+        )
+    try:
+        rows = _read_rows(folder)
+    except UnicodeDecodeError as e:
+        raise InputError(f"{folder}/steps.csv is not UTF-8 text (byte {e.start}: {e.reason}): not a run's steps, or damaged") from None
+    for mode, entry in (summary.get("modes") or {}).items():
+        have = sum(r["mode"] == mode for r in rows)
+        if isinstance(entry, dict) and entry.get("steps") != have:
+            raise InputError(
+                f"{folder}/steps.csv has {have} rows of mode {mode} but summary.json counted {entry.get('steps')}: "
+                f"the two files disagree (one was cut short or replaced)"
+            )
+    return rows, summary
+
+
+def _read_rows(folder: str) -> list[dict]:
     rows = []
-    with open(os.path.join(folder, "steps.csv"), newline="") as f:
+    with open(os.path.join(folder, "steps.csv"), newline="", encoding="utf-8") as f:
         for i, r in enumerate(csv.DictReader(f), 2):
             if None in r or None in r.values():
                 raise InputError(f"{folder}/steps.csv line {i} has {'more' if None in r else 'fewer'} cells than the header")
@@ -201,11 +255,31 @@ def read_run(folder: str) -> tuple[list[dict], dict]:
                 except ValueError:
                     raise InputError(f"{folder}/steps.csv line {i}: column {k!r} = {v!r} is not a {kind.__name__}") from None
             rows.append(r)
-    for mode, entry in (summary.get("modes") or {}).items():
-        have = sum(r["mode"] == mode for r in rows)
-        if isinstance(entry, dict) and entry.get("steps") != have:
-            raise InputError(
-                f"{folder}/steps.csv has {have} rows of mode {mode} but summary.json counted {entry.get('steps')}: "
-                f"the two files disagree (one was cut short or replaced)"
-            )
+    return rows
+
+
+def read_ablation(folder: str) -> tuple[list[dict], dict]:
+    """An ablation's rows and summary (python -m experiments.ablation's output): read_run's, checked
+    to be the simulator's (not a training run's) with the modes compared on at least one selected
+    step; otherwise InputError naming the folder and what would be valid. FileNotFoundError when
+    the folder holds no summary (the report keeps such a block and names the command)."""
+    if not os.path.exists(os.path.join(folder, "summary.json")):
+        raise FileNotFoundError(folder)
+    rows, summary = read_run(folder)
+    engine = summary.get("engine")
+    if engine != "sim":
+        raise InputError(
+            f"{folder!r} holds the results of engine {engine!r} (the training driver's, python -m experiments.train), not an "
+            f"ablation's (engine 'sim'): write the ablation there with python -m experiments.ablation --out {folder}"
+        )
+    for key in ("config", "over_seeds", "modes", "selected_steps"):
+        if not isinstance(summary.get(key), dict):
+            raise InputError(f"{folder}/summary.json has no {key!r} object: not an ablation's summary")
+    if not rows or "baseline" not in summary["over_seeds"]:
+        cfg = summary["config"]
+        steps, seeds = cfg.get("workload", {}).get("steps"), cfg.get("seeds")
+        raise InputError(
+            f"{folder!r}: the ablation selected no step (none of its {steps} steps for seeds {seeds} has a parent wider than a "
+            f"node), so no mode is compared: run more steps (--steps, 200 by default) or a workload with longer documents"
+        )
     return rows, summary

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from config import WorkloadConfig
+from config import SettingError, WorkloadConfig
 
 from .errors import InputError
 
@@ -47,8 +47,42 @@ def iter_steps(cfg: WorkloadConfig) -> Iterator[list[int]]:
 
 
 def generate_steps(cfg: WorkloadConfig) -> list[list[int]]:
-    """`cfg.steps` lists of document lengths (iter_steps, all at once)."""
+    """`cfg.steps` lists of document lengths (iter_steps, all at once; check_generation first)."""
+    check_generation(cfg)
     return list(iter_steps(cfg))
+
+
+# The generator draws about 90,000 documents a second on the 2-core development machine: this many
+# take minutes. A workload that asks for more (a batch of 1e14 tokens, a world of 2^30 ranks) is
+# refused before generating, instead of running for hours with nothing printed.
+MAX_DOCUMENTS = 20_000_000
+
+
+def mean_document(cfg: WorkloadConfig) -> float:
+    """The generator's mean document length, from a fixed sample of 200,000 of its draws (vectorized:
+    milliseconds; the same figure every call)."""
+    rng = np.random.default_rng(0)
+    n = 200_000
+    long = rng.random(n) < cfg.long_prob
+    body = np.clip(rng.lognormal(np.log(cfg.body_median), cfg.body_sigma, n), cfg.body_min, cfg.body_max).astype(np.int64)
+    far = np.exp(rng.uniform(np.log(cfg.long_min), np.log(cfg.long_max), n)).astype(np.int64)
+    return float(np.where(long, far, body).mean())
+
+
+def check_generation(cfg: WorkloadConfig, seeds: int = 1) -> None:
+    """SettingError, before any document is drawn, when `seeds` runs of the workload's steps would
+    draw more than MAX_DOCUMENTS documents (the batch over the mean document, per step)."""
+    if cfg.tokens_per_step is None:
+        raise ValueError("the workload's batch is a fill: resolve it for a cluster first (WorkloadConfig.for_cluster)")
+    mean = mean_document(cfg)
+    total = cfg.steps * seeds * cfg.tokens_per_step / mean
+    if total > MAX_DOCUMENTS:
+        raise SettingError(
+            f"the workload would draw about {total:.3g} documents ({cfg.steps} steps x {seeds} seed(s) x a batch of "
+            f"{cfg.tokens_per_step:,} tokens over a mean document of {mean:,.0f}), more than the {MAX_DOCUMENTS:,} the generator "
+            f"draws in minutes: give fewer --steps or --seeds, or a smaller batch (--tokens-per-step, --fill, --world-size, "
+            f"--tokens-per-rank)"
+        )
 
 
 def longest_step(cfg: WorkloadConfig) -> tuple[int, int]:

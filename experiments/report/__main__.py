@@ -26,11 +26,12 @@ from dataclasses import dataclass
 from config.base import NON_EMPTY, Section, setting
 from config.cli import Command
 from experiments.common import options
-from experiments.common.errors import USER_ERRORS
+from experiments.common.errors import USER_ERRORS, InputError
 from experiments.report import figures
 from experiments.report.tables import NAMED, RENDERERS
 
 BLOCK = re.compile(r"(<!-- report:(?P<name>[a-z-]+)(?P<args>[^>]*?) -->\n)(?P<body>.*?)(<!-- /report -->)", re.S)
+MARKER = re.compile(r"<!-- (?:report:(?P<name>[^\s>]*)[^>]*?|(?P<close>/report)) -->")
 # what writes the results a block reads, for the message when they are missing
 WRITERS = {
     "ablation": "python -m experiments.ablation",
@@ -78,15 +79,45 @@ def render_block(name: str, args: list[str], results: str, docs: str, here: str,
         path, prov = figures.render(args[0], paths[1:], os.path.join(docs, "figures"))
         return f"![{args[0]}]({os.path.relpath(path, here)})\n\n{provenance_line(prov, commits)}\n"
     if name not in RENDERERS:
-        raise KeyError(f"no renderer {name!r}; renderers: {sorted(RENDERERS)} and figure")
+        raise InputError(f"no renderer {name!r}; renderers: {sorted(RENDERERS)} and figure")
     text, prov = RENDERERS[name](*paths)
     return f"{text}\n\n{provenance_line(prov, commits)}\n"
+
+
+def check_markers(path: str, text: str) -> None:
+    """Every opening marker is closed before the next one opens, every closing marker closes one,
+    and every block names a renderer: otherwise InputError naming the doc's line, before anything
+    is written (a block left open would take the prose up to the next block's closing marker)."""
+    line = lambda at: text.count("\n", 0, at) + 1  # noqa: E731
+    names = sorted(RENDERERS) + ["figure"]
+    open_at = None
+    for m in MARKER.finditer(text):
+        if m.group("close"):
+            if open_at is None:
+                raise InputError(f"{path} line {line(m.start())}: a closing <!-- /report --> with no block open (a stray marker)")
+            open_at = None
+            continue
+        if open_at is not None:
+            raise InputError(
+                f"{path} line {line(open_at)}: the block opened there has no closing <!-- /report --> before the next block "
+                f"(line {line(m.start())}): add it"
+            )
+        if m.group("name") not in names:
+            raise InputError(f"{path} line {line(m.start())}: report:{m.group('name')} names no renderer; renderers: {names}")
+        open_at = m.start()
+    if open_at is not None:
+        raise InputError(f"{path} line {line(open_at)}: the block opened there has no closing <!-- /report -->: add it")
 
 
 def render_doc(path: str, results: str, docs: str) -> tuple[str, list[str]]:
     """The doc's text with every block rendered, and what could not be (missing results). The
     README's blocks carry no commit hashes (its provenance is the docs')."""
-    text = open(path).read()
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except (OSError, UnicodeDecodeError) as e:
+        raise InputError(f"{path} cannot be read as UTF-8 text ({e})") from None
+    check_markers(path, text)
     here = os.path.dirname(os.path.abspath(path))
     commits = os.path.basename(path) != "README.md"
     missing: list[str] = []
@@ -95,6 +126,8 @@ def render_doc(path: str, results: str, docs: str) -> tuple[str, list[str]]:
         name, args = m.group("name"), m.group("args").split()
         try:
             body = render_block(name, args, results, docs, here, commits)
+        except InputError as e:
+            raise InputError(f"{path} line {text.count(chr(10), 0, m.start()) + 1}, block {name} {' '.join(args)}: {e}") from None
         except FileNotFoundError as e:
             first = os.path.relpath(str(e.args[0]), results).split(os.sep)[0]
             writer = WRITERS.get(first.removesuffix(".csv").removesuffix("_joint"), "its experiment")
@@ -117,17 +150,18 @@ def main(argv=None) -> int:
         return 2
     docs = sorted(os.path.join(opts.docs, f) for f in os.listdir(opts.docs) if f.endswith(".md"))
     docs += [readme] if os.path.exists(readme) else []
-    missing, rendered = [], 0
-    for path in docs:
+    missing, rendered, texts = [], 0, {}
+    for path in docs:  # every doc rendered before any is written: an error leaves every doc as it was
         try:
-            text, gaps = render_doc(path, opts.results, opts.docs)
+            texts[path], gaps = render_doc(path, opts.results, opts.docs)
         except (*USER_ERRORS, OSError) as e:
-            print(f"error: {path}: {e}", file=sys.stderr)
+            print(f"error: {e}; no doc was written", file=sys.stderr)
             return 1
         missing += gaps
-        rendered += len(BLOCK.findall(text)) - len(gaps)
+        rendered += len(BLOCK.findall(texts[path])) - len(gaps)
+    for path, text in texts.items():
         try:
-            with open(path + ".tmp", "w") as f:
+            with open(path + ".tmp", "w", encoding="utf-8") as f:
                 f.write(text)
             os.replace(path + ".tmp", path)
         except OSError as e:

@@ -18,6 +18,7 @@ import seaborn as sns  # noqa: E402
 from config import MODES  # noqa: E402
 from experiments.common.errors import InputError  # noqa: E402
 from experiments.common.results import BREAKDOWN, PAPER, read_run  # noqa: E402
+from experiments.common.results import read_ablation as read_ablation_run  # noqa: E402
 from solver import CostModel, StepPlan, exchange_bytes, token_to_head_plan  # noqa: E402
 
 RESULTS = os.environ.get("REPACK_RESULTS", "results")
@@ -44,10 +45,9 @@ def load_or_run_ablation(folder: str | None = None) -> tuple[pd.DataFrame, dict]
 
 
 def read_ablation(folder: str) -> tuple[pd.DataFrame, dict]:
-    """A run folder's rows and summary (FileNotFoundError when it holds none)."""
-    if not os.path.exists(os.path.join(folder, "summary.json")):
-        raise FileNotFoundError(folder)
-    rows, summary = read_run(folder)
+    """An ablation's rows and summary (FileNotFoundError when it holds none; InputError, one line,
+    for a training run's folder or an ablation that selected no step: experiments.common.results)."""
+    rows, summary = read_ablation_run(folder)
     return pd.DataFrame(rows), summary
 
 

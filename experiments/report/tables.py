@@ -16,7 +16,7 @@ import config
 from config import MODES, PAPER_MODES, Cluster, HardwareConfig, ModelConfig, Section
 from config.base import flag_of
 from experiments.common.errors import InputError
-from experiments.common.results import PAPER, read_run
+from experiments.common.results import PAPER, read_ablation
 from experiments.train.memory import GIB, estimate
 from solver import CostModel
 
@@ -43,9 +43,7 @@ def _range(e: dict | None, scale: float = 1.0, fmt: str = "+.1f", unit: str = ""
 
 
 def _read(folder: str) -> tuple[list[dict], dict]:
-    if not os.path.exists(os.path.join(folder, "summary.json")):
-        raise FileNotFoundError(folder)
-    return read_run(folder)
+    return read_ablation(folder)
 
 
 def run_provenance(summary: dict, where: str) -> dict:
@@ -117,7 +115,8 @@ def headline(folder: str) -> tuple[str, list[dict]]:
         theirs = f"{paper['time_change_pct']:+.2f}%, {paper['mfu_change_pp']:+.2f} pp" if paper else "(not in the paper)"
         ours = f"{over[m]['time_change_pct']['mean']:+.1f}%, {over[m]['mfu_change_pp']['mean']:+.1f} pp"
         out.append([MODE_NOTES.get(m, m), ours, theirs])
-    text = table(["mode", "ours: step time, MFU vs baseline (mean over 5 seeds)", "the paper"], out)
+    seeds = len(over["baseline"]["seeds"])
+    text = table(["mode", f"ours: step time, MFU vs baseline (mean over {seeds} seed{'s' if seeds > 1 else ''})", "the paper"], out)
     return text, [run_provenance(s, folder)]
 
 

@@ -19,6 +19,7 @@ sha256 against the manifest before anything reads it, so damage is an error nami
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -99,8 +100,20 @@ def _reader(path: str):
             except CheckpointError:
                 raise
             except Exception as e:  # noqa: BLE001 - a damaged shard, whatever DCP's reader raised: named in one line
-                files = sorted({self.storage_data[item.storage_index].relative_path for item in plan.items})
-                raise CheckpointError(f"{os.path.join(self.path, files[0])!r} cannot be read ({_first_line(e)})") from None
+                raise CheckpointError(f"{os.path.join(self.path, self.culprit(plan))!r} cannot be read ({_first_line(e)})") from None
+
+        def culprit(self, plan) -> str:
+            """The file a failed read names: the first shorter than the items the metadata puts in
+            it (a truncated shard), else the first the plan reads."""
+            ends: dict[str, int] = {}
+            for item in plan.items:
+                info = self.storage_data[item.storage_index]
+                ends[info.relative_path] = max(ends.get(info.relative_path, 0), info.offset + info.length)
+            for name in sorted(ends):
+                path = os.path.join(self.path, name)
+                if not os.path.exists(path) or os.path.getsize(path) < ends[name]:
+                    return name
+            return sorted(ends)[0]
 
     return SafeReader(path)
 
@@ -176,35 +189,89 @@ def save(ckpt_dir: str, step: int, model, opt, meta: dict) -> str:
     """Collective: every rank writes its shards and RNG states; rank 0 the meta, the manifest, the
     rename and `latest`. `meta` must be JSON-able (step and world are added)."""
     import torch.distributed.checkpoint as dcp  # noqa: PLC0415
+    from torch.distributed.checkpoint.api import CheckpointException  # noqa: PLC0415  (a BaseException)
     from torch.distributed.checkpoint.state_dict import get_state_dict  # noqa: PLC0415
 
     rank, world = dist.get_rank(), dist.get_world_size()
     final = os.path.join(ckpt_dir, step_name(step))
     tmp = final + ".tmp"
+    err = None
     if rank == 0:
-        os.makedirs(ckpt_dir, exist_ok=True)
-        shutil.rmtree(tmp, ignore_errors=True)  # a crash's leftovers
-        os.makedirs(tmp)
-    dist.barrier()
-    model_sd, optim_sd = get_state_dict(model, opt)
-    state = {"model": experts_as_global(model_sd, model), "optim": experts_as_global(optim_sd, model)}
-    written = dcp.save(state, checkpoint_id=tmp)
-    check_complete(written, model, tmp)  # every rank has the metadata: all raise alike, before any rename
-    _write_json(os.path.join(tmp, f"rng_rank{rank}.json"), rng_state())
-    dist.barrier()
-    if rank == 0:
-        _write_json(os.path.join(tmp, META), {**meta, "step": step, "world_size": world})
-        files = sorted(f for f in os.listdir(tmp) if f != MANIFEST)
-        _write_json(
-            os.path.join(tmp, MANIFEST),
-            {f: {"bytes": os.path.getsize(os.path.join(tmp, f)), "sha256": _sha256(os.path.join(tmp, f))} for f in files},
-        )
-        if os.path.exists(final):  # the same step saved again: the new one replaces it
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        _replace_text(os.path.join(ckpt_dir, "latest"), step_name(step))
-    dist.barrier()
+        try:
+            os.makedirs(ckpt_dir, exist_ok=True)
+            shutil.rmtree(tmp, ignore_errors=True)  # a crash's leftovers
+            os.makedirs(tmp)
+        except OSError as e:
+            err = _write_failure(e, tmp)
+    err = _agree(err)
+    if err is None:
+        model_sd, optim_sd = get_state_dict(model, opt)
+        state = {"model": experts_as_global(model_sd, model), "optim": experts_as_global(optim_sd, model)}
+        try:
+            written = dcp.save(state, checkpoint_id=tmp)  # collective: every rank gets any rank's failure
+        except (Exception, CheckpointException) as e:  # noqa: BLE001 - a rank's write failed (a full disk): one line
+            err = _write_failure(e, tmp)
+        if err is None:
+            check_complete(written, model, tmp)  # every rank has the metadata: all raise alike, before any rename
+            try:
+                _write_json(os.path.join(tmp, f"rng_rank{rank}.json"), rng_state())
+            except OSError as e:
+                err = _write_failure(e, tmp)
+        err = _agree(err)
+    if err is None and rank == 0:
+        try:
+            _write_json(os.path.join(tmp, META), {**meta, "step": step, "world_size": world})
+            files = sorted(f for f in os.listdir(tmp) if f != MANIFEST)
+            _write_json(
+                os.path.join(tmp, MANIFEST),
+                {f: {"bytes": os.path.getsize(os.path.join(tmp, f)), "sha256": _sha256(os.path.join(tmp, f))} for f in files},
+            )
+            if os.path.exists(final):  # the same step saved again: the new one replaces it
+                shutil.rmtree(final)
+            os.replace(tmp, final)
+            _replace_text(os.path.join(ckpt_dir, "latest"), step_name(step))
+        except OSError as e:
+            err = _write_failure(e, tmp)
+    err = _agree(err)
+    if err is not None:
+        if rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)  # the partial checkpoint's space back; `latest` still names the last good one
+        raise CheckpointError(err)
     return final
+
+
+FULL_BELOW = 1 << 20  # a disk with less free than this when a write failed: the failure is called a full disk
+
+
+def _write_failure(e: BaseException, tmp: str) -> str:
+    """One line for a checkpoint that could not be written: the first OS error of any rank (DCP
+    gathers them), the disk named when it is full."""
+    inner = e
+    failures = getattr(e, "failures", None) or {}
+    for r in sorted(failures):
+        f = failures[r]
+        f = f[0] if isinstance(f, tuple) else f
+        if isinstance(f, BaseException):
+            inner = f
+            break
+    while not isinstance(inner, OSError) and inner.__cause__ is not None:
+        inner = inner.__cause__
+    try:
+        free = shutil.disk_usage(os.path.dirname(tmp) or ".").free
+    except OSError:
+        free = None
+    full = free is not None and free < FULL_BELOW  # torch's serializer reports a short write as a bad position
+    if isinstance(inner, OSError):
+        full = full or inner.errno in (errno.ENOSPC, errno.EDQUOT)
+        what = inner.strerror or str(inner)
+    else:
+        what = _first_line(inner)
+    if full:
+        what += f" (the disk is full: {free} bytes free)" if free is not None else " (the disk is full)"
+    return (
+        f"checkpoint {tmp!r} cannot be written: {what}; it was removed, and the checkpoints before it are intact: free space "
+        f"there, or give another --ckpt-dir"
+    )
 
 
 class IncompleteCheckpoint(RuntimeError):

@@ -21,15 +21,15 @@ from tqdm import tqdm
 from config import MODES, Cluster, CostsConfig, HardwareConfig, ModelConfig, SettingError, WorkloadConfig
 from config.cli import Settings
 from experiments.common.errors import InputError
-from experiments.common.files import check_output_dir, file_identity
+from experiments.common.files import check_output_dir, file_identity, lock_folder
 from experiments.common.provenance import provenance
-from experiments.common.results import PAPER, summarize, write_run
+from experiments.common.results import PAPER, ROW_BYTES, summarize, write_run
 from experiments.common.settings import cost_model, prepare
 from experiments.common.workload import generate_steps, load_trace, longest_step
 from kernels.exchange import CommStats, ExchangeGroups
 from model import HybridMoE
 from model.distributed import run_step
-from model.sharding import replicate_experts, shard_model
+from model.sharding import parameter_count, replicate_experts, shard_model
 from solver import CostModel, PlanError, check_setup, make_plan, samples_from_lengths
 
 from . import checkpoint, memory
@@ -80,9 +80,12 @@ def check_options(settings: Settings) -> None:
         raise SettingError(f"--repeats={t.repeats} needs --mode all (no optimizer step between repeats); got --mode {t.mode}")
     if t.tokens and not t.doc_offsets:
         raise SettingError("--tokens needs --doc-offsets (document boundaries)")
-    check_output_dir(t.out, "--out")
+    check_output_dir(t.out, "--out", need=settings.workload.steps * (len(MODES) if t.mode == "all" else 1) * ROW_BYTES)
     if t.save_every or t.resume or t.resume_step is not None:
-        check_output_dir(t.ckpt_dir, "--ckpt-dir")
+        # a checkpoint: the weights and AdamW's two moments in fp32 (fp64 runs: twice that); the
+        # previous one stays until the new one is complete
+        per_param = 3 * (8 if t.dtype == "fp64" else 4)
+        check_output_dir(t.ckpt_dir, "--ckpt-dir", need=2 * per_param * parameter_count(settings.model) if t.save_every else 0)
 
 
 def build_source(settings: Settings):
@@ -127,6 +130,25 @@ def check_expert_parallel(settings: Settings, cost: CostModel) -> None:
             f"costs.ep_degree (--ep)={ep} does not divide the world of {world} ranks: expert-parallel groups are aligned groups of "
             f"{ep} ranks that tile it (use --ep 1, or a world that is a multiple of {ep})"
         )
+
+
+def lock_outputs(settings: Settings, rank: int) -> None:
+    """Rank 0 locks the folders the run writes (--out, and --ckpt-dir when it checkpoints or
+    resumes) for the run's lifetime; every rank fails alike, naming the folder, when another run
+    holds one (experiments.common.files.lock_folder)."""
+    t = settings.train
+    err = None
+    if rank == 0:
+        try:
+            lock_folder(t.out, "--out")
+            if t.save_every or t.resume or t.resume_step is not None:
+                lock_folder(t.ckpt_dir, "--ckpt-dir")
+        except InputError as e:
+            err = str(e)
+    errs = [None] * dist.get_world_size()
+    dist.all_gather_object(errs, err)
+    if errs[0]:
+        raise InputError(errs[0])
 
 
 def check_memory(settings: Settings, device: torch.device) -> str:
@@ -244,6 +266,7 @@ def set_up(settings: Settings, rank: int, device: torch.device) -> Run:
     agree_across_ranks(fp, world)
     expect = {"world_size": world, "model": settings.model.to_dict(), "fingerprint": resumable(fp)}
     resume = t.resume or t.resume_step is not None
+    lock_outputs(settings, rank)
     if t.save_every and not resume:
         checkpoint.refuse_others(t.ckpt_dir, expect)
     if rank == 0:
