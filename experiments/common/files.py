@@ -6,9 +6,7 @@ import fcntl
 import hashlib
 import os
 import shutil
-import socket
 import tempfile
-import time
 
 from .errors import InputError
 
@@ -45,33 +43,29 @@ def file_identity(path: str | None) -> dict | None:
     return {"name": os.path.basename(path), "bytes": os.path.getsize(path), "sha256": h.hexdigest()[:16]}
 
 
-_LOCKS: dict[str, int] = {}  # folder -> the open lock file's descriptor, held until the process ends
+_LOCKS: dict[str, int] = {}  # folder -> its open descriptor, held (and so locked) until the process ends
 
 
 def lock_folder(path: str, flag: str = "--out") -> None:
-    """Take this process's exclusive lock on the folder a run writes into (an flock on
-    `<path>/.lock`, released by the kernel when the process ends, however it ends): a second run
-    started on the same folder is refused in one line naming the first, instead of both running
+    """Take this process's exclusive lock on the folder a run writes into (an flock on the folder
+    itself: no file is added to it; the kernel releases it when the process ends, however it
+    ends): a second run started on the same folder is refused in one line, instead of both running
     and one replacing the other's results or checkpoints. Taking a lock this process holds is a
     no-op."""
     key = os.path.realpath(path)
     if key in _LOCKS:
         return
-    os.makedirs(path, exist_ok=True)
-    lock = os.path.join(path, ".lock")
     try:
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        os.makedirs(path, exist_ok=True)
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     except OSError as e:
-        raise InputError(f"{flag} {path!r}: its lock file cannot be made ({e.strerror or e})") from None
+        raise InputError(f"{flag} {path!r} cannot be opened to lock it ({e.strerror or e})") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
-        holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
         os.close(fd)
         raise InputError(
-            f"{flag} {path!r} is in use by another run ({holder}): two runs writing into one folder would replace each "
-            f"other's files; wait for it to end, or give another {flag}"
+            f"{flag} {path!r} is in use by another run (a live process holds its lock): two runs writing into one folder would "
+            f"replace each other's files; wait for it to end, or give another {flag}"
         ) from None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}, since {time.strftime('%Y-%m-%d %H:%M:%S')}".encode(), 0)
     _LOCKS[key] = fd

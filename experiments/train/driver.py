@@ -80,7 +80,8 @@ def check_options(settings: Settings) -> None:
         raise SettingError(f"--repeats={t.repeats} needs --mode all (no optimizer step between repeats); got --mode {t.mode}")
     if t.tokens and not t.doc_offsets:
         raise SettingError("--tokens needs --doc-offsets (document boundaries)")
-    check_output_dir(t.out, "--out", need=settings.workload.steps * (len(MODES) if t.mode == "all" else 1) * ROW_BYTES)
+    steps = min(settings.workload.steps, t.stop_after or settings.workload.steps)  # the rows the run writes, at most
+    check_output_dir(t.out, "--out", need=steps * (len(MODES) if t.mode == "all" else 1) * ROW_BYTES)
     if t.save_every or t.resume or t.resume_step is not None:
         # a checkpoint: the weights and AdamW's two moments in fp32 (fp64 runs: twice that); the
         # previous one stays until the new one is complete
