@@ -15,7 +15,7 @@ from .costs import EP_PLACEMENTS, RECOMPUTE, CostsConfig
 from .hardware import GPU_DEVICES, MEMORY_LATENCY_S, RATIO_READINGS, GpuDevice, HardwareConfig
 from .model import LAYER_TYPES, ModelConfig
 from .optim import OptimConfig
-from .planner import HALO_MODES, MODES, PAPER_MODES, PRICINGS, PlannerConfig
+from .planner import PRICINGS, PlannerConfig
 from .workload import TINY_TOKENS_PER_RANK, WorkloadConfig
 
 __all__ = [
@@ -25,14 +25,11 @@ __all__ = [
     "EP_PLACEMENTS",
     "GPU_DEVICES",
     "GpuDevice",
-    "HALO_MODES",
     "HardwareConfig",
     "LAYER_TYPES",
     "MEMORY_LATENCY_S",
-    "MODES",
     "ModelConfig",
     "OptimConfig",
-    "PAPER_MODES",
     "PRICINGS",
     "PlannerConfig",
     "RATIO_READINGS",

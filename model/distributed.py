@@ -18,6 +18,7 @@ import torch.distributed as dist
 from config import ModelConfig, SettingError
 from kernels.exchange import CommStats, ExchangeGroups, HaloArgs, PhaseClock, dist_transport, exchange, exchange_args, halo_exchange
 from solver import Group, StepPlan, TokenLayout, head_cu_seqlens, token_to_head_rank
+from solver.cluster import InternalError
 from solver.cost import sparse_cost
 from solver.layout import halo_transfers, token_to_token_rank
 
@@ -29,7 +30,13 @@ from .sharding import expert_params, is_sharded
 
 
 class LayoutError(RuntimeError):
-    """The plan cannot run on this process group; the message says why."""
+    """The plan cannot run on this process group (another world size, a model it was not planned
+    for, a missing set-up step); the message says why."""
+
+
+class LayoutInvariantError(InternalError):
+    """The ranks' own work broke an invariant (their plans differ, though every rank computes the
+    same plan from the same data): a bug, kept with its traceback."""
 
 
 def validate(plan: StepPlan, cfg: ModelConfig, world_size: int, ep: int = 1) -> None:
@@ -68,10 +75,15 @@ def check_same_plan(plan: StepPlan, device="cpu") -> None:
     t = torch.tensor([h, -h], dtype=torch.int64, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     if int(t[0]) != -int(t[1]):
-        raise LayoutError(
+        raise LayoutInvariantError(
             f"plan hash differs across ranks (this rank {plan.hash}; values range over {-int(t[1]):x}..{int(t[0]):x}): "
             f"plans must be computed identically on every rank"
         )
+
+
+def parent_of(plan: StepPlan, rank: int):
+    """The ParentPlan whose group holds `rank`."""
+    return next(p for p in plan.parents if p.group.start <= rank < p.group.stop)
 
 
 def rank_exchanges(plan: StepPlan, cfg: ModelConfig, rank: int, device="cpu"):
@@ -79,10 +91,10 @@ def rank_exchanges(plan: StepPlan, cfg: ModelConfig, rank: int, device="cpu"):
     ones None in a halo child): only this
     rank's part of each exchange, so the host work of a step grows with the rank's groups, not
     with the cluster (experiments.host_bench times it). An exit is its entry's inverse. A
-    redistribute plan's full layers run on the parent's own token layout."""
+    redistributing parent's full layers run on its own token layout (ParentPlan.redistributed)."""
     parent, child = plan.parent_layout, plan.child_layout
     qkv = [cfg.n_heads, cfg.n_kv_heads, cfg.n_kv_heads]
-    full = token_to_head_rank(parent if plan.mode == "redistribute" else child, parent, rank)
+    full = token_to_head_rank(parent if parent_of(plan, rank).redistributed else child, parent, rank)
     full_args = (exchange_args(full, qkv, device), exchange_args(full.inverse(), qkv[:1], device))
     if child.group_of(rank).halo:  # its sparse layers exchange halos, not heads
         return (*full_args, None, None)
@@ -197,11 +209,12 @@ class RankPlacement:
         else:
             sparse_cu = head_cu_seqlens(child, self.child_group)
         self.sites = attention_sites(head_cu_seqlens(parent, self.parent_group), sparse_cu, cfg, device, keys)
-        # a redistribute plan: each full layer runs on the parent's own token layout, the hidden
-        # states moved there and back by all-to-alls of their own (the pass the paper avoids)
+        # a redistributing parent (ParentPlan.redistributed): each full layer runs on its own token
+        # layout, the hidden states moved there and back by all-to-alls of their own (the pass the
+        # paper avoids); a parent that is not repacked makes none
         self.redistribution = None
         self.full_rotary = self.rotary
-        if plan.mode == "redistribute":
+        if parent_of(plan, rank).redistributed:
             whole = token_to_token_rank(child, parent, self.parent_group, rank)
             self.redistribution = exchange_args(whole, [1], device)
             _, self.full_rotary = _rotary(parent.local_chunks(rank), cfg, device)

@@ -14,8 +14,19 @@ __all__ = ["Cluster", "PlanError", "Sample", "ceil_div", "ceil_pow2", "ceil_pow2
 
 
 class PlanError(ValueError):
-    """A step that cannot be planned (a sample that cannot be placed) or a plan that is invalid. The
-    message names the sample, group or rank. Bad settings are config.SettingError."""
+    """A step that cannot be planned (a sample that cannot be placed), or a layout given by hand that
+    is invalid: the user's input. The message names the sample, group or rank; entry points print
+    it as one line. Bad settings are config.SettingError."""
+
+
+class InternalError(RuntimeError):
+    """A broken invariant: a bug, never bad input. Entry points keep its traceback (it is not one of
+    their one-line user errors) and say it is a bug."""
+
+
+class PlanInvariantError(InternalError):
+    """A plan a solver built fails StepPlan.validate: the solver broke an invariant (every sample
+    placed once, budgets held, children inside their parents)."""
 
 
 def is_pow2(x: int) -> bool:

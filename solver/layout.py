@@ -19,6 +19,8 @@ import numpy as np
 
 from .cluster import Cluster, PlanError, is_pow2
 
+HALO_MARK = "halo"  # a halo child's group in a plan's JSON: [start, size, samples, "halo"]
+
 
 @dataclass(frozen=True)
 class Group:
@@ -50,13 +52,13 @@ class Group:
         return (self.start, self.size, self.samples) == (other.start, other.size, other.samples)
 
     def to_json(self) -> list:
-        return [self.start, self.size, list(self.samples)] + (["halo"] if self.halo else [])
+        return [self.start, self.size, list(self.samples)] + ([HALO_MARK] if self.halo else [])
 
     @staticmethod
     def from_json(obj) -> Group:
-        halo = len(obj) > 3 and obj[3] == "halo"
+        halo = len(obj) > 3 and obj[3] == HALO_MARK
         if len(obj) > 3 and not halo:
-            raise PlanError(f"group {obj!r}: a group's fourth item may only be 'halo'")
+            raise PlanError(f"group {obj!r}: a group's fourth item may only be {HALO_MARK!r}")
         return Group(int(obj[0]), int(obj[1]), tuple(int(s) for s in obj[2]), halo)
 
 

@@ -7,10 +7,9 @@ import json
 from dataclasses import dataclass
 from functools import cached_property
 
-from config import MODES, SettingError
-
-from .cluster import Cluster, PlanError
+from .cluster import Cluster, PlanError, PlanInvariantError
 from .layout import Group, TokenLayout
+from .modes import mode_of
 
 # A parent's children before they are laid out: (child size, sample ids) per child, in rank
 # order, as the parent solver's stages hand them on; None: the parent keeps its own layout.
@@ -31,6 +30,10 @@ class ParentPlan:
     group: Group
     children: tuple[Group, ...]
     reason: str = ""
+    # the layout change into its children is made by an all-to-all of the hidden states of its own
+    # at every full/sparse boundary, not inside the full layers' entry and exit (solver.modes,
+    # stage 5): the simulator and the runtime read it here
+    redistributed: bool = False
 
     @property
     def repacked(self) -> bool:
@@ -44,11 +47,13 @@ class ParentPlan:
         return any(c.halo for c in self.children)
 
     def to_json(self) -> dict:
-        return {"group": self.group.to_json(), "children": [c.to_json() for c in self.children], "reason": self.reason}
+        out = {"group": self.group.to_json(), "children": [c.to_json() for c in self.children], "reason": self.reason}
+        return out | ({"redistributed": True} if self.redistributed else {})  # folded: the JSON (and hash) of before
 
     @staticmethod
     def from_json(obj) -> ParentPlan:
-        return ParentPlan(Group.from_json(obj["group"]), tuple(Group.from_json(c) for c in obj["children"]), obj["reason"])
+        kids = tuple(Group.from_json(c) for c in obj["children"])
+        return ParentPlan(Group.from_json(obj["group"]), kids, obj["reason"], bool(obj.get("redistributed", False)))
 
 
 @dataclass(frozen=True)
@@ -56,11 +61,10 @@ class StepPlan:
     cluster: Cluster
     lengths: tuple[tuple[int, int], ...]  # (sample id, length), in step order
     parents: tuple[ParentPlan, ...]
-    mode: str
+    mode: str  # the name of the mode that planned it (solver.modes): a label for results, never read to run it
 
     def __post_init__(self):
-        if self.mode not in MODES:
-            raise SettingError(f"mode={self.mode!r} is invalid: it must be one of {list(MODES)}")
+        mode_of(self.mode)  # a declared mode, or SettingError
 
     @cached_property
     def length_of(self) -> dict[int, int]:
@@ -105,9 +109,25 @@ class StepPlan:
     def widest_parent(self) -> int:
         return max(p.group.size for p in self.parents)
 
+    @cached_property
+    def redistributes(self) -> bool:
+        """Does some parent change its layout by a redistribution of its own?"""
+        return any(p.redistributed for p in self.parents)
+
     def validate(self) -> StepPlan:
         """Both layouts tile the cluster, every sample is placed once, budgets hold, and every child
-        is node-local, aligned and inside its parent with exactly the parent's samples."""
+        is node-local, aligned and inside its parent with exactly the parent's samples; only a
+        repacked parent redistributes. A plan that breaks one was built wrong: PlanInvariantError
+        (a bug, with its traceback), never the user's error."""
+        try:
+            self._check()
+        except PlanError as e:
+            raise PlanInvariantError(
+                f"bug: a {self.mode} plan breaks an invariant ({e}); the solvers must never build one: report it with this traceback"
+            ) from e
+        return self
+
+    def _check(self) -> None:
         self.parent_layout.validate(self.cluster, name="parent layout")
         self.child_layout.validate(self.cluster, name="child layout")
         g = self.cluster.gpus_per_node
@@ -123,7 +143,8 @@ class StepPlan:
                         raise PlanError(f"child [{c.start}, {c.stop}) spans nodes; Ulysses children must be node-local")
             if not p.repacked and not p.reason:
                 raise PlanError(f"parent at rank {p.group.start} is not repacked and records no reason")
-        return self
+            if p.redistributed and not p.repacked:
+                raise PlanError(f"parent at rank {p.group.start} redistributes but is not repacked: it has no layout to change")
 
     # ----- serialization -------------------------------------------------------------------
     def to_json(self) -> dict:

@@ -1,24 +1,23 @@
 """One entry point: samples + cluster + cost model + mode -> a validated StepPlan.
 
-The planner only dispatches the modes: the baseline assignment (solver.baseline) gives every
-mode its parents; repack adds the child solver's children (solver.children); repack+solver
-hands both to the parent solver (solver.parent_solver); baseline+solver runs the parent solver
-with every parent in its own layout, the control that shows how much of repack+solver is the
-parent solver's doing and how much the repacking's; repack+widths hands repack+solver's plan to
-the width-choosing solver (solver.width_solver), beyond the paper. The other ways to run the
-sparse layers (solver.halo): redistribute is repack+solver's plan run with the layout changed by
-an all-to-all of its own at every full/sparse boundary; halo gives the baseline's wide parents
-halo children; parent+halo keeps their own layout with halo attention; choose takes
-repack+widths' plan and runs each wide parent the cheapest way.
+The planner composes a plan from the stages of the mode's declared record (solver.modes): the
+parent assignment every mode starts from (solver.baseline), each wide parent's first way to run
+its sparse layers (its own layout; node-local Ulysses children from the child solver,
+solver.children; halo children or its own layout with halo attention, solver.halo), the parent
+solver (solver.parent_solver, solver.rebalance) and the width search (solver.width_solver), the
+per-parent choice of the cheapest way (solver.halo.choose_children), and whether a repacked
+parent's layout change is folded into the full layers' all-to-alls or made by a redistribution
+of its own (recorded per parent in the plan). It never branches on a mode's name.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 
 import numpy as np
 
-from config import HALO_MODES, MODES, SettingError
+from config import SettingError
 
 from .baseline import assign_parents
 from .children import solve_children
@@ -27,40 +26,74 @@ from .cost import CostModel
 from .estimate import PlanEstimate
 from .halo import choose_children, halo_parent, solve_halo_children
 from .layout import Group
+from .modes import CHILDREN, HALO_CHILDREN, OWN, OWN_HALO, Mode, mode_of
 from .parent_solver import solve_parents
 from .plan import DISABLED, NODE_LOCAL, ParentPlan, StepPlan
 from .width_solver import solve_widths
 
 
 def _parent_plans(
-    groups: Sequence[Group], length_of: dict[int, int], cluster: Cluster, cost: CostModel, mode: str
+    groups: Sequence[Group], length_of: dict[int, int], cluster: Cluster, cost: CostModel, start: str
 ) -> tuple[ParentPlan, ...]:
+    """Each parent's first way to run its sparse layers (a Mode's `start`): a node-local parent
+    keeps its own layout; a wide one as `start` says."""
     parents = []
     for g in groups:
-        if g.size <= cluster.gpus_per_node and mode != "baseline":
+        if g.size <= cluster.gpus_per_node:
             parents.append(ParentPlan(g, (g,), NODE_LOCAL))
-        elif mode == "baseline":
-            parents.append(ParentPlan(g, (g,), NODE_LOCAL if g.size <= cluster.gpus_per_node else DISABLED))
-        elif mode == "halo":
+        elif start == OWN:
+            parents.append(ParentPlan(g, (g,), DISABLED))
+        elif start == HALO_CHILDREN:
             parents.append(ParentPlan(g, *solve_halo_children(g, length_of, cluster, cost)))
-        elif mode == "parent+halo":
+        elif start == OWN_HALO:
             parents.append(halo_parent(g))
-        else:
+        elif start == CHILDREN:
             parents.append(ParentPlan(g, *solve_children(g, length_of, cluster, cost)))
+        else:
+            raise ValueError(f"no parent stage for start={start!r}")
     return tuple(parents)
 
 
+def _cheapest(parents: Sequence[ParentPlan], length_of: dict[int, int], cluster: Cluster, cost: CostModel) -> tuple[ParentPlan, ...]:
+    """Each wide parent reworked to the cheapest way to run its sparse layers (solver.halo)."""
+    return tuple(
+        choose_children(p.group, (p.children, "") if p.repacked else ((p.group,), p.reason), length_of, cluster, cost)
+        if p.group.size > cluster.gpus_per_node
+        else p
+        for p in parents
+    )
+
+
+def compose(mode: Mode, samples: Sequence[Sample], cluster: Cluster, cost: CostModel, baseline_pricing: str = "compute") -> StepPlan:
+    """The plan of `mode`'s stages, in order, for checked samples and a cost model bound to the cluster."""
+    length_of = {s.id: s.length for s in samples}
+    groups = assign_parents(samples, cluster, cost, pricing=baseline_pricing)
+    parents = _parent_plans(groups, length_of, cluster, cost, mode.start)
+    if mode.solver:
+        est = PlanEstimate(length_of, cluster, cost)  # one per step, shared by the solvers
+        parents, times = solve_parents(parents, samples, cluster, cost, mode.repacks, est)
+        if mode.widths:
+            parents = solve_widths(parents, samples, cluster, cost, est, times)
+    if mode.cheapest:
+        parents = _cheapest(parents, length_of, cluster, cost)
+    if not mode.folded:
+        parents = tuple(replace(p, redistributed=p.repacked) for p in parents)
+    return StepPlan(cluster, tuple((s.id, s.length) for s in samples), tuple(parents), mode.name).validate()
+
+
 def plan_from_parents(groups: Sequence[Group], samples: Sequence[Sample], cluster: Cluster, cost: CostModel, mode: str) -> StepPlan:
-    """Children for given parents (repack modes) or the parents' own layout (baseline)."""
+    """Given parents run as `mode` starts them (no solver stage): children for a repacking mode,
+    the parents' own layout for the baseline."""
+    spec = mode_of(mode)
     cost = cost.for_cluster(cluster)
-    parents = _parent_plans(groups, {s.id: s.length for s in samples}, cluster, cost, mode)
+    parents = _parent_plans(groups, {s.id: s.length for s in samples}, cluster, cost, spec.start)
     return StepPlan(cluster, tuple((s.id, s.length) for s in samples), parents, mode).validate()
 
 
 def make_plan(
     samples: Sequence[Sample], cluster: Cluster, cost: CostModel, mode: str = "repack+solver", baseline_pricing: str = "compute"
 ) -> StepPlan:
-    """Plan one step.
+    """Plan one step in a declared mode (solver.modes).
 
     >>> from config import Cluster, HardwareConfig, ModelConfig
     >>> from solver import CostModel, samples_from_lengths
@@ -69,37 +102,12 @@ def make_plan(
     >>> plan.widest_parent
     16
     """
-    if mode not in MODES:
-        raise SettingError(f"mode={mode!r} is invalid: it must be one of {list(MODES)}")
+    spec = mode_of(mode)
     cost = cost.for_cluster(cluster)
     check_heads(cluster, cost)
-    if mode in HALO_MODES[:2]:
+    if spec.needs_reach:
         cost.sparse.check_local(f"mode {mode}")
-    samples = check_samples(samples, cluster)
-    if mode == "redistribute":  # repack+solver's parents and children; the simulator and runtime change the layout apart
-        solved = make_plan(samples, cluster, cost, "repack+solver", baseline_pricing)
-        return StepPlan(cluster, solved.lengths, solved.parents, mode).validate()
-    if mode == "choose":  # repack+widths' parents, each wide one running the cheapest way (solver.halo)
-        solved = make_plan(samples, cluster, cost, "repack+widths", baseline_pricing)
-        length_of = solved.length_of
-        parents = tuple(
-            choose_children(p.group, (p.children, "") if p.repacked else ((p.group,), p.reason), length_of, cluster, cost)
-            if p.group.size > cluster.gpus_per_node
-            else p
-            for p in solved.parents
-        )
-        return StepPlan(cluster, solved.lengths, parents, mode).validate()
-    groups = assign_parents(samples, cluster, cost, pricing=baseline_pricing)
-    if mode in ("repack+solver", "baseline+solver", "repack+widths"):
-        repack = mode != "baseline+solver"
-        length_of = {s.id: s.length for s in samples}
-        start = _parent_plans(groups, length_of, cluster, cost, "repack" if repack else "baseline")
-        est = PlanEstimate(length_of, cluster, cost)  # one per step, shared by the solvers
-        parents, times = solve_parents(start, samples, cluster, cost, repack, est)
-        if mode == "repack+widths":
-            parents = solve_widths(parents, samples, cluster, cost, est, times)
-        return StepPlan(cluster, tuple((s.id, s.length) for s in samples), parents, mode).validate()
-    return plan_from_parents(groups, samples, cluster, cost, mode)
+    return compose(spec, check_samples(samples, cluster), cluster, cost, baseline_pricing)
 
 
 def check_heads(cluster: Cluster, cost: CostModel) -> int:

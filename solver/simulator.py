@@ -225,8 +225,8 @@ def halo_exchange(plan: StepPlan, cost: CostModel):
 
 
 def redistributions(plan: StepPlan, cost: CostModel):
-    """The hidden states' all-to-alls at the full/sparse boundaries of a redistribute plan, each
-    over a repacked parent's group, as _pairs_exchange (a group across nodes under the group
+    """The hidden states' all-to-alls at the full/sparse boundaries of a plan's redistributing
+    parents (ParentPlan.redistributed), each over its group, as _pairs_exchange (a group across nodes under the group
     reading at the cross-node rate): (child layout -> parent layout before a full layer, the way
     back after it, whose bytes per pair are the first's transposed)."""
     world, g = plan.cluster.world_size, plan.cluster.gpus_per_node
@@ -235,7 +235,7 @@ def redistributions(plan: StepPlan, cost: CostModel):
     callers = np.zeros(world, dtype=bool)
     spans = np.zeros(world, dtype=bool)
     for p in plan.parents:
-        if not p.repacked:
+        if not p.redistributed:
             continue
         grp = p.group
         callers[grp.start : grp.stop] = True
@@ -319,10 +319,13 @@ def simulate(plan: StepPlan, cost: CostModel) -> StepResult:
         )
     parent = _Layout(plan.parent_layout.groups, world, plan.length_of, cost)
     child = _Layout(plan.child_layout.groups, world, plan.length_of, cost)
-    redistribute = plan.mode == "redistribute"
-    # token-wise work runs in the child layout (== parent in baseline); a redistribute plan's full
-    # layers run theirs in the parent layout, between the two redistributions
-    tokens = {"S": child.tokens, "F": parent.tokens if redistribute else child.tokens}
+    # token-wise work runs in the child layout (== parent in baseline); a redistributing parent's
+    # full layers run theirs in the parent layout, between the two redistributions (ParentPlan.redistributed)
+    moved = np.zeros(world, dtype=bool)
+    for p in plan.parents:
+        if p.redistributed:
+            moved[p.group.start : p.group.stop] = True
+    tokens = {"S": child.tokens, "F": np.where(moved, parent.tokens, child.tokens)}
     qkv = m.hidden * (m.n_heads + 2 * m.n_kv_heads) * m.head_dim
     pre_share = qkv / cost.layer_params_active
     t_pre = {k: t * cost.layer_token_time * pre_share for k, t in tokens.items()}
@@ -331,7 +334,7 @@ def simulate(plan: StepPlan, cost: CostModel) -> StepResult:
 
     full_x = _layer_exchanges(cost, parent, tokens["F"], g)
     sparse_x = _sparse_exchanges(plan, cost, child)
-    redist = redistributions(plan, cost) if redistribute else None
+    redist = redistributions(plan, cost) if plan.redistributes else None
 
     tl = _Timeline(world)
     bytes_acc = {"full": [0.0, 0.0], "sparse": [0.0, 0.0], "redist": [0.0, 0.0]}

@@ -36,7 +36,7 @@ def test_a_quick_calibration_writes_a_profile_the_planners_accept(tmp_path, caps
         assert math.isfinite(hw.to_dict()[key]) and hw.to_dict()[key] > 0, key
     # each fixed cost: the larger of the isolated measurement's and the fit to the runtime's step
     m, net = profile["measurements"], profile["fits"]["all_to_all"]
-    assert m["runtime_step_sizes"] == {"own": 1, "node": 2, "wide": 4, "halo": 2} and m["runtime_step_tokens"] == 4
+    assert m["runtime_step_sizes"] == {"own": 1, "node": 2, "wide": 4, "node-halo": 2} and m["runtime_step_tokens"] == 4
     assert all(t > 0 for t in m["runtime_step_s"].values())
     step = m["from_runtime_step"]
     assert hw.layer_overhead == pytest.approx(max(m["layer_1_token_s"] / 3, step["layer_overhead"]))

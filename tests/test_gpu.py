@@ -19,8 +19,9 @@ import numpy as np
 import pytest
 import torch
 
-from config import MODES, Cluster, HardwareConfig, ModelConfig
+from config import Cluster, HardwareConfig, ModelConfig
 from solver import CostModel, head_to_token_plan, make_plan, samples_from_lengths, token_to_head_plan
+from solver.modes import MODES
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (pytest -m gpu on one)")]
 

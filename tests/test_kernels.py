@@ -6,10 +6,11 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from config import MODES, Cluster, HardwareConfig, ModelConfig
+from config import Cluster, HardwareConfig, ModelConfig
 from kernels.exchange import exchange_all_ranks, exchange_args, head_split_map
 from kernels.permute import gather_heads, scatter_heads
 from solver import CostModel, head_to_token_plan, make_plan, token_to_head_plan
+from solver.modes import MODES
 from tests.strategies import INTERPRETED_EXAMPLES, batches
 
 COST = CostModel(ModelConfig.from_name("tiny"), HardwareConfig())

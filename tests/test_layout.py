@@ -5,7 +5,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from config import MODES, Cluster, HardwareConfig, ModelConfig, SettingError
+from config import Cluster, HardwareConfig, ModelConfig, SettingError
 from solver import (
     CostModel,
     Group,
@@ -23,6 +23,7 @@ from solver import (
     token_to_head_rank,
 )
 from solver.layout import chunk_bounds
+from solver.modes import MODES
 from tests.strategies import batches, clusters
 
 COST = CostModel(ModelConfig.from_name("tiny"), HardwareConfig())

@@ -8,12 +8,13 @@ import torch
 import torch.distributed as dist
 
 import model.distributed as model_distributed
-from config import MODES, Cluster, CostsConfig, HardwareConfig, ModelConfig
+from config import Cluster, CostsConfig, HardwareConfig, ModelConfig
 from kernels.exchange import CommStats, ExchangeGroups
 from model import HybridMoE, LocalPlacement, next_token_labels
 from model.distributed import LayoutError, label_count, run_step, validate
 from model.sharding import full_tensor, shard_model
 from solver import CostModel, Group, ParentPlan, StepPlan, make_plan, samples_from_lengths
+from solver.modes import MODES
 from solver.simulator import simulate
 from tests.dist_utils import run_distributed
 from tests.test_gpu import BF16_LOSS_RTOL

@@ -7,13 +7,16 @@ import numpy as np
 import pytest
 
 import experiments.ablation.__main__ as ablation
-from config import HALO_MODES, MODES, Cluster, CostsConfig, HardwareConfig, ModelConfig, SettingError
+from config import Cluster, CostsConfig, HardwareConfig, ModelConfig, SettingError
 from experiments.ablation.run import anchor_load_ratio
 from experiments.common.results import read_run
 from solver import CostModel, Group, make_plan, samples_from_lengths
 from solver.estimate import PlanEstimate
+from solver.modes import MODE_TABLE, MODES
 from solver.plan import NODE_LOCAL, ParentPlan, StepPlan
 from solver.simulator import simulate, sparse_layer_bytes
+
+HALO_MODES = tuple(m.name for m in MODE_TABLE if m.needs_reach or m.cheapest)  # the modes whose plans may hold halo children
 
 PAPER = CostModel(ModelConfig.from_name("paper"), HardwareConfig())
 

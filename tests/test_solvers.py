@@ -6,17 +6,20 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import solver.parent_solver
-from config import HALO_MODES, MODES, Cluster, HardwareConfig, ModelConfig
+from config import Cluster, HardwareConfig, ModelConfig, SettingError
 from solver import CostModel, Group, PlanError, Sample, StepPlan, TokenLayout, make_plan, samples_from_lengths
 from solver.baseline import assign_parents
 from solver.children import child_problem, polish_children, solve_child_problem, solve_children, solve_sorted
 from solver.cluster import ceil_pow2, ceil_pow2_array
 from solver.estimate import PlanEstimate
 from solver.exact import solve_exact, solve_joint_exact
+from solver.modes import MODE_TABLE, MODES
 from solver.parent_solver import assign_with_children
 from solver.plan import DISABLED, NODE_LOCAL, ParentPlan
 from solver.rebalance import rebalance_parents
 from tests.strategies import MILP_INSTANCES, batches, clusters, fits_memory_floors
+
+HALO_MODES = tuple(m.name for m in MODE_TABLE if m.needs_reach or m.cheapest)  # the modes whose plans may hold halo children
 
 TINY = CostModel(ModelConfig.from_name("tiny"), HardwareConfig())
 PAPER = CostModel(ModelConfig.from_name("paper"), HardwareConfig())
@@ -387,3 +390,69 @@ def test_joint_milp_optimum_is_a_valid_plan_that_no_mode_beats(seed):
     assert opt.proven and _estimate(plan.parents, samples, cluster, PAPER) == pytest.approx(opt.time, rel=1e-9)
     for mode in (m for m in MODES if m not in HALO_MODES):  # the optimum is over plans of Ulysses children
         assert _estimate(make_plan(samples, cluster, PAPER, mode).parents, samples, cluster, PAPER) >= opt.time * (1 - 1e-9)
+
+
+# ----- the declared modes (solver.modes) ------------------------------------------------------------
+def test_every_declared_mode_plans_what_its_stages_say():
+    """Each mode's plan, from its record alone: wide parents start as `start` says (repacked or
+    not, halo children or not), only a repacked parent redistributes and only in a mode that does
+    not fold, and the per-parent choice never leaves a wide parent in a way its stages exclude."""
+    from solver.modes import CHILDREN, HALO_CHILDREN, MODE_TABLE, OWN, OWN_HALO
+
+    cluster = Cluster(16, 4, 256)
+    cost = CostModel(ModelConfig.from_name("tiny"), HardwareConfig())
+    samples = samples_from_lengths([900, 500, 300, 120, 60, 40, 30, 25, 20, 10, 9, 8])
+    for mode in MODE_TABLE:
+        plan = make_plan(samples, cluster, cost, mode.name)
+        wide = plan.wide_parents()
+        assert wide, mode.name
+        for p in plan.parents:
+            assert p.redistributed == (not mode.folded and p.repacked), (mode.name, p)
+        if mode.cheapest:
+            continue
+        for p in wide:
+            if mode.start == OWN:
+                assert not p.repacked and not p.halo, (mode.name, p)
+            elif mode.start == OWN_HALO:
+                assert not p.repacked and p.halo, (mode.name, p)
+            elif mode.start == HALO_CHILDREN:
+                assert all(c.halo or c.size == 1 for c in p.children), (mode.name, p)  # long samples cut, the rest whole
+            elif mode.start == CHILDREN:
+                assert not p.halo and all(not c.spans_nodes(4) for c in p.children), (mode.name, p)
+
+
+def test_twins_isolate_one_stage_and_unknown_modes_or_stages_are_named():
+    from solver.modes import OWN, mode_of, twin
+
+    assert twin("redistribute", folded=True) == "repack+solver"
+    assert twin("repack+solver", start=OWN) == "baseline+solver"
+    assert twin("choose", cheapest=False) == "repack+widths"
+    assert twin("halo", solver=True) is None  # no such mode declared
+    with pytest.raises(ValueError, match="no stage 'colour'"):
+        twin("repack", colour=1)
+    with pytest.raises(SettingError, match=r"mode='repak' is invalid: it must be one of \['baseline', 'repack'"):
+        mode_of("repak")
+
+
+def test_a_plan_that_breaks_an_invariant_is_a_bug_with_its_cause_not_a_users_error():
+    from solver.cluster import InternalError, PlanInvariantError
+    from solver.layout import Group
+    from solver.plan import StepPlan
+
+    cluster = Cluster(4, 2, 64)
+    twice = (
+        ParentPlan(Group(0, 2, (0,)), (Group(0, 2, (0,)),), NODE_LOCAL),
+        ParentPlan(Group(2, 2, (0,)), (Group(2, 2, (0,)),), NODE_LOCAL),
+    )
+    with pytest.raises(
+        PlanInvariantError, match=r"bug: a repack plan breaks an invariant \(.*placed twice.*\); the solvers must never"
+    ) as e:
+        StepPlan(cluster, ((0, 10),), twice, "repack").validate()
+    assert isinstance(e.value, InternalError) and not isinstance(e.value, PlanError) and isinstance(e.value.__cause__, PlanError)
+    # a redistribution for a parent that keeps its layout: refused the same way
+    whole = Group(0, 4, (0,))
+    with pytest.raises(PlanInvariantError, match="redistributes but is not repacked"):
+        StepPlan(cluster, ((0, 10),), (ParentPlan(whole, (whole,), DISABLED, redistributed=True),), "redistribute").validate()
+    # a sample no group can hold stays the user's error: one line, naming it
+    with pytest.raises(PlanError, match="cannot be placed"):
+        make_plan(samples_from_lengths([64 * 4 + 1]), cluster, TINY)

@@ -130,3 +130,52 @@ def test_config_is_the_standard_library_alone():
             for n in names:
                 top = n.split(".")[0]
                 assert top in sys.stdlib_module_names or top == "__future__" or top == "config", f"{mod} imports {n}"
+
+
+def mode_name_uses(path: str, names: set[str]) -> list[str]:
+    """Where a module compares, indexes or slices mode names: a mode name's string constant in a
+    comparison (==, !=, in, not in, also inside a tuple or set compared against), as a subscript's
+    index, or a slice of a tuple of modes (MODES[...], PAPER_MODES[...])."""
+    tree = ast.parse(open(path).read())
+    out = []
+
+    def is_name(node) -> bool:
+        return isinstance(node, ast.Constant) and node.value in names
+
+    def holds_name(node) -> bool:
+        return is_name(node) or (isinstance(node, (ast.Tuple, ast.List, ast.Set)) and any(is_name(e) for e in node.elts))
+
+    for node in ast.walk(tree):
+        where = f"{os.path.relpath(path, ROOT)}:{getattr(node, 'lineno', '?')}"
+        if isinstance(node, ast.Compare) and any(holds_name(x) for x in [node.left, *node.comparators]):
+            out.append(f"{where}: compares a mode name")
+        elif isinstance(node, ast.Subscript):
+            if holds_name(node.slice):
+                out.append(f"{where}: indexes by a mode name")
+            if isinstance(node.slice, ast.Slice) and isinstance(node.value, ast.Name) and node.value.id.endswith("MODES"):
+                out.append(f"{where}: slices {node.value.id}")
+    return out
+
+
+def test_only_the_mode_table_compares_indexes_or_slices_mode_names():
+    """How a step runs is data (solver.modes): outside the table's module (and the tests), no code
+    branches on a mode's name, indexes a result by one, or slices a list of modes; it reads the
+    mode's record or the plan."""
+    from solver.modes import MODES
+
+    names = set(MODES)
+    found = []
+    for mod, path in modules().items():
+        if mod != "solver.modes":
+            found += mode_name_uses(path, names)
+    assert not found, "\n".join(found)
+
+
+def test_the_mode_name_check_finds_what_it_looks_for(tmp_path):
+    path = tmp_path / "m.py"
+    path.write_text(
+        'if plan.mode == "redistribute": pass\nx = over["baseline"]\ny = m in ("halo", "other")\nz = MODES[:3]\n'
+        'ok = make_plan(s, c, cost, "repack")\n'
+    )
+    got = mode_name_uses(str(path), {"redistribute", "baseline", "halo", "repack"})
+    assert [g.split(": ", 1)[1] for g in got] == ["compares a mode name", "indexes by a mode name", "compares a mode name", "slices MODES"]

@@ -6,10 +6,10 @@ import subprocess
 import numpy as np
 import pytest
 
-from config import MODES
 from experiments.common.errors import InputError
 from experiments.common.results import read_run
 from experiments.train.data import TokenFileSource, load_offsets
+from solver.modes import MODES
 from tests.dist_utils import ROOT, single_rank, single_rank_cmd, torchrun
 from tests.test_gpu import BF16_LOSS_RTOL
 

@@ -6,12 +6,12 @@ from __future__ import annotations
 import sys
 import time
 
-from config import MODES
 from experiments.ablation.run import COMMAND, print_tables, run_ablation
 from experiments.common.errors import USER_ERRORS
 from experiments.common.files import check_output_dir, lock_folder
 from experiments.common.results import ROW_BYTES, write_run
 from experiments.common.settings import prepare
+from solver.modes import MODES
 
 
 def main(argv=None):

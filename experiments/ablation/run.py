@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 from tqdm import tqdm
 
-from config import HALO_MODES, MODES, Cluster, CostsConfig, HardwareConfig, ModelConfig, PlannerConfig, WorkloadConfig
+from config import Cluster, CostsConfig, HardwareConfig, ModelConfig, PlannerConfig, WorkloadConfig
 from config.base import POSITIVE_INT, Section, setting
 from config.cli import Command, Settings
 from experiments.common import options
@@ -22,6 +22,7 @@ from experiments.common.results import PAPER, summarize, summarize_seeds
 from experiments.common.settings import MODEL_CHOICES, cost_model
 from experiments.common.workload import check_generation, workload_steps
 from solver import CostModel, PlanError, make_plan, samples_from_lengths
+from solver.modes import CHILDREN, MODE_TABLE, MODES, OWN, REFERENCE, twin
 from solver.simulator import simulate
 
 
@@ -58,7 +59,7 @@ def select_wide_steps(steps, cluster: Cluster, cost: CostModel, progress=True, p
     chosen = []
     for i, (number, lengths) in enumerate(tqdm(steps, desc="scanning steps", disable=not progress, file=sys.stderr, leave=False)):
         try:
-            plan = make_plan(samples_from_lengths(lengths), cluster, cost, "baseline", pricing)
+            plan = make_plan(samples_from_lengths(lengths), cluster, cost, REFERENCE, pricing)
         except PlanError as e:
             raise PlanError(f"step {number}: {e}") from None
         if plan.widest_parent > cluster.gpus_per_node:
@@ -175,17 +176,41 @@ def run_ablation(settings: Settings, seeds: list[int], progress: bool = True) ->
 def ablation_modes(cost: CostModel) -> list[str]:
     """Every mode, but the halo modes for a sparse kind without a reach (choose then runs without
     halo children)."""
-    return [m for m in MODES if cost.sparse.first_key is not None or m not in HALO_MODES[:2]]
+    return [m.name for m in MODE_TABLE if cost.sparse.first_key is not None or not m.needs_reach]
+
+
+def folding_pair() -> tuple[str, str] | None:
+    """(the folded mode, its twin with a redistribution pass of its own): the first declared mode
+    that redistributes, and the mode of the same stages that folds (repack+solver, redistribute)."""
+    for m in MODE_TABLE:
+        folded = None if m.folded else twin(m.name, folded=True)
+        if folded:
+            return folded, m.name
+    return None
+
+
+def control_pair() -> tuple[str, str] | None:
+    """(the paper's solver mode, its control): the first mode that repacks into Ulysses children
+    with the parent solver alone, and its twin without repacking (repack+solver, baseline+solver)."""
+    for m in MODE_TABLE:
+        if m.start == CHILDREN and m.solver and not (m.widths or m.cheapest) and m.folded:
+            control = twin(m.name, start=OWN)
+            if control:
+                return m.name, control
+    return None
 
 
 def folding_saving(per_seed: dict) -> dict | None:
-    """What folding the layout change into the full layers' all-to-alls saves: per seed, the mean
-    step time of redistribute (repack+solver's plans with a redistribution pass of their own) over
-    that of repack+solver, less 1, in percent of redistribute's; its mean, min and max over seeds."""
+    """What folding the layout change into the full layers' all-to-alls saves (folding_pair): per
+    seed, the mean step time of the redistributing mode (the same plans with a redistribution pass
+    of their own) over that of the folded one, less 1, in percent of the redistributing one's; its
+    mean, min and max over seeds."""
+    pair = folding_pair()
+    if pair is None:
+        return None
+    folded, redist = pair
     vals = [
-        100 * (1 - v["repack+solver"]["mean_step_time_s"] / v["redistribute"]["mean_step_time_s"])
-        for v in per_seed.values()
-        if "redistribute" in v and "repack+solver" in v
+        100 * (1 - v[folded]["mean_step_time_s"] / v[redist]["mean_step_time_s"]) for v in per_seed.values() if redist in v and folded in v
     ]
     return {"mean": float(np.mean(vals)), "min": float(np.min(vals)), "max": float(np.max(vals))} if vals else None
 
@@ -259,17 +284,20 @@ def print_tables(rows, summary, out=None):
             f"{m:>15} | {_range(e, 'time_change_pct'):>24} {_range(e, 'mfu_change_pp'):>24} {_range(e, 'mfu_noncausal_change_pp'):>24} "
             f"{_range(e, 'captured_gain_frac', 100, '.1f'):>22} | {pap_s}"
         )
-    b = over["baseline"]
+    b = over[REFERENCE]
     p(
         f"\nbaseline MFU: ours {_range(b, 'mean_mfu', 100, '.1f')} % (causal), {_range(b, 'mean_mfu_noncausal', 100, '.1f')} % "
         f"(non-causal); the paper ~{paper['derived_baseline_mfu_pct']:.0f}% (derived, convention not given)"
     )
-    if "baseline+solver" in modes and "repack+solver" in modes:
-        rs, bs = modes["repack+solver"]["time_change_pct"], modes["baseline+solver"]["time_change_pct"]
-        wide = sum(r["wide_parents"] for r in rows if r["mode"] == "repack+solver")
+    pair = control_pair()
+    if pair and all(m in modes for m in pair):
+        solved, control = pair
+        rs, bs = modes[solved]["time_change_pct"], modes[control]["time_change_pct"]
+        mine = [r for r in rows if r["mode"] == solved]
+        wide, repacked = sum(r["wide_parents"] for r in mine), sum(r["repacked_parents"] for r in mine)
         p(
-            f"attribution (all selected steps pooled): repack+solver {rs:+.2f}%, of which the parent solver alone (baseline+solver) "
-            f"{bs:+.2f}%; repack+solver repacks {_repacked_wide(rows)} of its {wide} wide parents"
+            f"attribution (all selected steps pooled): {solved} {rs:+.2f}%, of which the parent solver alone ({control}) "
+            f"{bs:+.2f}%; {solved} repacks {repacked} of its {wide} wide parents"
         )
     fold = summary.get("folding_saving_pct")
     if fold:
@@ -277,15 +305,15 @@ def print_tables(rows, summary, out=None):
             f"folding the layout change into the full layers' all-to-alls (repack+solver) instead of a redistribution pass of its own "
             f"(redistribute) saves {_range({'f': fold}, 'f', fmt='.2f')}% of the step time (mean over seeds [min, max])"
         )
-    if "choose" in modes:
-        ch = [r for r in rows if r["mode"] == "choose"]
+    for chooser in (m.name for m in MODE_TABLE if m.cheapest and m.name in modes):
+        ch = [r for r in rows if r["mode"] == chooser]
         keys = ("wide_parents", "repacked_parents", "halo_parents", "halo_across_parents")
         wide, rep, halo, across = (sum(r[k] for r in ch) for k in keys)
         p(
-            f"choose: of its {wide} wide parents, {rep} take new children and {wide - rep} keep the parent's layout; "
+            f"{chooser}: of its {wide} wide parents, {rep} take new children and {wide - rep} keep the parent's layout; "
             f"{halo} run sparse attention by halo exchange, {across} of them with a halo child across nodes"
         )
-    halo_off = [m for m in HALO_MODES[:2] if m not in modes]
+    halo_off = [m.name for m in MODE_TABLE if m.needs_reach and m.name not in modes]
     if halo_off:
         p(f"{', '.join(halo_off)}: not run, the sparse kind {cfg['model']['sparse_kind']!r} declares no reach (halo children need one)")
     p("\nmean breakdown per rank (s), all selected steps pooled")
@@ -302,8 +330,3 @@ def print_tables(rows, summary, out=None):
     for m in (m for m in MODES if m in modes):
         e = modes[m]
         p(f"{m:>15} " + " ".join(f"{e['mean_' + k]:12.3f}" for _, k in cols) + f" {e['mean_step_time_s']:8.3f}")
-
-
-def _repacked_wide(rows) -> int:
-    """Wide parents repack+solver repacks (node-local parents are never repacked)."""
-    return sum(r["repacked_parents"] for r in rows if r["mode"] == "repack+solver")

@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from config import MODES, Cluster, HardwareConfig, ModelConfig, WorkloadConfig
+from config import Cluster, HardwareConfig, ModelConfig, WorkloadConfig
 from config.base import Check, Section, setting
 from config.cli import Command, Settings
 from experiments.common import options
@@ -39,6 +39,7 @@ from experiments.common.settings import prepare
 from experiments.common.workload import generate_steps
 from kernels.exchange import ExchangeGroups
 from solver import CostModel, PlanError, make_plan, samples_from_lengths
+from solver.modes import MODES
 
 WORLDS = Check("a comma-separated list of powers of two, 2 to 256", lambda v: isinstance(v, str) and all(_pow2(x) for x in v.split(",")))
 

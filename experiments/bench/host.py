@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from config import MODES, Cluster, HardwareConfig, ModelConfig, WorkloadConfig
+from config import Cluster, HardwareConfig, ModelConfig, WorkloadConfig
 from config.base import Section, list_from, setting
 from config.cli import Command
 from experiments.common import options
@@ -35,6 +35,7 @@ from experiments.common.workload import generate_steps
 from experiments.train.data import random_tokens
 from model.distributed import RankPlacement
 from solver import CostModel, make_plan, samples_from_lengths
+from solver.modes import MODES
 
 TARGETS_MS = {1024: 10.0, 4096: 40.0}
 

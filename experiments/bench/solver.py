@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from config import HALO_MODES, MODES, Cluster, CostsConfig, HardwareConfig, ModelConfig, WorkloadConfig
+from config import Cluster, CostsConfig, HardwareConfig, ModelConfig, WorkloadConfig
 from config.base import Section
 from config.cli import Command
 from experiments.common import options
@@ -39,6 +39,7 @@ from experiments.common.workload import generate_steps
 from solver import CostModel, make_plan, samples_from_lengths
 from solver.children import child_problem, solve_child_problem, solve_sorted
 from solver.exact import solve_exact
+from solver.modes import MODES, modes_where
 
 
 def time_plan(samples, cluster: Cluster, cost: CostModel, mode: str, repeats: int) -> float:
@@ -109,7 +110,7 @@ def joint_instance(seed: int) -> tuple[Cluster, list[int]]:
 # The modes whose plans lie in the exact optimum's space (Ulysses children, the layout change
 # folded into the all-to-alls) and which PlanEstimate prices whole; redistribute adds a pass and
 # the halo modes a different child, which the simulator prices instead.
-JOINT_MODES = tuple(m for m in MODES if m not in ("redistribute", *HALO_MODES))
+JOINT_MODES = modes_where(needs_reach=False, cheapest=False, folded=True)
 
 
 def joint_gaps(n_instances: int, cost: CostModel, time_limit: float = 60.0) -> list[dict]:

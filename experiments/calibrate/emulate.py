@@ -42,7 +42,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from config import MODES, TINY_TOKENS_PER_RANK, Cluster, SettingError, WorkloadConfig
+from config import TINY_TOKENS_PER_RANK, Cluster, SettingError, WorkloadConfig
 from config.base import POSITIVE, Section, int_in, number_in, setting
 from config.cli import Command
 from experiments.common import options
@@ -51,6 +51,7 @@ from experiments.common.files import check_output_dir
 from experiments.common.provenance import provenance
 from experiments.common.results import read_run
 from experiments.common.workload import generate_steps
+from solver.modes import MODES, REFERENCE
 
 SUBNET = "10.213.0"
 # the calibration's medians on the emulated cluster: the replay's exchanges are latency-bound and
@@ -207,7 +208,7 @@ def compare(pairs: list[tuple[dict, dict]]) -> tuple[list[dict], dict]:
             }
         )
     summary = {}
-    base = {(r["step"]): r for r in rows if r["mode"] == "baseline"}
+    base = {(r["step"]): r for r in rows if r["mode"] == REFERENCE}
     for mode in MODES:
         mine = [r for r in rows if r["mode"] == mode and r["step"] in base]
         if not mine:

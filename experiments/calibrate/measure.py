@@ -351,8 +351,8 @@ def measure_runtime_steps(
 
 # what each runtime step's time is fitted to (fit_fixed_cost), in order: each fit keeps the ones
 # before (the halo step's full layers pay the all-to-all latency the node step fitted)
-STEP_FITS = (("layer_overhead", "own"), ("a2a_latency", "node"), ("a2a_inter_latency", "wide"), ("halo_latency", "halo"))
-HALO_STEPS = frozenset({"halo"})  # the runtime steps whose plan is a halo plan
+STEP_FITS = (("layer_overhead", "own"), ("a2a_latency", "node"), ("a2a_inter_latency", "wide"), ("halo_latency", "node-halo"))
+HALO_STEPS = frozenset({"node-halo"})  # the runtime steps whose plan is a halo plan
 
 
 def fit_fixed_cost(
@@ -481,13 +481,13 @@ def calibrate(
     # the runtime's step on step_tokens per rank: every rank alone, in groups of a node (at most the heads allow), in groups of
     # the widest width the heads allow across nodes (where there is more than one node)
     widest = CostModel(cfg, HardwareConfig()).widest_group(Cluster(world, node, step_tokens))
-    step_sizes = {"own": 1, "node": min(node, widest), "wide": widest, "halo": min(node, widest)}
+    step_sizes = {"own": 1, "node": min(node, widest), "wide": widest, "node-halo": min(node, widest)}
     if widest <= node:
         del step_sizes["wide"]
     if step_sizes["node"] == 1:  # no group inside a node the heads allow: nothing pays a call's latency
-        del step_sizes["node"], step_sizes["halo"]
+        del step_sizes["node"], step_sizes["node-halo"]
     elif sparse_cost(cfg.sparse_kind).first_key is None:  # a kind without a reach runs no halo exchange
-        del step_sizes["halo"]
+        del step_sizes["node-halo"]
     runtime_steps = measure_runtime_steps(cfg, groups, node, device, dtype, sizes["median_of"], step_sizes, step_tokens)
     experts_a2a = measure_experts_all_to_all(groups, node, sizes["bytes"], cfg, device, dtype, sizes["median_of"])
     overlap = measure_experts_overlap(cfg, groups, node, device, dtype, sizes["median_of"], EXPERTS_STEP_TOKENS)
@@ -549,7 +549,8 @@ def calibrate(
             "experts_overlap": overlap,
             "collective_s": collective,
             "layer_1_token_s": layer,
-            "runtime_step_s": runtime_steps,  # by plan: "own" (groups of 1), "node", "wide", "halo" (groups of a node, halo sparse layers)
+            # by plan: "own" (groups of 1), "node", "wide", "node-halo" (groups of a node, halo sparse layers)
+            "runtime_step_s": runtime_steps,
             "runtime_step_sizes": step_sizes,
             "runtime_step_tokens": step_tokens,  # per rank
             "from_runtime_step": from_step,  # each fixed cost's fit to its step

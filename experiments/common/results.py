@@ -20,7 +20,7 @@ import os
 
 import numpy as np
 
-from config import MODES
+from solver.modes import MODES, PAPER_MODES, REFERENCE, paper_figures
 
 from .errors import InputError
 
@@ -77,10 +77,8 @@ ROW_BYTES = 1024  # a steps.csv row is under this (about 600 bytes: 52 numbers w
 BREAKDOWN = ("compute_s", "intra_comm_s", "inter_comm_s", "moe_comm_s", "grad_sync_s", "optimizer_s", "imbalance_wait_s")
 
 # The paper's ablation (docs/design.md): change of mean step time vs baseline and MFU change.
-PAPER = {
-    "baseline": {"time_change_pct": 0.0, "mfu_change_pp": 0.0},
-    "repack": {"time_change_pct": -5.95, "mfu_change_pp": 3.75},
-    "repack+solver": {"time_change_pct": -7.61, "mfu_change_pp": 4.83},
+# Its figures per mode are the mode table's (solver.modes); the summary carries them as before.
+PAPER = {m: paper_figures(m) for m in PAPER_MODES} | {
     "derived_baseline_mfu_pct": 59.0,  # 3.75 / 0.0633 = 59.3; 4.83 / 0.0824 = 58.6
 }
 
@@ -112,8 +110,8 @@ def summarize(rows: list[dict]) -> dict:
         for k in BREAKDOWN + ("loss",):
             entry["mean_" + k] = _mean(rs, k)
         out[m] = entry
-    if "baseline" in out:
-        b = out["baseline"]
+    if REFERENCE in out:
+        b = out[REFERENCE]
         for e in out.values():
             e["time_change_pct"] = 100.0 * (e["mean_step_time_s"] / b["mean_step_time_s"] - 1.0)
             e["mfu_change_pp"] = 100.0 * (e["mean_mfu"] - b["mean_mfu"])
@@ -275,7 +273,7 @@ def read_ablation(folder: str) -> tuple[list[dict], dict]:
     for key in ("config", "over_seeds", "modes", "selected_steps"):
         if not isinstance(summary.get(key), dict):
             raise InputError(f"{folder}/summary.json has no {key!r} object: not an ablation's summary")
-    if not rows or "baseline" not in summary["over_seeds"]:
+    if not rows or REFERENCE not in summary["over_seeds"]:
         cfg = summary["config"]
         steps, seeds = cfg.get("workload", {}).get("steps"), cfg.get("seeds")
         raise InputError(

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import os
 
-from config import MODES, Cluster, HardwareConfig, ModelConfig, WorkloadConfig
+from config import Cluster, HardwareConfig, ModelConfig, WorkloadConfig
 from experiments.common.provenance import provenance
 from experiments.common.workload import generate_steps
 from experiments.report import plots
 from experiments.report.tables import csv_provenance, csv_rows, run_provenance
 from solver import CostModel, make_plan, samples_from_lengths
+from solver.modes import MODES
 
 plt = plots.plt
 

@@ -15,11 +15,11 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
-from config import MODES  # noqa: E402
 from experiments.common.errors import InputError  # noqa: E402
 from experiments.common.results import BREAKDOWN, PAPER, read_run  # noqa: E402
 from experiments.common.results import read_ablation as read_ablation_run  # noqa: E402
 from solver import CostModel, StepPlan, exchange_bytes, token_to_head_plan  # noqa: E402
+from solver.modes import MODES  # noqa: E402
 
 RESULTS = os.environ.get("REPACK_RESULTS", "results")
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

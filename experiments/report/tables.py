@@ -13,21 +13,16 @@ from collections.abc import Callable
 import numpy as np
 
 import config
-from config import MODES, PAPER_MODES, Cluster, HardwareConfig, ModelConfig, Section
+from config import Cluster, HardwareConfig, ModelConfig, Section
 from config.base import flag_of
 from experiments.common.errors import InputError
 from experiments.common.results import PAPER, read_ablation
 from experiments.train.memory import GIB, estimate
 from solver import CostModel
+from solver.modes import CHILDREN, HALO_CHILDREN, MODE_TABLE, MODES, OWN, OWN_HALO, REFERENCE, mode_of, modes_where
 
-MODE_NOTES = {
-    "baseline+solver": "baseline+solver (control)",
-    "repack+widths": "repack+widths (beyond the paper)",
-    "redistribute": "redistribute (the pass the paper avoids)",
-    "halo": "halo (halo children)",
-    "parent+halo": "parent+halo (naive halo)",
-    "choose": "choose (beyond the paper: per parent)",
-}
+COMPARED = [m for m in MODE_TABLE if m.name != REFERENCE]  # every mode but the one the changes are against
+SINGLE_WAYS = modes_where(solver=False, cheapest=False)  # one mode per way a wide parent starts (no solver)
 
 
 def table(header: list[str], rows: list[list]) -> str:
@@ -75,17 +70,17 @@ def ablation(folder: str) -> tuple[str, list[dict]]:
     n = {k: len(v) for k, v in s["selected_steps"].items()}
     out = [
         [
-            f"**{MODE_NOTES.get(m, m)}**" if m in PAPER_MODES[1:] else MODE_NOTES.get(m, m),
-            _range(over[m]["time_change_pct"], fmt="+.1f", unit="%"),
-            _range(over[m]["mfu_change_pp"], fmt="+.1f", unit=" pp"),
-            _range(over[m]["mfu_noncausal_change_pp"], fmt="+.1f", unit=" pp"),
+            f"**{m.shown}**" if m.in_paper else m.shown,
+            _range(over[m.name]["time_change_pct"], fmt="+.1f", unit="%"),
+            _range(over[m.name]["mfu_change_pp"], fmt="+.1f", unit=" pp"),
+            _range(over[m.name]["mfu_noncausal_change_pp"], fmt="+.1f", unit=" pp"),
         ]
-        for m in MODES[1:]
-        if m in over
+        for m in COMPARED
+        if m.name in over
     ]
-    for m in PAPER_MODES[1:]:
-        out.append([f"the paper: {m}", f"{PAPER[m]['time_change_pct']:+.2f}%", f"{PAPER[m]['mfu_change_pp']:+.2f} pp", "(not given)"])
-    base = over["baseline"]
+    for m in (m for m in COMPARED if m.in_paper):
+        out.append([f"the paper: {m.name}", f"{m.paper[0]:+.2f}%", f"{m.paper[1]:+.2f} pp", "(not given)"])
+    base = over[REFERENCE]
     text = table(["mode", "step time vs baseline", "MFU (causal)", "MFU (non-causal)"], out)
     text += (
         f"\n\nBaseline MFU: {_range(base['mean_mfu'], 100, '.1f', '%')} (causal), "
@@ -108,14 +103,14 @@ def headline(folder: str) -> tuple[str, list[dict]]:
     _, s = _read(folder)
     over = s["over_seeds"]
     out = []
-    for m in ("repack", "repack+solver", "repack+widths", "redistribute", "choose"):
+    for m in modes_where(headline=True):
         if m not in over:
             continue
-        paper = PAPER.get(m)
-        theirs = f"{paper['time_change_pct']:+.2f}%, {paper['mfu_change_pp']:+.2f} pp" if paper else "(not in the paper)"
+        paper = mode_of(m).paper
+        theirs = f"{paper[0]:+.2f}%, {paper[1]:+.2f} pp" if paper else "(not in the paper)"
         ours = f"{over[m]['time_change_pct']['mean']:+.1f}%, {over[m]['mfu_change_pp']['mean']:+.1f} pp"
-        out.append([MODE_NOTES.get(m, m), ours, theirs])
-    seeds = len(over["baseline"]["seeds"])
+        out.append([mode_of(m).shown, ours, theirs])
+    seeds = len(over[REFERENCE]["seeds"])
     text = table(["mode", f"ours: step time, MFU vs baseline (mean over {seeds} seed{'s' if seeds > 1 else ''})", "the paper"], out)
     return text, [run_provenance(s, folder)]
 
@@ -133,10 +128,10 @@ def ablation_variants(*folders: str) -> tuple[str, list[dict]]:
     for folder in folders:
         _, s = _read(folder)
         over, label = s["over_seeds"], variant_label(s["config"])
-        for k, m in enumerate(MODES[1:]):
+        for k, m in enumerate(m.name for m in COMPARED):
             if m not in over:
                 continue
-            base = _range(over["baseline"]["mean_mfu"], 100, ".1f", "%") if k == 0 else ""
+            base = _range(over[REFERENCE]["mean_mfu"], 100, ".1f", "%") if k == 0 else ""
             out.append(
                 [
                     label if k == 0 else "",
@@ -211,7 +206,7 @@ def sweep_strategies(path: str) -> tuple[str, list[dict]]:
             if not means:
                 continue
             label = f"{factor} = {_shown(v)}" + (f" ({reading} reading)" if reading else "")
-            single = {m: t for m, t in means.items() if m != "choose"}
+            single = {m: t for m, t in means.items() if not mode_of(m).cheapest}  # every parent run alike
             cells = (_cell(values[(v, m)]) if (v, m) in values else "" for m in STRATEGIES)
             out.append([label, *cells, min(means, key=means.get), min(single, key=single.get)])
     text = table(["point", *STRATEGIES, "fastest", "fastest single way"], out) + "\n\n% step time vs baseline, mean over seeds [min, max]."
@@ -384,11 +379,11 @@ def sparse_layer_traffic(steps: int = 200, seed: int = 0) -> dict[str, dict[str,
     acc: dict[str, list[tuple[float, float]]] = {}
     for lengths in generate_steps(config.WorkloadConfig(steps=steps, seed=seed).for_cluster(cluster)):
         samples = samples_from_lengths(lengths)
-        base = make_plan(samples, cluster, cost, "baseline")
+        base = make_plan(samples, cluster, cost, REFERENCE)
         if base.widest_parent <= cluster.gpus_per_node:
             continue
-        for mode in ("baseline", "repack", "halo", "parent+halo"):
-            plan = base if mode == "baseline" else make_plan(samples, cluster, cost, mode)
+        for mode in SINGLE_WAYS:  # each way a parent can start with, on the reference's parents
+            plan = base if mode == REFERENCE else make_plan(samples, cluster, cost, mode)
             sent, across = sparse_layer_bytes(plan, cost)
             wide = np.zeros(len(sent), dtype=bool)  # the ranks the modes run differently: the wide parents'
             for p in plan.wide_parents():
@@ -402,14 +397,14 @@ def sparse_layer_traffic(steps: int = 200, seed: int = 0) -> dict[str, dict[str,
 
 def sparse_traffic() -> tuple[str, list[dict]]:
     """The busiest rank's bytes in one sparse layer, by the way the sparse layers run."""
-    labels = {
-        "baseline": "Ulysses in the parent (baseline): heads, entry and exit",
-        "repack": "node-local Ulysses children (repack): heads, entry and exit",
-        "halo": "halo children (halo): keys and values to the ranks after",
-        "parent+halo": "the parent's layout with halos (parent+halo)",
+    what = {
+        OWN: "Ulysses in the parent ({}): heads, entry and exit",
+        CHILDREN: "node-local Ulysses children ({}): heads, entry and exit",
+        HALO_CHILDREN: "halo children ({}): keys and values to the ranks after",
+        OWN_HALO: "the parent's layout with halos ({})",
     }
     got = sparse_layer_traffic()
-    rows = [[labels[m], f"{e['mb']:.0f}", f"{e['across_mb']:.0f}"] for m, e in got.items()]
+    rows = [[what[mode_of(m).start].format(m), f"{e['mb']:.0f}", f"{e['across_mb']:.0f}"] for m, e in got.items()]
     text = table(["how the sparse layers run", "busiest rank, MB a layer", "of which across nodes"], rows)
     return text, [
         {"command": "python -m experiments.report", "where": "the default workload's steps with parents wider than a node (seed 0)"}
@@ -459,7 +454,7 @@ def emulated(folder: str) -> tuple[str, list[dict]]:
     for m, e in result["modes"].items():
         change = (
             ""
-            if m == "baseline"
+            if m == REFERENCE
             else f"{e['predicted_change_pct']:+.1f}% vs {e['measured_change_pct']:+.1f}% ({abs(e['change_gap_pp']):.1f} pp)"
         )
         out.append(

@@ -18,22 +18,13 @@ from __future__ import annotations
 
 import os
 import sys
+import traceback
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
-from config import (
-    MODES,
-    TINY_TOKENS_PER_RANK,
-    Cluster,
-    CostsConfig,
-    HardwareConfig,
-    ModelConfig,
-    OptimConfig,
-    PlannerConfig,
-    WorkloadConfig,
-)
+from config import TINY_TOKENS_PER_RANK, Cluster, CostsConfig, HardwareConfig, ModelConfig, OptimConfig, PlannerConfig, WorkloadConfig
 from config.base import NON_NEGATIVE_INT, POSITIVE_INT, Section, optional, setting
 from config.cli import Command, Derived
 from experiments.common import options
@@ -44,6 +35,8 @@ from experiments.train.driver import DTYPES, check_options, stuck_ranks, train
 from kernels.permute import PACK_BACKENDS
 from model.attention import BACKENDS
 from model.sharding import SHARDINGS
+from solver.cluster import InternalError
+from solver.modes import MODES
 
 
 @dataclass(frozen=True)
@@ -121,6 +114,8 @@ def main(argv=None):
     try:
         train(settings, rank, torch.device(f"cuda:{local}" if cuda else "cpu"))
     except Exception as e:  # noqa: BLE001 - every failure ends the job with its rank and reason
+        if isinstance(e, InternalError):  # a bug, not the user's input: its traceback is what a fix needs
+            traceback.print_exc()
         timed_out = isinstance(e, dist.DistBackendError) or "timed out" in str(e).lower() or "timeout" in str(e).lower()
         note = f" {stuck_ranks(rank, world)}" if timed_out else ""
         print(f"[rank {rank}] failed: {type(e).__name__}: {_first_line(e)}{note}", file=sys.stderr, flush=True)

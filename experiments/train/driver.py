@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from config import MODES, Cluster, CostsConfig, HardwareConfig, ModelConfig, SettingError, WorkloadConfig
+from config import Cluster, CostsConfig, HardwareConfig, ModelConfig, SettingError, WorkloadConfig
 from config.cli import Settings
 from experiments.common.errors import InputError
 from experiments.common.files import check_output_dir, file_identity, lock_folder
@@ -31,6 +31,7 @@ from model import HybridMoE
 from model.distributed import run_step
 from model.sharding import parameter_count, replicate_experts, shard_model
 from solver import CostModel, PlanError, check_setup, make_plan, samples_from_lengths
+from solver.modes import MODES
 
 from . import checkpoint, memory
 from .data import GeneratedSource, LengthSource, TokenFileSource
