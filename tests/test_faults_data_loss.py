@@ -139,7 +139,9 @@ def test_a_block_left_open_in_a_doc_is_refused_and_no_doc_is_touched(tmp_path, c
     )
     (docs / "a.md").write_text(body)
     (docs / "b.md").write_text("<!-- report:memory -->\nx\n<!-- /report -->\n")  # fine on its own: not written either
-    assert report.main(["--docs", str(docs), "--results", str(tmp_path / "r")]) == 1
+    with pytest.raises(SystemExit) as exit_:
+        report.main(["--docs", str(docs), "--results", str(tmp_path / "r")])
+    assert exit_.value.code == 2  # a user's error, as every entry point's
     err = capsys.readouterr().err
     assert "a.md line 3: the block opened there has no closing <!-- /report --> before the next block (line 8)" in err
     assert (docs / "a.md").read_text() == body and (docs / "b.md").read_text() == "<!-- report:memory -->\nx\n<!-- /report -->\n"

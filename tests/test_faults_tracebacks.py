@@ -55,7 +55,9 @@ def test_an_unwritable_output_is_refused_before_any_measurement(tmp_path):
     blocker.write_text("x")
     with pytest.raises(SystemExit, match="is a file, not a folder"):
         kernel_bench.main(["--quick", "--out", str(blocker)])  # before half a minute of measuring
-    assert report.main(["--docs", str(blocker)]) == 2
+    with pytest.raises(SystemExit) as exit_:
+        report.main(["--docs", str(blocker)])
+    assert exit_.value.code == 2  # a user's error, as every entry point's
 
 
 def _defects_body(rank, world, root):
@@ -189,14 +191,18 @@ def test_report_over_results_it_cannot_render_is_one_line_and_writes_no_doc(tmp_
     for folder, message in cases.items():
         body = f"hand text\n<!-- report:ablation {folder} -->\nold\n<!-- /report -->\n"
         docs = _doc(tmp_path, body)
-        assert report.main(["--docs", str(docs), "--results", str(results)]) == 1
+        with pytest.raises(SystemExit) as exit_:
+            report.main(["--docs", str(docs), "--results", str(results)])
+        assert exit_.value.code == 2  # a user's error, as every entry point's
         err = capsys.readouterr().err
         assert message in err and "line 2, block ablation" in err and err.strip().count("\n") == 0, err
         assert (docs / "a.md").read_text() == body
     with pytest.raises(InputError, match="the ablation selected no step"):
         load_or_run_ablation(str(results / "none"))
     docs = _doc(tmp_path, "<!-- report:ablatoin none -->\nold\n<!-- /report -->\n")
-    assert report.main(["--docs", str(docs), "--results", str(results)]) == 1
+    with pytest.raises(SystemExit) as exit_:
+        report.main(["--docs", str(docs), "--results", str(results)])
+    assert exit_.value.code == 2  # a user's error, as every entry point's
     assert "a.md line 1: report:ablatoin names no renderer; renderers: ['ablation'" in capsys.readouterr().err
 
 

@@ -179,3 +179,19 @@ def test_the_mode_name_check_finds_what_it_looks_for(tmp_path):
     )
     got = mode_name_uses(str(path), {"redistribute", "baseline", "halo", "repack"})
     assert [g.split(": ", 1)[1] for g in got] == ["compares a mode name", "indexes by a mode name", "compares a mode name", "slices MODES"]
+
+
+def test_every_entry_point_parses_and_fails_one_way():
+    """Every entry point reads its command line through experiments.common.entry.parse (checked and
+    prepared) and ends a user's error through it (one line, exit code 2): none parses its COMMAND
+    itself or exits with a message of its own."""
+    own = []
+    for mod in sorted(entry_points()):
+        source = open(modules()[mod]).read()
+        if "COMMAND.parse(" in source:
+            own.append(f"{mod}: parses its command line itself")
+        if 'sys.exit(f"error' in source or "sys.exit(\"error" in source:
+            own.append(f"{mod}: exits with an error line of its own")
+        if "entry.parse(" not in source:
+            own.append(f"{mod}: does not parse through experiments.common.entry")
+    assert not own, "\n".join(own)

@@ -26,8 +26,7 @@ from config import PRICINGS, RATIO_READINGS
 from config.base import POSITIVE_INT, Section, list_from, setting
 from config.cli import Command, Settings
 from experiments.ablation.run import SECTIONS, run_ablation
-from experiments.common import options
-from experiments.common.errors import USER_ERRORS
+from experiments.common import entry, options
 from experiments.common.files import check_output_dir, lock_folder
 from experiments.common.provenance import provenance
 from experiments.common.settings import MODEL_CHOICES, prepare
@@ -111,23 +110,19 @@ def points(factors):
 
 
 def main(argv=None):
-    try:
-        base = COMMAND.parse(argv)
-        opts = base.sweep
+    base = entry.parse(COMMAND, argv, resolve_workload=False)  # each point resolves its workload for its cluster
+    opts = base.sweep
+    with entry.user_errors():
         check_output_dir(opts.out)
         lock_folder(opts.out)
         prepare(base)  # the defaults' settings checked before any point runs
-    except USER_ERRORS as e:
-        sys.exit(f"error: {e}")
     prov = provenance()
     seeds = list(range(base.workload.seed, base.workload.seed + opts.seeds))
     todo = list(points(opts.factors.split(",")))
     rows = []
     for factor, value, pricing, reading in tqdm(todo, desc="sweep", file=sys.stderr):
-        try:
+        with entry.user_errors(f"at {factor}={value}: "):
             _, summary = run_ablation(prepare(point(base, factor, value, pricing, reading)), seeds, progress=False)
-        except USER_ERRORS as e:
-            sys.exit(f"error at {factor}={value}: {e}")
         used_reading = summary["config"]["hardware"]["ratio_reading"]
         for seed, modes in summary["seeds"].items():
             for mode, e in modes.items():

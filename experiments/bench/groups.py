@@ -21,7 +21,6 @@ import csv
 import datetime
 import os
 import socket
-import sys
 from dataclasses import dataclass
 
 import torch
@@ -31,8 +30,7 @@ import torch.multiprocessing as mp
 from config import Cluster, HardwareConfig, ModelConfig, WorkloadConfig
 from config.base import Check, Section, setting
 from config.cli import Command, Settings
-from experiments.common import options
-from experiments.common.errors import USER_ERRORS
+from experiments.common import entry, options
 from experiments.common.files import check_output_dir
 from experiments.common.provenance import provenance
 from experiments.common.settings import prepare
@@ -151,11 +149,9 @@ def print_rows(rows: list[dict]) -> None:
 
 
 def main(argv=None):
-    try:
-        settings = COMMAND.parse(argv)
+    settings = entry.parse(COMMAND, argv, resolve_workload=False)  # resolved for each world it runs
+    with entry.user_errors():
         check_output_dir(settings.bench.out)
-    except USER_ERRORS as e:
-        sys.exit(f"error: {e}")
     ctx = provenance()
     if "WORLD_SIZE" in os.environ:  # under a launcher: these ranks
         timeout = datetime.timedelta(seconds=settings.bench.timeout)

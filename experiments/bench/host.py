@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import csv
 import os
-import sys
 import time
 from dataclasses import dataclass
 
@@ -27,8 +26,7 @@ import torch
 from config import Cluster, HardwareConfig, ModelConfig, WorkloadConfig
 from config.base import Section, list_from, setting
 from config.cli import Command
-from experiments.common import options
-from experiments.common.errors import USER_ERRORS
+from experiments.common import entry, options
 from experiments.common.files import check_output_dir
 from experiments.common.provenance import provenance
 from experiments.common.workload import generate_steps
@@ -81,11 +79,9 @@ COMMAND = Command("experiments.bench.host", __doc__, (ModelConfig, HostBenchOpti
 
 
 def main(argv=None):
-    try:
-        s = COMMAND.parse(argv)
+    s = entry.parse(COMMAND, argv)
+    with entry.user_errors():
         check_output_dir(s.bench.out)
-    except USER_ERRORS as e:
-        sys.exit(f"error: {e}")
     cfg = s.model
     cost = CostModel(cfg, HardwareConfig())
     ctx = provenance()

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import csv
 import os
-import sys
 import time
 from dataclasses import dataclass
 
@@ -31,8 +30,7 @@ import torch
 from config import GPU_DEVICES, MEMORY_LATENCY_S, ModelConfig
 from config.base import Section
 from config.cli import Command
-from experiments.common import options
-from experiments.common.errors import USER_ERRORS
+from experiments.common import entry, options
 from experiments.common.files import check_output_dir
 from experiments.common.provenance import provenance
 from kernels.exchange import exchange_args
@@ -170,12 +168,10 @@ def write_csv(path: str, rows: list[dict]) -> None:
 
 
 def main(argv=None):
-    try:
-        s = COMMAND.parse(argv)
-        args, m = s.bench, s.model
+    s = entry.parse(COMMAND, argv)
+    args, m = s.bench, s.model
+    with entry.user_errors():
         check_output_dir(args.out)
-    except USER_ERRORS as e:
-        sys.exit(f"error: {e}")
     cuda = torch.cuda.is_available()
     dev = torch.device("cuda" if cuda else "cpu")
     dtype = torch.bfloat16

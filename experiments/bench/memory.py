@@ -8,13 +8,12 @@ measurement.
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 
 from config import Cluster, CostsConfig, HardwareConfig, ModelConfig
 from config.base import Section, list_from, number_in, setting
 from config.cli import Command
-from experiments.common.errors import USER_ERRORS
+from experiments.common import entry
 from experiments.train.memory import GIB, estimate
 from solver import CostModel
 
@@ -43,10 +42,7 @@ COMMAND = Command(
 
 
 def main(argv=None):
-    try:
-        s = COMMAND.parse(argv)
-    except USER_ERRORS as e:
-        sys.exit(f"error: {e}")
+    s = entry.parse(COMMAND, argv)
     tokens, recompute, gib = s.cluster.tokens_per_rank, s.costs.recompute, s.memory.gpu_gib
     print(f"GiB per rank at {tokens} tokens per rank (bf16 compute, recompute {recompute}); fits: under {gib:g} GiB")
     print(f"{'model':>8} {'params':>8} {'ranks':>6} {'fsdp':>8} {'fits':>5} {'fsdp + EP':>12} {'fits':>5} {'replicated':>11} {'fits':>5}")

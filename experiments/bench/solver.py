@@ -22,7 +22,6 @@ import contextlib
 import csv
 import gc
 import os
-import sys
 import time
 from dataclasses import dataclass
 
@@ -31,8 +30,7 @@ import numpy as np
 from config import Cluster, CostsConfig, HardwareConfig, ModelConfig, WorkloadConfig
 from config.base import Section
 from config.cli import Command
-from experiments.common import options
-from experiments.common.errors import USER_ERRORS
+from experiments.common import entry, options
 from experiments.common.files import check_output_dir
 from experiments.common.provenance import provenance
 from experiments.common.workload import generate_steps
@@ -200,13 +198,11 @@ COMMAND = Command(
 
 
 def main(argv=None):
-    try:
-        s = COMMAND.parse(argv)
-        args = s.bench
+    s = entry.parse(COMMAND, argv, resolve_workload=False)  # resolved for each cluster size it plans
+    args = s.bench
+    with entry.user_errors():
         check_output_dir(args.out)
-    except USER_ERRORS as e:
-        sys.exit(f"error: {e}")
-    cost = CostModel(s.model, s.hardware, costs=s.costs)
+    cost = CostModel(s.model, s.hardware, costs=s.costs)  # bound to each cluster size it plans
     sizes = [64, 256] if args.quick else [64, 256, 1024, 4096, 16384]
     ctx = provenance()
     core = "one thread"

@@ -26,8 +26,7 @@ from config import Cluster, ModelConfig
 from config.base import POSITIVE_INT, Section, int_at_least, number_in, optional, setting
 from config.cli import Command, Derived
 from experiments.calibrate.measure import STEP_SAMPLE_TOKENS, calibrate, report
-from experiments.common import options
-from experiments.common.errors import USER_ERRORS
+from experiments.common import entry, options
 from experiments.common.files import check_output_dir
 from experiments.common.ranks import end_rank, leave, start_rank
 from experiments.common.settings import MODEL_CHOICES
@@ -72,13 +71,9 @@ COMMAND = Command(
 
 def main(argv=None):
     rank = int(os.environ.get("RANK", 0))
-    try:
-        s = COMMAND.parse(argv)
+    s = entry.parse(COMMAND, argv)
+    with entry.user_errors():
         check_output_dir(s.calibrate.out)
-    except USER_ERRORS as e:
-        if rank == 0:
-            print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
     c = s.calibrate
     cuda = torch.cuda.is_available()
     if cuda:

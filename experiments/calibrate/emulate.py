@@ -45,7 +45,7 @@ import numpy as np
 from config import TINY_TOKENS_PER_RANK, Cluster, SettingError, WorkloadConfig
 from config.base import POSITIVE, Section, int_in, number_in, setting
 from config.cli import Command
-from experiments.common import options
+from experiments.common import entry, options
 from experiments.common.errors import USER_ERRORS
 from experiments.common.files import check_output_dir
 from experiments.common.provenance import provenance
@@ -370,10 +370,7 @@ def main(argv=None):
     if "--" in argv:
         i = argv.index("--")
         argv, module_args = argv[:i], argv[i + 1 :]
-    try:
-        s = COMMAND.parse(argv)
-    except USER_ERRORS as err:
-        sys.exit(f"error: {err}")
+    s = entry.parse(COMMAND, argv, resolve_workload=False)  # resolved for the emulated cluster (run_compare)
     e = s.emulate
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a terminated run still removes its namespaces
     why = unavailable()
@@ -385,7 +382,7 @@ def main(argv=None):
             run_compare(s)
             return
         if not module_args:
-            sys.exit("error: give --compare or a module to run after '--' (e.g. -- -m experiments.calibrate --quick)")
+            entry.fail("give --compare or a module to run after '--' (e.g. -- -m experiments.calibrate --quick)")
         with EmulatedCluster(e.nodes, e.inter_mbit) as cluster:
             log_dir = os.path.join(os.path.abspath(e.out), "logs")
             os.makedirs(log_dir, exist_ok=True)
@@ -393,8 +390,8 @@ def main(argv=None):
             print(open(os.path.join(log_dir, "node0.log")).read()[-4000:])
             print(f"return codes per node: {codes}; logs in {log_dir}")
             sys.exit(max(codes))
-    except (*USER_ERRORS, RuntimeError) as err:
-        sys.exit(f"error: {err}")
+    except (*USER_ERRORS, RuntimeError) as err:  # the namespaces' set-up too: what the machine lacks, in one line
+        entry.fail(err)
 
 
 if __name__ == "__main__":

@@ -18,14 +18,17 @@ def cost_model(settings: Settings) -> CostModel:
     return CostModel(settings.model, settings.hardware, costs=settings.costs).for_cluster(settings.cluster)
 
 
-def prepare(settings: Settings) -> Settings:
+def prepare(settings: Settings, resolve_workload: bool = True) -> Settings:
     """`settings` with the sparse kind's parameters filled in with its defaults, the expert-parallel
     degree checked against the model and the cluster (or chosen: a node's, dividing the experts),
-    and the workload resolved for the cluster. Raises SettingError naming a bad one."""
+    and the workload resolved for the cluster (resolve_workload=False: left as given, for an entry
+    point that resolves it for each cluster it runs). Raises SettingError naming a bad one."""
+    if "model" not in settings.sections:  # an entry point of other sections only (the report's)
+        return settings
     s = settings.replace(model=with_sparse_defaults(settings.model))
     if "costs" in s.sections and "cluster" in s.sections:  # the expert-parallel degree checked, and set where left to its default
         s = s.replace(costs=s.costs.replace(ep_degree=cost_model(s).ep_degree))
-    if "workload" not in s.sections:
+    if "workload" not in s.sections or not resolve_workload:
         return s
     wl = s.workload.for_cluster(s.cluster)
     if wl.clip_to_cluster:

@@ -29,8 +29,7 @@ import torch
 
 from config.base import Section
 from config.cli import Command
-from experiments.common import options
-from experiments.common.errors import USER_ERRORS
+from experiments.common import entry, options
 from experiments.common.provenance import provenance
 
 TARGET_COPY_FRACTION = 0.8
@@ -92,11 +91,7 @@ COMMAND = Command("experiments.gpu_check", __doc__, (GpuCheckOptions,))
 
 
 def main(argv=None) -> int:
-    try:
-        args = COMMAND.parse(argv).gpu_check
-    except USER_ERRORS as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    args = entry.parse(COMMAND, argv).gpu_check
     if not torch.cuda.is_available():
         print("gpu_check needs a CUDA device (torch.cuda.is_available() is False); its tests run in every CPU run, skipped")
         return 2

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from config.base import NON_EMPTY, Section, setting
 from config.cli import Command
-from experiments.common import options
+from experiments.common import entry, options
 from experiments.common.errors import USER_ERRORS, InputError
 from experiments.report import figures
 from experiments.report.tables import NAMED, RENDERERS
@@ -139,15 +139,10 @@ def render_doc(path: str, results: str, docs: str) -> tuple[str, list[str]]:
 
 
 def main(argv=None) -> int:
-    try:
-        opts = COMMAND.parse(argv).report
-    except USER_ERRORS as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    opts = entry.parse(COMMAND, argv).report
     readme = os.path.join(os.path.dirname(os.path.abspath(opts.docs)), "README.md")
     if not os.path.isdir(opts.docs):
-        print(f"error: --docs {opts.docs!r} is not a folder of docs", file=sys.stderr)
-        return 2
+        entry.fail(f"--docs {opts.docs!r} is not a folder of docs")
     docs = sorted(os.path.join(opts.docs, f) for f in os.listdir(opts.docs) if f.endswith(".md"))
     docs += [readme] if os.path.exists(readme) else []
     missing, rendered, texts = [], 0, {}
@@ -155,8 +150,7 @@ def main(argv=None) -> int:
         try:
             texts[path], gaps = render_doc(path, opts.results, opts.docs)
         except (*USER_ERRORS, OSError) as e:
-            print(f"error: {e}; no doc was written", file=sys.stderr)
-            return 1
+            entry.fail(f"{e}; no doc was written")
         missing += gaps
         rendered += len(BLOCK.findall(texts[path])) - len(gaps)
     for path, text in texts.items():
@@ -165,8 +159,7 @@ def main(argv=None) -> int:
                 f.write(text)
             os.replace(path + ".tmp", path)
         except OSError as e:
-            print(f"error: {path!r} cannot be written: {e.strerror or e}", file=sys.stderr)
-            return 1
+            entry.fail(f"{path!r} cannot be written: {e.strerror or e}")
     print(f"rendered {rendered} blocks in {len(docs)} docs from {opts.results}/")
     for m in missing:
         print(f"  not rendered, kept as it was: {m}", file=sys.stderr)

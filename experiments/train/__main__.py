@@ -27,8 +27,7 @@ import torch.distributed as dist
 from config import TINY_TOKENS_PER_RANK, Cluster, CostsConfig, HardwareConfig, ModelConfig, OptimConfig, PlannerConfig, WorkloadConfig
 from config.base import NON_NEGATIVE_INT, POSITIVE_INT, Section, optional, setting
 from config.cli import Command, Derived
-from experiments.common import options
-from experiments.common.errors import USER_ERRORS
+from experiments.common import entry, options
 from experiments.common.ranks import end_rank, leave, start_rank
 from experiments.common.settings import MODEL_CHOICES
 from experiments.train.driver import DTYPES, check_options, stuck_ranks, train
@@ -98,13 +97,9 @@ def _first_line(e: BaseException) -> str:
 
 def main(argv=None):
     rank = int(os.environ.get("RANK", 0))
-    try:
-        settings = COMMAND.parse(argv)
+    settings = entry.parse(COMMAND, argv, resolve_workload=False)  # the driver's set_up prepares (and re-prepares a replay)
+    with entry.user_errors():
         check_options(settings)
-    except USER_ERRORS as e:
-        if rank == 0:
-            print(f"error: {e}", file=sys.stderr, flush=True)
-        sys.exit(2)
     world = settings.cluster.world_size
     local = int(os.environ.get("LOCAL_RANK", 0))
     cuda = torch.cuda.is_available()
