@@ -50,7 +50,7 @@ def test_memory_estimate_counts_the_models_own_parameters():
     """experiments.memory's parameter bytes are 4 x the parameters the torch model holds, and
     sharding divides the states over the ranks."""
     from config import ModelConfig
-    from experiments.train.memory import estimate
+    from experiments.common.memory import estimate
     from model import HybridMoE
 
     for name in ("tiny", "tiny-gqa"):

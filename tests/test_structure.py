@@ -190,8 +190,25 @@ def test_every_entry_point_parses_and_fails_one_way():
         source = open(modules()[mod]).read()
         if "COMMAND.parse(" in source:
             own.append(f"{mod}: parses its command line itself")
-        if 'sys.exit(f"error' in source or "sys.exit(\"error" in source:
+        if 'sys.exit(f"error' in source or 'sys.exit("error' in source:
             own.append(f"{mod}: exits with an error line of its own")
         if "entry.parse(" not in source:
             own.append(f"{mod}: does not parse through experiments.common.entry")
     assert not own, "\n".join(own)
+
+
+def test_what_other_entry_points_share_lives_in_common_not_in_an_entry_points_package():
+    """experiments/common/ holds what several entry points use; no entry point's package imports
+    another's (the benchmarks and the report once took the memory estimate and the random tokens
+    from experiments/train/)."""
+    graph = project_imports()
+    crossing = []
+    for mod, deps in graph.items():
+        parts = mod.split(".")
+        if parts[0] != "experiments" or len(parts) < 2 or parts[1] == "common":
+            continue
+        for d in deps:
+            dp = d.split(".")
+            if dp[0] == "experiments" and len(dp) > 1 and dp[1] not in ("common", parts[1]):
+                crossing.append(f"{mod} imports {d}")
+    assert not crossing, "\n".join(crossing)

@@ -29,8 +29,7 @@ from config.cli import Command
 from experiments.common import entry, options
 from experiments.common.files import check_output_dir
 from experiments.common.provenance import provenance
-from experiments.common.workload import generate_steps
-from experiments.train.data import random_tokens
+from experiments.common.workload import generate_steps, random_tokens
 from model.distributed import RankPlacement
 from solver import CostModel, make_plan, samples_from_lengths
 from solver.modes import MODES

@@ -1,5 +1,5 @@
 """Memory per rank by model preset and GPU count, sharded (FSDP2, without and with expert
-parallelism) and replicated: an estimate from the model's shapes (experiments.train.memory), not a
+parallelism) and replicated: an estimate from the model's shapes (experiments.common.memory), not a
 measurement.
 
     python -m experiments.bench.memory                        # small and paper, 8 .. 128 GPUs
@@ -14,7 +14,7 @@ from config import Cluster, CostsConfig, HardwareConfig, ModelConfig
 from config.base import Section, list_from, number_in, setting
 from config.cli import Command
 from experiments.common import entry
-from experiments.train.memory import GIB, estimate
+from experiments.common.memory import GIB, estimate
 from solver import CostModel
 
 GPU_COUNTS = (8, 16, 32, 64, 128)

@@ -85,6 +85,12 @@ def check_generation(cfg: WorkloadConfig, seeds: int = 1) -> None:
         )
 
 
+def random_tokens(lengths, vocab: int, seed: int, step: int) -> dict[int, np.ndarray]:
+    """Tokens of a step as a pure function of (seed, step): resuming needs no generator state."""
+    rng = np.random.default_rng([seed, step])
+    return {i: rng.integers(0, vocab, n).astype(np.int64) for i, n in enumerate(lengths)}
+
+
 def longest_step(cfg: WorkloadConfig) -> tuple[int, int]:
     """(the longest document, the most tokens of a step) the generator can make, from its settings
     alone: a step holds at most tokens_per_step unless one document is longer, alone."""

@@ -2,6 +2,7 @@
 
     python -m experiments.report                  # every marked block of docs/*.md, every figure
     python -m experiments.report --strict         # fail if a block's results are missing
+    python -m experiments.report --check          # write nothing: do the committed docs still hold? (CI runs it)
 
 A block in a doc is marked
 
@@ -28,6 +29,7 @@ from config.cli import Command
 from experiments.common import entry, options
 from experiments.common.errors import USER_ERRORS, InputError
 from experiments.report import figures
+from experiments.report.check import check
 from experiments.report.tables import NAMED, RENDERERS
 
 BLOCK = re.compile(r"(<!-- report:(?P<name>[a-z-]+)(?P<args>[^>]*?) -->\n)(?P<body>.*?)(<!-- /report -->)", re.S)
@@ -51,6 +53,11 @@ class ReportOptions(Section):
     results: str = setting("results", "the folder of the results the docs are rendered from", NON_EMPTY)
     docs: str = setting("docs", "the folder of the docs whose marked blocks are rendered (and the README beside it)", NON_EMPTY)
     strict: bool = setting(False, "fail when a block's results are missing, instead of keeping its old content")
+    check: bool = setting(
+        False,
+        "write nothing: rerun the commands behind every block that takes under two minutes (the ablation and its variants) "
+        "into a temporary folder, render, and fail naming each block whose figures differ from the committed docs",
+    )
     progress: bool = options.progress()
 
 
@@ -143,6 +150,13 @@ def main(argv=None) -> int:
     readme = os.path.join(os.path.dirname(os.path.abspath(opts.docs)), "README.md")
     if not os.path.isdir(opts.docs):
         entry.fail(f"--docs {opts.docs!r} is not a folder of docs")
+    if opts.check:
+        with entry.user_errors():
+            problems = check(opts.docs, render_doc, BLOCK)
+        for p in problems:
+            print(f"  stale: {p}", file=sys.stderr)
+        print(f"report --check: {len(problems)} block(s) differ from a fresh run" if problems else "report --check: the docs hold")
+        return 1 if problems else 0
     docs = sorted(os.path.join(opts.docs, f) for f in os.listdir(opts.docs) if f.endswith(".md"))
     docs += [readme] if os.path.exists(readme) else []
     missing, rendered, texts = [], 0, {}

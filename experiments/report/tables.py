@@ -16,8 +16,8 @@ import config
 from config import Cluster, HardwareConfig, ModelConfig, Section
 from config.base import flag_of
 from experiments.common.errors import InputError
+from experiments.common.memory import GIB, estimate
 from experiments.common.results import PAPER, read_ablation
-from experiments.train.memory import GIB, estimate
 from solver import CostModel
 from solver.modes import CHILDREN, HALO_CHILDREN, MODE_TABLE, MODES, OWN, OWN_HALO, REFERENCE, mode_of, modes_where
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from experiments.common.errors import InputError
-from experiments.common.workload import iter_steps
+from experiments.common.workload import iter_steps, random_tokens
 
 
 @dataclass
@@ -26,12 +26,6 @@ class StepBatch:
     @property
     def lengths(self) -> list[int]:
         return [len(self.tokens[i]) for i in sorted(self.tokens)]
-
-
-def random_tokens(lengths, vocab: int, seed: int, step: int) -> dict[int, np.ndarray]:
-    """Tokens of a step as a pure function of (seed, step): resuming needs no generator state."""
-    rng = np.random.default_rng([seed, step])
-    return {i: rng.integers(0, vocab, n).astype(np.int64) for i, n in enumerate(lengths)}
 
 
 class LengthSource:

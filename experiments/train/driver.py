@@ -20,6 +20,7 @@ from tqdm import tqdm
 
 from config import Cluster, CostsConfig, HardwareConfig, ModelConfig, SettingError, WorkloadConfig
 from config.cli import Settings
+from experiments.common import memory
 from experiments.common.errors import InputError
 from experiments.common.files import check_output_dir, file_identity, lock_folder
 from experiments.common.provenance import provenance
@@ -33,7 +34,7 @@ from model.sharding import parameter_count, replicate_experts, shard_model
 from solver import CostModel, PlanError, check_setup, make_plan, samples_from_lengths
 from solver.modes import MODES
 
-from . import checkpoint, memory
+from . import checkpoint
 from .data import GeneratedSource, LengthSource, TokenFileSource
 
 

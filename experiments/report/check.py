@@ -1,0 +1,101 @@
+"""python -m experiments.report --check: do the committed docs still say what their commands give?
+
+For every marked block whose figures come from code alone (the settings tables, the memory table,
+the busiest rank's traffic) or from a command that takes under two minutes on the development
+machine (QUICK: the ablation and its variants), the check reruns the command into a temporary
+folder (the command as the block's provenance line names it, run from that folder, so its
+`--out results/...` lands there), renders every doc into a temporary copy from those results, and
+compares each such block with the committed one, its provenance line aside. A block whose
+figures differ is named with the first line that differs; nothing in the project is written.
+Blocks from longer runs (the sweep, the benchmarks, the emulated cluster: timings or tens of
+minutes) are listed as not checked, with their command.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+
+from experiments.report.tables import NAMED
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+QUICK = ("experiments.ablation",)  # modules whose runs take under two minutes here (the ablation: ~40 s)
+PROVENANCE = re.compile(r"^<sub>Rendered by .*</sub>$", re.M)
+COMMAND = re.compile(r"`(python -m [^`]+)`")
+
+
+def _blocks(text: str, block: re.Pattern):
+    """(name, args, body without its provenance line, the provenance line) of every marked block
+    (`block`: the report's marker grammar)."""
+    for m in block.finditer(text):
+        body = m.group("body")
+        prov = PROVENANCE.search(body)
+        yield m.group("name"), m.group("args").split(), PROVENANCE.sub("", body).strip(), prov.group(0) if prov else ""
+
+
+def _commands(prov: str) -> list[str]:
+    """The commands a provenance line names, the report's own left out."""
+    return [c for c in COMMAND.findall(prov) if not c.startswith("python -m experiments.report")]
+
+
+def _quick(cmd: str) -> bool:
+    parts = shlex.split(cmd)
+    return len(parts) > 2 and parts[2] in QUICK
+
+
+def _checkable(name: str, prov: str) -> bool:
+    if name in NAMED:  # rendered from code alone
+        return True
+    if name == "figure":  # an image: its bytes are matplotlib's, not compared
+        return False
+    cmds = _commands(prov)
+    return bool(cmds) and all(_quick(c) for c in cmds)
+
+
+def check(docs: str, render_doc, block: re.Pattern, timeout: float = 900.0, out=sys.stdout) -> list[str]:
+    """The blocks whose committed figures differ from a fresh run's (empty: the docs hold).
+    render_doc(path, results, docs) and `block` are the report's (experiments.report.__main__)."""
+    readme = os.path.join(os.path.dirname(os.path.abspath(docs)), "README.md")
+    paths = sorted(os.path.join(docs, f) for f in os.listdir(docs) if f.endswith(".md")) + ([readme] if os.path.exists(readme) else [])
+    committed = {p: list(_blocks(open(p, encoding="utf-8").read(), block)) for p in paths}
+    todo, skipped = [], []
+    for p, blocks in committed.items():
+        for name, args, _, prov in blocks:
+            if _checkable(name, prov):
+                todo += [c for c in _commands(prov) if c not in todo]
+            else:
+                skipped.append(f"{os.path.basename(p)}: {name} {' '.join(args)} ({', '.join(_commands(prov)) or 'an image'})")
+    problems = []
+    with tempfile.TemporaryDirectory(prefix="report-check-") as tmp:
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}
+        for cmd in todo:
+            print(f"rerunning: {cmd}", file=out, flush=True)
+            argv = [sys.executable, *shlex.split(cmd)[1:]]
+            p = subprocess.run(argv, cwd=tmp, env=env, capture_output=True, text=True, timeout=timeout)
+            if p.returncode != 0:
+                problems.append(f"`{cmd}` failed ({p.returncode}): {p.stderr.strip().splitlines()[-1:]}")
+        if problems:
+            return problems
+        copy = os.path.join(tmp, "docs")
+        shutil.copytree(docs, copy)
+        if os.path.exists(readme):
+            shutil.copy(readme, os.path.join(tmp, "README.md"))
+        for p, blocks in committed.items():
+            fresh_path = os.path.join(tmp, "README.md") if p == readme else os.path.join(copy, os.path.basename(p))
+            fresh, _ = render_doc(fresh_path, os.path.join(tmp, "results"), copy)
+            rendered = list(_blocks(fresh, block))
+            for (name, args, body, prov), (_, _, new, _) in zip(blocks, rendered):
+                if not _checkable(name, prov) or body == new:
+                    continue
+                pairs = zip(body.splitlines(), new.splitlines())
+                first = next((f"committed {a!r}, rerun {b!r}" for a, b in pairs if a != b), "a line more or less")
+                problems.append(f"{os.path.basename(p)}: block {name} {' '.join(args)} differs from a fresh run: {first}")
+    print(f"checked {len(todo)} command(s) and the blocks rendered from code; not checked (longer runs, timings or images):", file=out)
+    for s in skipped:
+        print(f"  {s}", file=out)
+    return problems
