@@ -53,10 +53,11 @@ class ReportOptions(Section):
     results: str = setting("results", "the folder of the results the docs are rendered from", NON_EMPTY)
     docs: str = setting("docs", "the folder of the docs whose marked blocks are rendered (and the README beside it)", NON_EMPTY)
     strict: bool = setting(False, "fail when a block's results are missing, instead of keeping its old content")
-    check: bool = setting(
+    check_docs: bool = setting(
         False,
         "write nothing: rerun the commands behind every block that takes under two minutes (the ablation and its variants) "
         "into a temporary folder, render, and fail naming each block whose figures differ from the committed docs",
+        flag="--check",
     )
     progress: bool = options.progress()
 
@@ -150,7 +151,7 @@ def main(argv=None) -> int:
     readme = os.path.join(os.path.dirname(os.path.abspath(opts.docs)), "README.md")
     if not os.path.isdir(opts.docs):
         entry.fail(f"--docs {opts.docs!r} is not a folder of docs")
-    if opts.check:
+    if opts.check_docs:
         with entry.user_errors():
             problems = check(opts.docs, render_doc, BLOCK)
         for p in problems:
