@@ -26,7 +26,7 @@ from experiments.report.tables import NAMED
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 QUICK = ("experiments.ablation",)  # modules whose runs take under two minutes here (the ablation: ~40 s)
 PROVENANCE = re.compile(r"^<sub>Rendered by .*</sub>$", re.M)
-COMMAND = re.compile(r"`(python -m [^`]+)`")
+COMMAND = re.compile(r"`((?:python|torchrun) [^`]+)`")  # a provenance line's commands, each in backticks
 
 
 def _blocks(text: str, block: re.Pattern):
@@ -45,7 +45,7 @@ def _commands(prov: str) -> list[str]:
 
 def _quick(cmd: str) -> bool:
     parts = shlex.split(cmd)
-    return len(parts) > 2 and parts[2] in QUICK
+    return len(parts) > 2 and parts[:2] == ["python", "-m"] and parts[2] in QUICK
 
 
 def _checkable(name: str, prov: str) -> bool:
