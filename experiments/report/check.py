@@ -48,11 +48,11 @@ def _quick(cmd: str) -> bool:
     return len(parts) > 2 and parts[:2] == ["python", "-m"] and parts[2] in QUICK
 
 
-def _checkable(name: str, prov: str) -> bool:
-    if name in NAMED:  # rendered from code alone
-        return True
+def _checkable(name: str, args: list[str], prov: str) -> bool:
     if name == "figure":  # an image: its bytes are matplotlib's, not compared
         return False
+    if name in NAMED or not args:  # rendered from code alone (the config tree, the presets)
+        return True
     cmds = _commands(prov)
     return bool(cmds) and all(_quick(c) for c in cmds)
 
@@ -66,10 +66,10 @@ def check(docs: str, render_doc, block: re.Pattern, timeout: float = 900.0, out=
     todo, skipped = [], []
     for p, blocks in committed.items():
         for name, args, _, prov in blocks:
-            if _checkable(name, prov):
+            if _checkable(name, args, prov):
                 todo += [c for c in _commands(prov) if c not in todo]
             else:
-                skipped.append(f"{os.path.basename(p)}: {name} {' '.join(args)} ({', '.join(_commands(prov)) or 'an image'})")
+                skipped.append(f"{os.path.basename(p)}: {name} {' '.join(args)} ({', '.join(_commands(prov)) or 'its command'})")
     problems = []
     with tempfile.TemporaryDirectory(prefix="report-check-") as tmp:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}
@@ -90,7 +90,7 @@ def check(docs: str, render_doc, block: re.Pattern, timeout: float = 900.0, out=
             fresh, _ = render_doc(fresh_path, os.path.join(tmp, "results"), copy)
             rendered = list(_blocks(fresh, block))
             for (name, args, body, prov), (_, _, new, _) in zip(blocks, rendered):
-                if not _checkable(name, prov) or body == new:
+                if not _checkable(name, args, prov) or body == new:
                     continue
                 pairs = zip(body.splitlines(), new.splitlines())
                 first = next((f"committed {a!r}, rerun {b!r}" for a, b in pairs if a != b), "a line more or less")
