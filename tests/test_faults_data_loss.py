@@ -145,3 +145,29 @@ def test_a_block_left_open_in_a_doc_is_refused_and_no_doc_is_touched(tmp_path, c
     err = capsys.readouterr().err
     assert "a.md line 3: the block opened there has no closing <!-- /report --> before the next block (line 8)" in err
     assert (docs / "a.md").read_text() == body and (docs / "b.md").read_text() == "<!-- report:memory -->\nx\n<!-- /report -->\n"
+
+
+def test_report_check_names_a_block_whose_figures_went_stale_and_writes_nothing(tmp_path):
+    """The docs' check (report --check) against its yardstick, a fresh render: a block rendered from
+    code passes as committed and fails, named with the line that differs, once a figure in it is
+    typed over by hand; the doc itself is never written."""
+    from experiments.report.__main__ import BLOCK, render_doc
+    from experiments.report.check import check
+
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "a.md").write_text("# memory\n\n<!-- report:memory -->\nold\n<!-- /report -->\n")
+    fresh, _ = render_doc(str(docs / "a.md"), str(tmp_path / "results"), str(docs))
+    (docs / "a.md").write_text(fresh)
+    out = tmp_path / "log.txt"
+    with open(out, "w") as log:
+        assert check(str(docs), render_doc, BLOCK, out=log) == []
+    stale = fresh.replace("264.2", "199.9")  # the paper model on 8 GPUs, typed over
+    assert stale != fresh
+    (docs / "a.md").write_text(stale)
+    with open(out, "w") as log:
+        problems = check(str(docs), render_doc, BLOCK, out=log)
+    assert (
+        len(problems) == 1 and "a.md: block memory  differs from a fresh run: committed '| `paper` | 119.25B | FSDP2 | 199.9" in problems[0]
+    )
+    assert (docs / "a.md").read_text() == stale

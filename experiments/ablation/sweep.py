@@ -30,6 +30,7 @@ from experiments.common import entry, options
 from experiments.common.files import check_output_dir, lock_folder
 from experiments.common.provenance import provenance
 from experiments.common.settings import MODEL_CHOICES, prepare
+from solver.modes import modes_where
 
 # factor -> the values it takes; each point is the defaults with that one factor changed
 FACTORS = {
@@ -141,9 +142,7 @@ def main(argv=None):
                 )
         over = summary["over_seeds"]
         if over:
-            shown = ", ".join(
-                f"{m} {over[m]['time_change_pct']['mean']:+.2f}%" for m in ("repack+solver", "redistribute", "halo", "choose") if m in over
-            )
+            shown = ", ".join(f"{m} {over[m]['time_change_pct']['mean']:+.2f}%" for m in modes_where(headline=True) if m in over)
             tqdm.write(f"{factor}={value} {pricing} {used_reading}: {shown}", file=sys.stderr)
     path = os.path.join(opts.out, "sweep.csv")
     with open(path, "w", newline="") as f:

@@ -174,7 +174,7 @@ def sweep(path: str) -> tuple[str, list[dict]]:
     """Per factor and value: repack / repack+solver / baseline+solver / repack+widths, mean over
     seeds [min, max] (the compute baseline, the group reading unless named)."""
     rows = csv_rows(path)
-    shown = ("repack", "repack+solver", "baseline+solver", "repack+widths")
+    shown = tuple(m for m in modes_where(needs_reach=False, cheapest=False, folded=True) if m != REFERENCE)  # Ulysses layouts
     out = []
     for (factor, pricing, reading), values in sorted(_sweep_cells(rows).items()):
         label = f"{factor}, {pricing} baseline" + (f", {reading} reading" if reading else "")
@@ -187,9 +187,10 @@ def sweep(path: str) -> tuple[str, list[dict]]:
     return text, [csv_provenance(rows, path)]
 
 
-# in pairs on the same parents: the baseline's (repack, halo, parent+halo), repack+solver's
-# (itself, redistribute), repack+widths' (itself, choose)
-STRATEGIES = ("repack", "halo", "parent+halo", "repack+solver", "redistribute", "repack+widths", "choose")
+# every mode that repacks or runs halos, grouped by the parents they share: the baseline's (repack,
+# halo, parent+halo), the parent solver's (repack+solver, redistribute), the width search's
+# (repack+widths, choose); each group in the table's order
+STRATEGIES = tuple(m.name for m in sorted((m for m in MODE_TABLE if m.start != OWN), key=lambda m: (m.solver, m.widths)))
 
 
 def sweep_strategies(path: str) -> tuple[str, list[dict]]:
