@@ -67,7 +67,7 @@ class _GroupFill:
         self.tokens = [0] * len(groups)  # per-rank tokens, counting ceil(L / size) per sample
         self.members: list[list[int]] = [[] for _ in groups]
         self.budget = budget
-        self.fill = LeastLoaded(self.load.__getitem__)
+        self.fill = LeastLoaded(self.load.__getitem__, self.room)
         for i, w in enumerate(self.size):
             self.fill.add(w, i)
 
@@ -76,17 +76,23 @@ class _GroupFill:
         self.tokens[i] += ceil_div(length, self.size[i])
         self.members[i].append(item)
 
+    def room(self, i: int) -> int:
+        """The longest sample group i can still take: ceil(n / size) more tokens per rank fit its budget."""
+        return self.size[i] * (self.budget - self.tokens[i])
+
     def place(self, item: int, cost: float, length: int) -> int:
         """Put the item in the group whose per-rank load stays lowest; -1 if none has room. Per
         width, the heap's top is the answer when its key is fresh and it has room (the common
         case, checked inline); otherwise LeastLoaded.least_loaded re-keys and skips."""
         best, best_key = -1, float("inf")
         tokens, budget, load, comm = self.tokens, self.budget, self.load, self.comm_per_token
+        parked = self.fill.parked
         for w, heap in self.fill.heaps.items():
             need = -(-length // w)
-            key, i = heap[0]
-            if key != load[i] or tokens[i] + need > budget:
-                i = self.fill.least_loaded(w, lambda i, need=need: tokens[i] + need <= budget)
+            i = heap[0][1] if heap else -1
+            p = parked[w]
+            if i < 0 or heap[0][0] != load[i] or tokens[i] + need > budget or (p and -p[0][0] >= length):  # fmt: skip
+                i = self.fill.least_loaded(w, length)
                 if i < 0:
                     continue
             key = load[i] + (cost + comm[w] * length) / w

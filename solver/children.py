@@ -123,7 +123,10 @@ def _greedy(p: ChildProblem, target: float, swaps: bool = True) -> ChildSolution
     lin = [lin_of[i] for i in anchored] + [0.0] * n_free
     tok = [len_of[i] for i in anchored] + [0] * n_free
     rank_tokens = [-(-len_of[i] // want[i]) for i in anchored] + [0] * n_free
-    fill = LeastLoaded(lambda k: lin[k] + per_token[sizes[k]] * tok[k])  # a child's time is monotone in this key
+    fill = LeastLoaded(
+        lambda k: lin[k] + per_token[sizes[k]] * tok[k],  # a child's time is monotone in this key
+        lambda k: sizes[k] * (budget - rank_tokens[k]),  # the longest sample child k can still take
+    )
     for k, c in enumerate(sizes):
         fill.add(c, k)
     is_anchor = set(anchored)
@@ -133,7 +136,7 @@ def _greedy(p: ChildProblem, target: float, swaps: bool = True) -> ChildSolution
         li, ni = lin_of[i], len_of[i]
         best, best_t = -1, float("inf")
         for c in fill.shapes():
-            k = fill.least_loaded(c, lambda k, need=-(-ni // c): rank_tokens[k] + need <= budget)
+            k = fill.least_loaded(c, ni)
             if k >= 0:
                 t = p.child_time(c, lin[k] + li, tok[k] + ni)
                 if t < best_t:

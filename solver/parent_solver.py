@@ -47,7 +47,7 @@ class _BinFill:
         # per bin: its parent, size, cost line, linear seconds, tokens, its cost.rank_time, tokens per rank, members
         self.bin_parent, self.bin_size, self.bin_line, self.bin_linear, self.bin_tokens, self.bin_own = [], [], [], [], [], []
         self.bin_rank_tokens, self.bin_members = [], []
-        self.fill = LeastLoaded(self.time)
+        self.fill = LeastLoaded(self.time, self.room)
 
     def add_parent(self, size: int, child_sizes: list[int] | None) -> list[int]:
         """A parent of `size` ranks with children of `child_sizes` (None: its own layout, one
@@ -73,6 +73,13 @@ class _BinFill:
             bins.append(b)
             self.fill.add((size, c, child_sizes is None), b)
         return bins
+
+    def room(self, b: int) -> int:
+        """The longest sample bin b can still take: its own ranks' budget and its parent's."""
+        p = self.bin_parent[b]
+        return min(
+            self.bin_size[b] * (self.budget - self.bin_rank_tokens[b]), self.parent_size[p] * (self.budget - self.parent_rank_tokens[p])
+        )
 
     def time(self, b: int) -> float:
         """Bin b's time: its parent's shared time plus its own rank time (both kept up to date by add)."""
@@ -114,21 +121,24 @@ class _BinFill:
             self.bin_own,
         )
         best, best_t, best_shape = -1, float("inf"), None
+        parked = self.fill.parked
         for shape, heap in self.fill.heaps.items():
             size, c = shape[0], shape[1]
             need = -(-n // c)
             if need > budget:
                 continue
             need_parent = -(-n // size)
-            key, b = heap[0]
+            b = heap[0][1] if heap else -1
             p = bin_parent[b]
-            if key != parent_shared[p] + bin_own[b] or bin_rank_tokens[b] + need > budget or parent_rank_tokens[p] + need_parent > budget:
-                b = self.fill.least_loaded(
-                    shape,
-                    lambda b, need=need, need_parent=need_parent: (
-                        bin_rank_tokens[b] + need <= budget and parent_rank_tokens[bin_parent[b]] + need_parent <= budget
-                    ),
-                )
+            held = parked[shape]
+            if (
+                b < 0
+                or (held and -held[0][0] >= n)  # a parked bin may fit this sample: the full query
+                or heap[0][0] != parent_shared[p] + bin_own[b]
+                or bin_rank_tokens[b] + need > budget
+                or parent_rank_tokens[p] + need_parent > budget
+            ):
+                b = self.fill.least_loaded(shape, n)
                 if b < 0:
                     continue
                 p = bin_parent[b]

@@ -184,3 +184,29 @@ def test_the_child_problem_prices_a_child_as_the_reference(case):
         linear = sum(float(cost.linear_cost(length_of[s])) for s in c.samples)
         tokens = sum(length_of[s] for s in c.samples)
         assert p.child_time(c.size, linear, tokens) == pytest.approx(ref.child_time(c, g, length_of, cost), rel=REL)
+
+
+@given(st.data())
+def test_the_least_loaded_fill_finds_the_bin_a_scan_of_every_bin_finds(data):
+    """solver.fill against its definition, a scan of every bin: after any sequence of placements
+    (a bin's load grows, its room shrinks, a sibling's load grows with it as a parent's does),
+    least_loaded(shape, n) is the smallest (load, bin) among the shape's bins with room >= n, or
+    -1; with the samples in any order, longest first or not."""
+    from solver.fill import LeastLoaded
+
+    n_bins = data.draw(st.integers(1, 12))
+    shape_of = [data.draw(st.sampled_from("ab")) for _ in range(n_bins)]
+    load = [float(data.draw(st.integers(0, 5))) for _ in range(n_bins)]
+    room = [data.draw(st.integers(0, 40)) for _ in range(n_bins)]
+    fill = LeastLoaded(load.__getitem__, room.__getitem__)
+    for b, s in enumerate(shape_of):
+        fill.add(s, b)
+    for _ in range(data.draw(st.integers(1, 40))):
+        shape, n = data.draw(st.sampled_from(sorted(fill.shapes()))), data.draw(st.integers(1, 40))
+        fits = [(load[b], b) for b in range(n_bins) if shape_of[b] == shape and room[b] >= n]
+        got = fill.least_loaded(shape, n)
+        assert got == (min(fits)[1] if fits else -1), (shape, n, load, room)
+        if got >= 0:  # the sample joins it; a sibling (the same parent) may grow and shrink with it
+            for b in {got, data.draw(st.integers(0, n_bins - 1))}:
+                load[b] += data.draw(st.integers(0, 3))
+                room[b] = max(0, room[b] - data.draw(st.integers(0, n)))
