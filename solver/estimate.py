@@ -33,9 +33,22 @@ class PlanEstimate:
         self.linear = dict(zip(ids, self._lin.tolist()))
         self.full = dict(zip(ids, self._full.tolist()))
 
+    @staticmethod
+    def _refuse_halo(parents) -> None:
+        """It prices Ulysses children only: a parent with halo children (their exchanges are point
+        to point, priced by CostModel.halo_line) is solver.halo.parent_time's, never a Ulysses guess."""
+        halo = next((p for p in parents if p.halo), None)
+        if halo is not None:
+            raise ValueError(
+                f"PlanEstimate prices Ulysses children, and the parent at rank {halo.group.start} has halo children: price it "
+                f"with solver.halo.parent_time"
+            )
+
     def parent_time(self, parent) -> float:
         """Seconds of one ParentPlan: full attention and exchanges over the parent, then its
-        slowest child (an unrepacked parent's only child is the parent itself)."""
+        slowest child (an unrepacked parent's only child is the parent itself). Ulysses children
+        only (a halo child: ValueError)."""
+        self._refuse_halo((parent,))
         g = parent.group
         if not g.samples:
             return 0.0
@@ -51,6 +64,7 @@ class PlanEstimate:
         parents = list(parents)
         if not parents:
             return np.zeros(0)
+        self._refuse_halo(parents)
         kids = [(j, c) for j, pp in enumerate(parents) for c in pp.children]
         nk = len(kids)
         row = self._row.__getitem__

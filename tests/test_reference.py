@@ -210,3 +210,22 @@ def test_the_least_loaded_fill_finds_the_bin_a_scan_of_every_bin_finds(data):
             for b in {got, data.draw(st.integers(0, n_bins - 1))}:
                 load[b] += data.draw(st.integers(0, 3))
                 room[b] = max(0, room[b] - data.draw(st.integers(0, n)))
+
+
+def test_the_estimate_refuses_halo_children_which_the_halo_pricing_prices():
+    """PlanEstimate prices Ulysses children; a halo plan's parent is refused by name (it once got a
+    Ulysses child's price without a word), and solver.halo.parent_time prices it."""
+    from solver import samples_from_lengths
+    from solver.halo import parent_time as halo_parent_time
+
+    cluster = Cluster(16, 4, 256)
+    cost = CostModel(ModelConfig.from_name("tiny"), HardwareConfig()).for_cluster(cluster)
+    samples = samples_from_lengths([900, 500, 300, 120, 60, 40, 30, 25, 20, 10, 9, 8])
+    plan = make_plan(samples, cluster, cost, "halo")
+    halo = next(p for p in plan.parents if p.halo)
+    est = PlanEstimate(plan.length_of, cluster, cost)
+    with pytest.raises(ValueError, match=f"the parent at rank {halo.group.start} has halo children: price it with solver.halo"):
+        est.parent_times(plan.parents)
+    with pytest.raises(ValueError, match="has halo children"):
+        est.parent_time(halo)
+    assert halo_parent_time(halo, plan.length_of, cost) > 0
