@@ -4,9 +4,12 @@
     python -m experiments.bench.solver --quick    # smaller, for a smoke run
 
 A benchmark, not a test. It prints and writes (results/):
-- solver_bench.csv: planning time per mode and cluster size (one core, best of --repeats cold
-  plans per step; median, p90 and max over steps). Targets: repack+widths under 100 ms median at
-  1024 ranks and under 500 ms at 4096;
+- solver_bench.csv: planning time per mode, cluster size and fill (--fills: half the cluster's
+  tokens, and 0.95 as the ablation and a packed training step fill; one core, best of --repeats
+  cold plans per step; median, p90 and max over steps), each mode's median over the baseline
+  planner's on the same steps, and the simulator's own time per step (simulate, on each mode's
+  plans) beside it. Targets: repack+widths under 100 ms median at 1024 ranks and under 500 ms at
+  4096; every mode within 2.3x the baseline planner;
 - solver_bench_joint.csv: each mode's step estimate against the exact joint optimum
   (solver.exact.solve_joint_exact) on small instances (16 ranks, nodes of 4 or 8, budgets 16K or
   32K, 6-20 samples of which one or two are long): the share of the baseline-to-optimum gap each
@@ -28,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from config import Cluster, CostsConfig, HardwareConfig, ModelConfig, WorkloadConfig
-from config.base import Section
+from config.base import Check, Section, setting
 from config.cli import Command
 from experiments.common import entry, options
 from experiments.common.files import check_output_dir
@@ -37,7 +40,8 @@ from experiments.common.workload import generate_steps
 from solver import CostModel, make_plan, samples_from_lengths
 from solver.children import child_problem, solve_child_problem, solve_sorted
 from solver.exact import solve_exact
-from solver.modes import MODES, modes_where
+from solver.modes import MODES, REFERENCE, modes_where
+from solver.simulator import simulate
 
 
 def time_plan(samples, cluster: Cluster, cost: CostModel, mode: str, repeats: int) -> float:
@@ -56,34 +60,58 @@ def time_plan(samples, cluster: Cluster, cost: CostModel, mode: str, repeats: in
     return best
 
 
-def planning_times(world_sizes, workload: WorkloadConfig, cost: CostModel, tokens_per_rank: int, repeats: int = 3):
-    """Planning time of every mode per cluster size: `workload.steps` steps of `workload` per size
-    (its fill of each cluster; the long-document rate is per document, so bigger steps hold
-    proportionally more long documents), the largest size one step."""
+def time_simulate(plan, cost: CostModel, repeats: int) -> float:
+    """Best of `repeats` runs of the simulator on one plan: its own time per step."""
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        simulate(plan, cost)
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def planning_times(world_sizes, fills, workload: WorkloadConfig, cost: CostModel, tokens_per_rank: int, repeats: int = 3):
+    """Planning time of every mode per cluster size and fill: `workload.steps` steps of `workload`
+    per size at that fill of each cluster (the long-document rate is per document, so bigger steps
+    hold proportionally more long documents), the largest size one step; each mode's median over
+    the reference (baseline) planner's on the same steps, and the simulator's time on its plans."""
     rows = []
-    for w in world_sizes:
-        n_steps, reps = (1, 1) if w > 4096 else (workload.steps, repeats)  # the largest cluster: one figure
-        cluster = Cluster(w, 8, tokens_per_rank)
-        steps = generate_steps(workload.replace(steps=n_steps, seed=w).for_cluster(cluster))
-        for mode in MODES:
-            ts = [time_plan(samples_from_lengths(lengths), cluster, cost, mode, reps) for lengths in steps]
-            rows.append(
-                {
-                    "ranks": w,
-                    "mode": mode,
-                    "steps": len(steps),
-                    "samples_per_step": int(np.mean([len(s) for s in steps])),
-                    "median_ms": 1e3 * float(np.median(ts)),
-                    "p90_ms": 1e3 * float(np.quantile(ts, 0.9)),
-                    "max_ms": 1e3 * float(np.max(ts)),
-                }
-            )
-            print(
-                f"{w:6d} ranks  {mode:15s} {rows[-1]['samples_per_step']:6d} samples  "
-                f"median {rows[-1]['median_ms']:8.1f} ms  p90 {rows[-1]['p90_ms']:8.1f} ms  max {rows[-1]['max_ms']:8.1f} ms"
-                + ("  (one step, one plan)" if n_steps == 1 else ""),
-                flush=True,
-            )
+    for fill in fills:
+        for w in world_sizes:
+            n_steps, reps = (1, 1) if w > 4096 else (workload.steps, repeats)  # the largest cluster: one figure
+            cluster = Cluster(w, 8, tokens_per_rank)
+            steps = generate_steps(workload.replace(steps=n_steps, seed=w, fill=fill, tokens_per_step=None).for_cluster(cluster))
+            bound = cost.for_cluster(cluster)
+            base = None
+            for mode in MODES:
+                ts, sims = [], []
+                for lengths in steps:
+                    samples = samples_from_lengths(lengths)
+                    ts.append(time_plan(samples, cluster, cost, mode, reps))
+                    sims.append(time_simulate(make_plan(samples, cluster, cost, mode), bound, reps))
+                median = 1e3 * float(np.median(ts))
+                base = median if mode == REFERENCE else base
+                rows.append(
+                    {
+                        "ranks": w,
+                        "fill": fill,
+                        "mode": mode,
+                        "steps": len(steps),
+                        "samples_per_step": int(np.mean([len(s) for s in steps])),
+                        "median_ms": median,
+                        "p90_ms": 1e3 * float(np.quantile(ts, 0.9)),
+                        "max_ms": 1e3 * float(np.max(ts)),
+                        "vs_baseline": median / base,
+                        "simulate_ms": 1e3 * float(np.median(sims)),
+                    }
+                )
+                r = rows[-1]
+                print(
+                    f"{w:6d} ranks fill {fill:.2f} {mode:15s} {r['samples_per_step']:6d} samples  median {median:8.1f} ms "
+                    f"({r['vs_baseline']:.2f}x the baseline planner)  p90 {r['p90_ms']:8.1f} ms  simulator {r['simulate_ms']:7.1f} ms"
+                    + ("  (one step, one plan)" if n_steps == 1 else ""),
+                    flush=True,
+                )
     return rows
 
 
@@ -185,15 +213,26 @@ class SolverBenchOptions(Section):
 
     quick: bool = options.quick()
     repeats: int = options.repeats(3)
+    fills: str = setting(
+        "0.5,0.95", "the fills of the cluster's tokens its steps are planned at, comma-separated (0.95: the ablation's)",
+        Check("a comma-separated list of fills in (0, 1]", lambda v: isinstance(v, str) and _fills_ok(v)),
+    )  # fmt: skip
     out: str = options.out("results")
+
+
+def _fills_ok(v: str) -> bool:
+    try:
+        return all(0 < float(x) <= 1 for x in v.split(","))
+    except ValueError:
+        return False
 
 
 COMMAND = Command(
     "experiments.bench.solver",
     __doc__,
     (ModelConfig, HardwareConfig, CostsConfig, WorkloadConfig, SolverBenchOptions),
-    defaults={"workload.steps": 10, "workload.fill": 0.5},
-    only={"workload": ("steps", "fill")},
+    defaults={"workload.steps": 10},
+    only={"workload": ("steps",)},
 )
 
 
@@ -214,7 +253,8 @@ def main(argv=None):
     print("targets: repack+widths < 100 ms median at 1024 ranks, < 500 ms at 4096")
     print(f"each step: best of {args.repeats} cold plans (memo cleared, garbage collected before each)")
     workload = s.workload.replace(steps=3) if args.quick else s.workload
-    rows = planning_times(sizes, workload, cost, Cluster().tokens_per_rank, args.repeats)
+    fills = [float(x) for x in args.fills.split(",")]
+    rows = planning_times(sizes, fills, workload, cost, Cluster().tokens_per_rank, args.repeats)
     joint = joint_gaps(8 if args.quick else 45, cost)
     proven = sum(r["optimum_proven"] for r in joint)
     print(f"\nevery mode against the exact joint optimum ({len(joint)} instances of 16 ranks, {proven} proven optimal):")

@@ -244,23 +244,26 @@ def _sweep_cells(rows: list[dict]) -> dict[tuple, dict[tuple, list[float]]]:
 
 # ----- benchmarks -------------------------------------------------------------------------------------
 def solver_planning(path: str) -> tuple[str, list[dict]]:
-    """Planning time of every mode per cluster size: median / p90 ms."""
+    """Planning time of every mode per cluster size and fill: median ms (its ratio to the baseline
+    planner's on the same steps), and the simulator's own time per step on the reference's plans."""
     rows = csv_rows(path)
-    sizes = sorted({int(r["ranks"]) for r in rows})
-    by = {(int(r["ranks"]), r["mode"]): r for r in rows}
+    fill_of = lambda r: float(r.get("fill") or 0.5)  # noqa: E731  (a bench of one fill, before the fills were a column)
+    points = sorted({(fill_of(r), int(r["ranks"])) for r in rows})
+    by = {(fill_of(r), int(r["ranks"]), r["mode"]): r for r in rows}
     out = []
-    for w in sizes:
+    for fill, w in points:
         cells = []
         for m in MODES:
-            r = by.get((w, m))
+            r = by.get((fill, w, m))
             if r is None:
                 cells.append("")
-            elif int(r["steps"]) == 1:
-                cells.append(f"{float(r['median_ms']):.0f} (one step)")
-            else:
-                cells.append(f"{float(r['median_ms']):.1f} / {float(r['p90_ms']):.1f}")
-        out.append([w, *cells])
-    return table(["ranks", *MODES], out), [csv_provenance(rows, path)]
+                continue
+            ratio = f" ({float(r['vs_baseline']):.1f}x)" if r.get("vs_baseline") and m != REFERENCE else ""
+            ms = float(r["median_ms"])
+            cells.append(f"{ms:.{1 if ms < 100 else 0}f}{ratio}" + (" (one step)" if int(r["steps"]) == 1 and m == REFERENCE else ""))
+        sim = by.get((fill, w, REFERENCE), {}).get("simulate_ms")
+        out.append([w, f"{fill:g}", *cells, f"{float(sim):.0f}" if sim else ""])
+    return table(["ranks", "fill", *MODES, "simulator"], out), [csv_provenance(rows, path)]
 
 
 def solver_joint(path: str) -> tuple[str, list[dict]]:
