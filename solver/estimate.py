@@ -36,12 +36,12 @@ class PlanEstimate:
     @staticmethod
     def _refuse_halo(parents) -> None:
         """It prices Ulysses children only: a parent with halo children (their exchanges are point
-        to point, priced by CostModel.halo_line) is solver.halo.parent_time's, never a Ulysses guess."""
+        to point, priced by CostModel.halo_line) is solver.reference.parent_time's, never a Ulysses guess."""
         halo = next((p for p in parents if p.halo), None)
         if halo is not None:
             raise ValueError(
                 f"PlanEstimate prices Ulysses children, and the parent at rank {halo.group.start} has halo children: price it "
-                f"with solver.halo.parent_time"
+                f"with solver.reference.parent_time"
             )
 
     def parent_time(self, parent) -> float:

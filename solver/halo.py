@@ -11,16 +11,15 @@ out of halo children rides on the full layers' entry and exit all-to-alls, as re
 - mode `halo` (solve_halo_children): a wide parent's long samples are cut over as many contiguous
   ranks as balance wants (at least what the token budget needs, at most the parent, across nodes
   if need be), one sample a halo child; the rest sit whole on single ranks, which exchange nothing.
-- mode `parent+halo` (halo_parent): the naive variant, the parent's own token layout (every
+- mode `parent+halo` (own_layout_halo): the naive variant, the parent's own token layout (every
   sample cut over all its ranks, as context parallelism over packed sequences does) with halo
   attention: a short sample's halo reaches back over most of it.
 - mode `choose` (choose_children): per wide parent the cheapest of its own layout (Ulysses in the
   parent), repack's node-local Ulysses children, halo children, and the mix of repack's children
   each running Ulysses or halo, whichever is cheaper; all priced by parent_time here.
 
-parent_time is solver.reference's definition of a parent's time with halo children priced by
-their worst rank's halo (CostModel.halo_line); every candidate is priced by it, so the choice is
-the cost model's.
+Every candidate is priced by solver.reference.parent_time, the one definition of a parent's time
+(a halo child by its worst rank's halo, CostModel.halo_line), so the choice is the cost model's.
 """
 
 from __future__ import annotations
@@ -31,48 +30,16 @@ from collections.abc import Mapping
 import numpy as np
 
 from .cluster import Cluster, ceil_div
-from .cost import CostModel, rank_time
-from .layout import Group, TokenLayout, halo_pair_rows
+from .cost import CostModel
+from .layout import Group
 from .plan import ParentPlan
-from .reference import child_time as ulysses_child_time
-from .reference import shared_time
+from .reference import child_time, parent_time
 
 HALO_PARENT = "its own layout; sparse layers by halo exchange (parent+halo)"
 HALO_TARGET_SCALES = (1.0, 0.75, 1.5, 0.5, 2.0)  # per-rank targets (the parent's mean load x these) the halo solver tries
 
 
-def halo_rows(group: Group, length_of: Mapping[int, int], cost: CostModel) -> np.ndarray:
-    """Halo rows each rank of `group` receives per sparse layer when it runs as a halo child."""
-    rows = np.zeros(group.size)
-    if group.size == 1:
-        return rows
-    layout = TokenLayout((group,), {s: length_of[s] for s in group.samples})
-    for (_, dst), n in halo_pair_rows(layout, group, cost.sparse.check_local(), cost.model.sparse_params).items():
-        rows[dst - group.start] += n
-    return rows
-
-
-def child_time(child: Group, parent: Group, length_of: Mapping[int, int], cost: CostModel) -> float:
-    """Seconds of `child`'s slowest rank on everything that runs in the child layout: a Ulysses
-    child as solver.reference prices it; a halo child its even share of the work and of the
-    parent's full-layer exchanges per token, and its worst rank's halo exchanges."""
-    if not child.halo:
-        return ulysses_child_time(child, parent, length_of, cost)
-    lin = sum(float(cost.linear_cost(length_of[s])) for s in child.samples)
-    tokens = sum(length_of[s] for s in child.samples)
-    rows = float(halo_rows(child, length_of, cost).max(initial=0.0))
-    return rank_time(lin, tokens, child.size, cost.halo_line(parent.size, rows, child.spans_nodes(cost.gpus_per_node)))
-
-
-def parent_time(parent: ParentPlan, length_of: Mapping[int, int], cost: CostModel) -> float:
-    """Seconds of one parent plan (any children): its shared part plus its slowest child's."""
-    g = parent.group
-    if not g.samples:
-        return 0.0
-    return shared_time(g, length_of, cost) + max(child_time(c, g, length_of, cost) for c in parent.children)
-
-
-def halo_parent(parent: Group) -> ParentPlan:
+def own_layout_halo(parent: Group) -> ParentPlan:
     """The parent's own token layout, its sparse layers by halo exchange (the naive variant)."""
     return ParentPlan(parent, (Group(parent.start, parent.size, parent.samples, halo=True),), HALO_PARENT)
 

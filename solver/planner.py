@@ -24,7 +24,7 @@ from .children import solve_children
 from .cluster import Cluster, PlanError, Sample, ceil_pow2, check_samples
 from .cost import CostModel
 from .estimate import PlanEstimate
-from .halo import choose_children, halo_parent, solve_halo_children
+from .halo import choose_children, own_layout_halo, solve_halo_children
 from .layout import Group
 from .modes import CHILDREN, HALO_CHILDREN, OWN, OWN_HALO, Mode, mode_of
 from .parent_solver import solve_parents
@@ -46,7 +46,7 @@ def _parent_plans(
         elif start == HALO_CHILDREN:
             parents.append(ParentPlan(g, *solve_halo_children(g, length_of, cluster, cost)))
         elif start == OWN_HALO:
-            parents.append(halo_parent(g))
+            parents.append(own_layout_halo(g))
         elif start == CHILDREN:
             parents.append(ParentPlan(g, *solve_children(g, length_of, cluster, cost)))
         else:

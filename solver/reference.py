@@ -21,8 +21,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from .cost import CostModel
-from .layout import Group
+import numpy as np
+
+from .cost import CostModel, rank_time
+from .layout import Group, TokenLayout, halo_pair_rows
 from .plan import ParentPlan
 
 
@@ -33,9 +35,27 @@ def shared_time(parent: Group, length_of: Mapping[int, int], cost: CostModel) ->
     return full_attention + latencies
 
 
+def halo_rows(group: Group, length_of: Mapping[int, int], cost: CostModel) -> np.ndarray:
+    """Halo rows each rank of `group` receives per sparse layer when it runs as a halo child."""
+    rows = np.zeros(group.size)
+    if group.size == 1:
+        return rows
+    layout = TokenLayout((group,), {s: length_of[s] for s in group.samples})
+    for (_, dst), n in halo_pair_rows(layout, group, cost.sparse.check_local(), cost.model.sparse_params).items():
+        rows[dst - group.start] += n
+    return rows
+
+
 def child_time(child: Group, parent: Group, length_of: Mapping[int, int], cost: CostModel) -> float:
     """Seconds a rank of `child` (inside `parent`; the parent itself when it is not repacked) spends
-    on everything that runs in the child layout, with its tokens split evenly over the child."""
+    on everything that runs in the child layout, with its tokens split evenly over the child. A
+    halo child (Group.halo): its even share of the work and of the parent's full-layer exchanges
+    per token, and its worst rank's halo exchanges (CostModel.halo_line)."""
+    if child.halo:
+        lin = sum(float(cost.linear_cost(length_of[s])) for s in child.samples)
+        tokens = sum(length_of[s] for s in child.samples)
+        rows = float(halo_rows(child, length_of, cost).max(initial=0.0))
+        return rank_time(lin, tokens, child.size, cost.halo_line(parent.size, rows, child.spans_nodes(cost.gpus_per_node)))
     m = cost.model
     tokens_per_rank = sum(length_of[s] for s in child.samples) / child.size
     work = sum(float(cost.linear_cost(length_of[s])) for s in child.samples) / child.size
@@ -48,7 +68,8 @@ def child_time(child: Group, parent: Group, length_of: Mapping[int, int], cost: 
 
 
 def parent_time(parent: ParentPlan, length_of: Mapping[int, int], cost: CostModel) -> float:
-    """Seconds of one parent plan: its shared part plus its slowest child's (0 for an empty parent)."""
+    """Seconds of one parent plan (any children, Ulysses or halo): its shared part plus its slowest
+    child's (0 for an empty parent). The one definition: the halo stages price candidates with it."""
     g = parent.group
     if not g.samples:
         return 0.0

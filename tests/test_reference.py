@@ -214,9 +214,8 @@ def test_the_least_loaded_fill_finds_the_bin_a_scan_of_every_bin_finds(data):
 
 def test_the_estimate_refuses_halo_children_which_the_halo_pricing_prices():
     """PlanEstimate prices Ulysses children; a halo plan's parent is refused by name (it once got a
-    Ulysses child's price without a word), and solver.halo.parent_time prices it."""
+    Ulysses child's price without a word), and solver.reference.parent_time prices it."""
     from solver import samples_from_lengths
-    from solver.halo import parent_time as halo_parent_time
 
     cluster = Cluster(16, 4, 256)
     cost = CostModel(ModelConfig.from_name("tiny"), HardwareConfig()).for_cluster(cluster)
@@ -224,8 +223,8 @@ def test_the_estimate_refuses_halo_children_which_the_halo_pricing_prices():
     plan = make_plan(samples, cluster, cost, "halo")
     halo = next(p for p in plan.parents if p.halo)
     est = PlanEstimate(plan.length_of, cluster, cost)
-    with pytest.raises(ValueError, match=f"the parent at rank {halo.group.start} has halo children: price it with solver.halo"):
+    with pytest.raises(ValueError, match=f"the parent at rank {halo.group.start} has halo children: price it with solver.reference"):
         est.parent_times(plan.parents)
     with pytest.raises(ValueError, match="has halo children"):
         est.parent_time(halo)
-    assert halo_parent_time(halo, plan.length_of, cost) > 0
+    assert ref.parent_time(halo, plan.length_of, cost) > 0

@@ -20,7 +20,7 @@ from kernels.exchange import CommStats, ExchangeGroups
 from model.distributed import run_step
 from model.sharding import full_tensor, shard_model
 from solver import CostModel, Group, ParentPlan, StepPlan, make_plan, samples_from_lengths
-from solver.halo import halo_parent
+from solver.halo import own_layout_halo
 from solver.simulator import simulate
 from tests.dist_utils import run_distributed
 from tests.test_model_distributed import LENGTHS, NODE, WORLD, make_model, reference, sample_tokens
@@ -42,7 +42,7 @@ def hand_plans() -> list[StepPlan]:
     # tokens that a window of 8 reaches two ranks back over; the rest in Ulysses children
     kids = (Group(0, 2, (0,), halo=True), Group(2, 3, (1, 2), halo=True), Group(5, 1, (3, 4, 5, 6)), Group(6, 2, (7, 8, 9)))
     halo = StepPlan(CLUSTER, lengths, (ParentPlan(parent, kids),), "halo").validate()
-    naive = StepPlan(CLUSTER, lengths, (halo_parent(parent),), "parent+halo").validate()  # 5 samples shorter than the parent
+    naive = StepPlan(CLUSTER, lengths, (own_layout_halo(parent),), "parent+halo").validate()  # 5 samples shorter than the parent
     ulysses = (Group(0, 2, (0,)), Group(2, 1, (1,)), Group(3, 1, (2, 3)), Group(4, 2, (4, 5, 6)), Group(6, 1, (7, 8)), Group(7, 1, (9,)))
     redistribute = StepPlan(CLUSTER, lengths, (ParentPlan(parent, ulysses),), "redistribute").validate()
     return [halo, naive, redistribute]
