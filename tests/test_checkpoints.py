@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from config import ModelConfig
+from experiments.common.files import sha256_of
 from experiments.train import checkpoint
 from experiments.train.checkpoint import CheckpointError
 from model import HybridMoE
@@ -52,7 +53,7 @@ class Boom:
 def _rewrite_manifest(folder):
     """What a crafter would do: make the manifest match the crafted files."""
     files = sorted(f for f in os.listdir(folder) if f != checkpoint.MANIFEST)
-    entry = {f: {"bytes": os.path.getsize(os.path.join(folder, f)), "sha256": checkpoint._sha256(os.path.join(folder, f))} for f in files}
+    entry = {f: {"bytes": os.path.getsize(os.path.join(folder, f)), "sha256": sha256_of(os.path.join(folder, f))} for f in files}
     with open(os.path.join(folder, checkpoint.MANIFEST), "w") as fh:
         json.dump(entry, fh)
 

@@ -31,16 +31,21 @@ def check_output_dir(path: str, flag: str = "--out", need: int = 0) -> None:
         )
 
 
-def file_identity(path: str | None) -> dict | None:
-    """A data file's identity: its size and the sha256 of all of it, read in 1 MiB blocks (the same
-    file copied to every node gives the same identity; a change anywhere in it, a different one)."""
-    if not path:
-        return None
+def sha256_of(path: str) -> str:
+    """The sha256 of all of a file, read in 1 MiB blocks: checkpoints, results pairs, data files."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
-    return {"name": os.path.basename(path), "bytes": os.path.getsize(path), "sha256": h.hexdigest()[:16]}
+    return h.hexdigest()
+
+
+def file_identity(path: str | None) -> dict | None:
+    """A data file's identity: its size and the sha256 of all of it (the same file copied to every
+    node gives the same identity; a change anywhere in it, a different one)."""
+    if not path:
+        return None
+    return {"name": os.path.basename(path), "bytes": os.path.getsize(path), "sha256": sha256_of(path)[:16]}
 
 
 _LOCKS: dict[str, int] = {}  # folder -> its open descriptor, held (and so locked) until the process ends

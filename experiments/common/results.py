@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import csv
-import hashlib
 import json
 import math
 import os
@@ -23,6 +22,7 @@ import numpy as np
 from solver.modes import MODES, PAPER_MODES, REFERENCE, paper_figures
 
 from .errors import InputError
+from .files import sha256_of
 
 # Every column and its type: the reader parses by this table, never by guessing (a diverging
 # run's nan or inf loss stays a float and shows as such).
@@ -171,7 +171,7 @@ def write_run(folder: str, rows: list[dict], summary: dict) -> tuple[str, str]:
                 w.writerow({k: r.get(k, "") for k in STEP_COLUMNS})
             f.flush()
             os.fsync(f.fileno())
-        stamped = {**strict_json(summary), "steps_sha256": _sha256(csv_path + ".tmp")}
+        stamped = {**strict_json(summary), "steps_sha256": sha256_of(csv_path + ".tmp")}
         with open(json_path + ".tmp", "w", encoding="utf-8") as f:
             json.dump(stamped, f, indent=2, sort_keys=True, allow_nan=False)
             f.flush()
@@ -187,14 +187,6 @@ def write_run(folder: str, rows: list[dict], summary: dict) -> tuple[str, str]:
             f"another --out"
         ) from None
     return csv_path, json_path
-
-
-def _sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def read_run(folder: str) -> tuple[list[dict], dict]:
@@ -216,7 +208,7 @@ def read_run(folder: str) -> tuple[list[dict], dict]:
     digest = summary.get("steps_sha256")
     if digest is None:
         raise InputError(f"{folder}/summary.json names no steps.csv digest: not written by this version's write_run (rerun its command)")
-    if digest != _sha256(os.path.join(folder, "steps.csv")):
+    if digest != sha256_of(os.path.join(folder, "steps.csv")):
         raise InputError(
             f"{folder}/steps.csv is not the one {folder}/summary.json was written with (its sha256 differs): the two files are of "
             f"different runs, or one was cut short or replaced; rerun the command that wrote them"

@@ -20,7 +20,6 @@ sha256 against the manifest before anything reads it, so damage is an error nami
 from __future__ import annotations
 
 import errno
-import hashlib
 import json
 import os
 import pickle
@@ -34,6 +33,7 @@ import torch
 import torch.distributed as dist
 
 from experiments.common.errors import InputError
+from experiments.common.files import sha256_of
 from model.sharding import experts_as_global, parameter_count
 
 NAME = re.compile(r"^step_(\d{7})$")
@@ -142,14 +142,6 @@ def _planner():
 
 
 # ----- files ----------------------------------------------------------------------------------------
-def _sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _write_json(path: str, obj) -> None:
     with open(path, "w") as f:
         json.dump(obj, f)
@@ -224,7 +216,7 @@ def save(ckpt_dir: str, step: int, model, opt, meta: dict) -> str:
             files = sorted(f for f in os.listdir(tmp) if f != MANIFEST)
             _write_json(
                 os.path.join(tmp, MANIFEST),
-                {f: {"bytes": os.path.getsize(os.path.join(tmp, f)), "sha256": _sha256(os.path.join(tmp, f))} for f in files},
+                {f: {"bytes": os.path.getsize(os.path.join(tmp, f)), "sha256": sha256_of(os.path.join(tmp, f))} for f in files},
             )
             if os.path.exists(final):  # the same step saved again: the new one replaces it
                 shutil.rmtree(final)
@@ -355,7 +347,7 @@ def verify(folder: str, rank: int = 0, world: int = 1) -> None:
         size = os.path.getsize(path)
         if size != want.get("bytes"):
             raise CheckpointError(f"{path!r} has {size} bytes, the manifest says {want.get('bytes')}: truncated or damaged")
-        if _sha256(path) != want.get("sha256"):
+        if sha256_of(path) != want.get("sha256"):
             raise CheckpointError(f"{path!r} fails its sha256 check: the file is damaged")
 
 
