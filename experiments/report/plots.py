@@ -19,7 +19,7 @@ from experiments.common.errors import InputError  # noqa: E402
 from experiments.common.results import BREAKDOWN, PAPER, read_run  # noqa: E402
 from experiments.common.results import read_ablation as read_ablation_run  # noqa: E402
 from solver import CostModel, StepPlan, exchange_bytes, token_to_head_plan  # noqa: E402
-from solver.modes import MODES  # noqa: E402
+from solver.modes import CHILDREN, HALO_CHILDREN, MODE_TABLE, MODES  # noqa: E402
 
 RESULTS = os.environ.get("REPACK_RESULTS", "results")
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -137,7 +137,8 @@ def plot_breakdown(summary: dict, ax=None):
     return ax
 
 
-SWEEP_MODES = ("repack", "repack+solver", "repack+widths", "redistribute", "halo", "choose")  # the sweep plot's lines
+# the sweep plot's lines: every mode whose wide parents take children (Ulysses or halo), in the table's order
+SWEEP_MODES = tuple(m.name for m in MODE_TABLE if m.start in (CHILDREN, HALO_CHILDREN))
 
 
 SWEEP_FACTORS = {  # the sweep plot's columns, and their axes' labels
