@@ -238,14 +238,8 @@ FULL_BELOW = 1 << 20  # a disk with less free than this when a write failed: the
 def _write_failure(e: BaseException, tmp: str) -> str:
     """One line for a checkpoint that could not be written: the first OS error of any rank (DCP
     gathers them), the disk named when it is full."""
-    inner = e
-    failures = getattr(e, "failures", None) or {}
-    for r in sorted(failures):
-        f = failures[r]
-        f = f[0] if isinstance(f, tuple) else f
-        if isinstance(f, BaseException):
-            inner = f
-            break
+    _, inner = _first_rank_failure(e)
+    inner = inner or e
     while not isinstance(inner, OSError) and inner.__cause__ is not None:
         inner = inner.__cause__
     try:
@@ -441,15 +435,24 @@ def _load_shards(folder: str, model, opt) -> str | None:
     return None
 
 
-def _dcp_failure(e: BaseException, folder: str) -> str:
-    """One line from DCP's exception: the first rank's failure (ours name the file), else its first line."""
+def _first_rank_failure(e: BaseException) -> tuple[int | None, BaseException | None]:
+    """(rank, exception) of the lowest rank whose failure DCP gathered into `e` (its `failures`),
+    or (None, None) when `e` carries none."""
     failures = getattr(e, "failures", None) or {}
     for r in sorted(failures):
         inner = failures[r]
         inner = inner[0] if isinstance(inner, tuple) else inner
         if isinstance(inner, BaseException):
-            text = str(inner) if isinstance(inner, CheckpointError) else _first_line(inner)
-            return f"checkpoint {folder!r}, rank {r}: {text}"
+            return r, inner
+    return None, None
+
+
+def _dcp_failure(e: BaseException, folder: str) -> str:
+    """One line from DCP's exception: the first rank's failure (ours name the file), else its first line."""
+    r, inner = _first_rank_failure(e)
+    if inner is not None:
+        text = str(inner) if isinstance(inner, CheckpointError) else _first_line(inner)
+        return f"checkpoint {folder!r}, rank {r}: {text}"
     return f"checkpoint {folder!r}: {_first_line(e)}"
 
 
