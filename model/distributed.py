@@ -81,20 +81,22 @@ def check_same_plan(plan: StepPlan, device="cpu") -> None:
         )
 
 
-def parent_of(plan: StepPlan, rank: int):
-    """The ParentPlan whose group holds `rank`."""
-    return next(p for p in plan.parents if p.group.start <= rank < p.group.stop)
+def redistributes_at(plan: StepPlan, rank: int) -> bool:
+    """Does the parent holding `rank` redistribute (ParentPlan.redistributed)? A plan where none
+    does answers without looking for the rank's parent."""
+    return plan.redistributes and next(p for p in plan.parents if p.group.start <= rank < p.group.stop).redistributed
 
 
-def rank_exchanges(plan: StepPlan, cfg: ModelConfig, rank: int, device="cpu"):
+def rank_exchanges(plan: StepPlan, cfg: ModelConfig, rank: int, device="cpu", redistributed: bool = False):
     """(full entry, full exit, sparse entry, sparse exit) of `rank`, as device tensors (the sparse
     ones None in a halo child): only this
     rank's part of each exchange, so the host work of a step grows with the rank's groups, not
     with the cluster (experiments.host_bench times it). An exit is its entry's inverse. A
-    redistributing parent's full layers run on its own token layout (ParentPlan.redistributed)."""
+    redistributing parent's full layers (redistributed: redistributes_at(plan, rank)) run on its
+    own token layout."""
     parent, child = plan.parent_layout, plan.child_layout
     qkv = [cfg.n_heads, cfg.n_kv_heads, cfg.n_kv_heads]
-    full = token_to_head_rank(parent if parent_of(plan, rank).redistributed else child, parent, rank)
+    full = token_to_head_rank(parent if redistributed else child, parent, rank)
     full_args = (exchange_args(full, qkv, device), exchange_args(full.inverse(), qkv[:1], device))
     if child.group_of(rank).halo:  # its sparse layers exchange halos, not heads
         return (*full_args, None, None)
@@ -195,7 +197,8 @@ class RankPlacement:
         parent, child = plan.parent_layout, plan.child_layout
         self.parent_group = parent.group_of(rank)
         self.child_group = child.group_of(rank)
-        self.full_entry, self.full_exit, self.sparse_entry, self.sparse_exit = rank_exchanges(plan, cfg, rank, device)
+        redistributed = redistributes_at(plan, rank)
+        self.full_entry, self.full_exit, self.sparse_entry, self.sparse_exit = rank_exchanges(plan, cfg, rank, device, redistributed)
         self.chunks = child.local_chunks(rank)  # (sample, start, end) of this rank's tokens, in local order
         self.positions, self.rotary = _rotary(self.chunks, cfg, device)
         self.halo = self.child_group.halo and self.child_group.size > 1
@@ -214,7 +217,7 @@ class RankPlacement:
         # paper avoids); a parent that is not repacked makes none
         self.redistribution = None
         self.full_rotary = self.rotary
-        if parent_of(plan, rank).redistributed:
+        if redistributed:
             whole = token_to_token_rank(child, parent, self.parent_group, rank)
             self.redistribution = exchange_args(whole, [1], device)
             _, self.full_rotary = _rotary(parent.local_chunks(rank), cfg, device)
