@@ -145,9 +145,7 @@ def experts_as_global(state: dict, model: nn.Module) -> dict:
     from torch.distributed.tensor import DTensor, Replicate, Shard  # noqa: PLC0415
 
     params = expert_params(model)
-    first = next(iter(params.values()))
-    local0 = first.to_local() if isinstance(first, DTensor) else first
-    mesh = _expert_mesh(ep, dist.get_world_size(), local0.device.type)
+    mesh = _expert_mesh(ep, dist.get_world_size(), next(iter(params.values())).device.type)  # a DTensor's device is its shard's
     shapes = {n: tuple(p.shape) for n, p in params.items()}  # a slot's experts (FSDP2's DTensor: its global shape)
 
     def wrap(name: str, t):

@@ -18,7 +18,7 @@ from .layout import (
     token_to_head_rank,
 )
 from .plan import ParentPlan, StepPlan
-from .planner import check_setup, make_plan, plan_from_parents
+from .planner import check_setup, make_plan
 
 __all__ = [
     "PlanError",
@@ -44,5 +44,4 @@ __all__ = [
     "StepPlan",
     "check_setup",
     "make_plan",
-    "plan_from_parents",
 ]

@@ -81,15 +81,6 @@ def compose(mode: Mode, samples: Sequence[Sample], cluster: Cluster, cost: CostM
     return StepPlan(cluster, tuple((s.id, s.length) for s in samples), tuple(parents), mode.name).validate()
 
 
-def plan_from_parents(groups: Sequence[Group], samples: Sequence[Sample], cluster: Cluster, cost: CostModel, mode: str) -> StepPlan:
-    """Given parents run as `mode` starts them (no solver stage): children for a repacking mode,
-    the parents' own layout for the baseline."""
-    spec = mode_of(mode)
-    cost = cost.for_cluster(cluster)
-    parents = _parent_plans(groups, {s.id: s.length for s in samples}, cluster, cost, spec.start)
-    return StepPlan(cluster, tuple((s.id, s.length) for s in samples), parents, mode).validate()
-
-
 def make_plan(
     samples: Sequence[Sample], cluster: Cluster, cost: CostModel, mode: str = "repack+solver", baseline_pricing: str = "compute"
 ) -> StepPlan:

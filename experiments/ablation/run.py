@@ -140,7 +140,7 @@ def run_ablation(settings: Settings, seeds: list[int], progress: bool = True) ->
     cost = cost_model(settings)
     if wl.trace:
         seeds = seeds[:1]  # a trace is one workload: seeds do not change it
-    if not wl.trace:
+    else:
         check_generation(wl, len(seeds))  # every seed's steps can be drawn, before the first is
     rows, selected = [], {}
     modes = ablation_modes(cost)
@@ -204,7 +204,7 @@ def folding_saving(per_seed: dict) -> dict | None:
     """What folding the layout change into the full layers' all-to-alls saves (folding_pair): per
     seed, the mean step time of the redistributing mode (the same plans with a redistribution pass
     of their own) over that of the folded one, less 1, in percent of the redistributing one's; its
-    mean, min and max over seeds."""
+    mean, min and max over seeds, and the two modes' names (what the report says it compares)."""
     pair = folding_pair()
     if pair is None:
         return None
@@ -212,7 +212,9 @@ def folding_saving(per_seed: dict) -> dict | None:
     vals = [
         100 * (1 - v[folded]["mean_step_time_s"] / v[redist]["mean_step_time_s"]) for v in per_seed.values() if redist in v and folded in v
     ]
-    return {"mean": float(np.mean(vals)), "min": float(np.min(vals)), "max": float(np.max(vals))} if vals else None
+    if not vals:
+        return None
+    return {"mean": float(np.mean(vals)), "min": float(np.min(vals)), "max": float(np.max(vals)), "folded": folded, "redistributed": redist}
 
 
 def group_rate_ratios(cost: CostModel, cluster: Cluster) -> dict[str, float]:
@@ -302,8 +304,8 @@ def print_tables(rows, summary, out=None):
     fold = summary.get("folding_saving_pct")
     if fold:
         p(
-            f"folding the layout change into the full layers' all-to-alls (repack+solver) instead of a redistribution pass of its own "
-            f"(redistribute) saves {_range({'f': fold}, 'f', fmt='.2f')}% of the step time (mean over seeds [min, max])"
+            f"folding the layout change into the full layers' all-to-alls ({fold['folded']}) instead of a redistribution pass of its own "
+            f"({fold['redistributed']}) saves {_range({'f': fold}, 'f', fmt='.2f')}% of the step time (mean over seeds [min, max])"
         )
     for chooser in (m.name for m in MODE_TABLE if m.cheapest and m.name in modes):
         ch = [r for r in rows if r["mode"] == chooser]

@@ -92,8 +92,8 @@ def ablation(folder: str) -> tuple[str, list[dict]]:
     fold = s.get("folding_saving_pct")
     if fold:
         text += (
-            f" Folding the layout change into the full layers' all-to-alls (repack+solver) instead of a redistribution pass of "
-            f"its own (redistribute, the same plans) saves {_range(fold, fmt='.1f', unit='%')} of the step time."
+            f" Folding the layout change into the full layers' all-to-alls ({fold['folded']}) instead of a redistribution pass of "
+            f"its own ({fold['redistributed']}, the same plans) saves {_range(fold, fmt='.1f', unit='%')} of the step time."
         )
     return text, [run_provenance(s, folder)]
 
