@@ -5,7 +5,8 @@ Plain dataclasses and the standard library: every other package imports this one
 imports nothing of ours (tests/test_structure.py keeps it so).
 
 Sections: model, hardware, cluster, costs (what every step pays whatever its layout), workload,
-planner, optim (the optimizer and its schedule); entry points add their own. `config.cli`
+planner, optim (the optimizer and its schedule); `config.entries` holds each entry point's own
+(the ablation's seeds, the driver's mode and checkpoints, the benchmarks' sizes). `config.cli`
 generates each entry point's command line from its sections and resolves precedence once.
 """
 

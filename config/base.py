@@ -25,6 +25,7 @@ class Check:
 
     requirement: str
     ok: Callable[[Any], bool]
+    listed: bool = False  # the value is a comma-separated list: a command's choices hold for each item
 
 
 def _number(v) -> bool:
@@ -66,8 +67,16 @@ def list_from(choices) -> Check:
     """A comma-separated list of one or more of `choices`."""
     choices = tuple(choices)
     return Check(
-        f"a comma-separated list from {list(choices)}", lambda v: isinstance(v, str) and bool(v) and set(v.split(",")) <= set(choices)
+        f"a comma-separated list from {list(choices)}",
+        lambda v: isinstance(v, str) and bool(v) and set(v.split(",")) <= set(choices),
+        listed=True,
     )
+
+
+def names() -> Check:
+    """A comma-separated list of one or more names, each of which the entry point's choices for the
+    setting hold (`config.cli.Command(choices=...)`: a registry of another package)."""
+    return Check("a comma-separated list of names", lambda v: isinstance(v, str) and all(v.split(",")), listed=True)
 
 
 def optional(check: Check) -> Check:

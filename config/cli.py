@@ -183,6 +183,9 @@ class Command:
         help_text = f"{meta['doc']} (default: {shown})"
         kw: dict[str, Any] = {"dest": key, "default": argparse.SUPPRESS, "help": help_text}
         choices = self.choices_of(key) or meta.get("choices")
+        if choices and _listed(f):  # argparse would hold the whole list to the choices: checked item by item when resolving
+            kw["help"] = f"{meta['doc']}, from {list(choices)} (default: {shown})"
+            choices = None
         if kind is bool:
             group.add_argument(flag_of(f), action=argparse.BooleanOptionalAction, **kw)
             return
@@ -249,7 +252,7 @@ class Command:
                     if isinstance(v, list) and f.metadata["kind"] is tuple:
                         v = tuple(v)
                     check_value(routes[k], v, f)
-                    self._check_choices(routes[k], f"{name}.{k}", v)
+                    self._check_choices(routes[k], f"{name}.{k}", v, f)
                     merged[k] = v
             for a, b in getattr(cls, "EXCLUSIVE", ()):
                 given = [routes[k] for routes, values in layers[1:] for k in values if k in (a, b)]
@@ -279,10 +282,20 @@ class Command:
         choices = self.choices.get(key)
         return tuple(choices()) if callable(choices) else choices
 
-    def _check_choices(self, route: str, key: str, value) -> None:
+    def _check_choices(self, route: str, key: str, value, f: dataclasses.Field) -> None:
         choices = self.choices_of(key)
-        if choices is not None and value not in choices:
-            raise SettingError(f"{route}={value!r} is invalid: it must be one of {list(choices)}")
+        if choices is None:
+            return
+        for item in value.split(",") if _listed(f) else [value]:
+            if item not in choices:
+                what = f"{item!r} is not one of {list(choices)}" if _listed(f) else f"it must be one of {list(choices)}"
+                raise SettingError(f"{route}={value!r} is invalid: {what}")
+
+
+def _listed(f: dataclasses.Field) -> bool:
+    """Is the setting a comma-separated list (its check says so)?"""
+    check = f.metadata.get("check")
+    return check is not None and check.listed
 
 
 def read_config_file(path: str, command: Command) -> dict[str, dict]:

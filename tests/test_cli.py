@@ -117,6 +117,22 @@ def test_a_bad_value_is_named_by_the_route_it_came_by(tmp_path):
         cmd.parse(["--config", path, "--tokens-per-step", "10"])
 
 
+def test_a_list_setting_holds_each_item_to_the_commands_choices_from_any_route(tmp_path):
+    """A comma-separated setting whose names another package owns (the host bench's modes, from the
+    mode table): each item is held to the command's choices, and the bad item is named."""
+    from config.entries import HostBenchOptions
+
+    cmd = Command("demo", "", (HostBenchOptions,), choices={"bench.modes": ("baseline", "halo")})
+    assert cmd.parse(["--modes", "halo,baseline"]).bench.modes == "halo,baseline"
+    with pytest.raises(SettingError, match=r"^--modes='halo,fast' is invalid: 'fast' is not one of \['baseline', 'halo'\]$"):
+        cmd.parse(["--modes", "halo,fast"])
+    path = _write(tmp_path, {"bench": {"modes": "fast"}})
+    with pytest.raises(SettingError, match=r"^config file '.*': bench\.modes='fast' is invalid: 'fast' is not one of"):
+        cmd.parse(["--config", path])
+    with pytest.raises(SettingError, match=r"must be a comma-separated list of names"):  # an empty item, whatever the choices
+        cmd.parse(["--modes", "halo,"])
+
+
 def test_every_setting_is_checked_whatever_route_it_takes():
     """The same limits in code as on the command line: a section cannot be made with a bad value."""
     for cls in SECTIONS:

@@ -8,15 +8,13 @@ from __future__ import annotations
 import dataclasses
 import sys
 import time
-from dataclasses import dataclass
 
 import numpy as np
 from tqdm import tqdm
 
 from config import Cluster, CostsConfig, HardwareConfig, ModelConfig, PlannerConfig, WorkloadConfig
-from config.base import POSITIVE_INT, Section, setting
 from config.cli import Command, Settings
-from experiments.common import options
+from config.entries import AblationOptions
 from experiments.common.provenance import provenance
 from experiments.common.results import PAPER, summarize, summarize_seeds
 from experiments.common.settings import MODEL_CHOICES, cost_model
@@ -24,16 +22,6 @@ from experiments.common.workload import check_generation, workload_steps
 from solver import CostModel, PlanError, make_plan, samples_from_lengths
 from solver.modes import CHILDREN, MODE_TABLE, MODES, OWN, REFERENCE, twin
 from solver.simulator import simulate
-
-
-@dataclass(frozen=True)
-class AblationOptions(Section):
-    SECTION = "ablation"
-
-    seeds: int = setting(5, "workload seeds, from --seed on (a mean without its range over seeds is not a result)", POSITIVE_INT)
-    out: str = options.out("results/ablation")
-    progress: bool = options.progress()
-
 
 DESCRIPTION = """The paper's ablation on the embedded simulator: baseline, repack, repack+solver, the control
 baseline+solver (the parent solver without repacking), and repack+widths (the width-choosing

@@ -18,43 +18,18 @@ from __future__ import annotations
 import csv
 import os
 import sys
-from dataclasses import dataclass
 
 from tqdm import tqdm
 
 from config import PRICINGS, RATIO_READINGS
-from config.base import POSITIVE_INT, Section, list_from, setting
 from config.cli import Command, Settings
+from config.entries import SWEEP_FACTORS, SweepOptions
 from experiments.ablation.run import SECTIONS, run_ablation
-from experiments.common import entry, options
+from experiments.common import entry
 from experiments.common.files import check_output_dir, lock_folder
 from experiments.common.provenance import provenance
 from experiments.common.settings import MODEL_CHOICES, prepare
 from solver.modes import modes_where
-
-# factor -> the values it takes; each point is the defaults with that one factor changed
-FACTORS = {
-    "fill": [0.5, 0.75, 0.9, 0.95],
-    "ratio": [1.0, 2.0, 4.0, 7.0, 10.0, 16.0],
-    "long_share": [2.5e-4, 5e-4, 1e-3, 2e-3],
-    "window": [1024, 4096, 16384],
-    "kind": ["sliding_window", "chunked"],
-    "cluster": [32, 64, 128],
-}
-
-
-@dataclass(frozen=True)
-class SweepOptions(Section):
-    SECTION = "sweep"
-
-    factors: str = setting(
-        ",".join(FACTORS),
-        f"the factors to sweep, comma-separated, from {list(FACTORS)}",
-        list_from(FACTORS),
-    )
-    seeds: int = setting(3, "workload seeds, from --seed on (a mean without its range over seeds is not a result)", POSITIVE_INT)
-    out: str = options.out("results/sweep")
-
 
 COMMAND = Command("experiments.ablation.sweep", __doc__, (*SECTIONS, SweepOptions), defaults={"workload.steps": 100}, choices=MODEL_CHOICES)
 
@@ -104,7 +79,7 @@ COLUMNS = [
 def points(factors):
     """(factor, value, pricing, reading): the ratio under both readings, every factor under both pricings."""
     for factor in factors:
-        for value in FACTORS[factor]:
+        for value in SWEEP_FACTORS[factor]:
             for pricing in PRICINGS:
                 for reading in RATIO_READINGS if factor == "ratio" else (None,):
                     yield factor, value, pricing, reading

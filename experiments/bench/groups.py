@@ -21,16 +21,15 @@ import csv
 import datetime
 import os
 import socket
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from config import Cluster, HardwareConfig, ModelConfig, WorkloadConfig
-from config.base import Check, Section, setting
 from config.cli import Command, Settings
-from experiments.common import entry, options
+from config.entries import GroupsBenchOptions
+from experiments.common import entry
 from experiments.common.files import check_output_dir
 from experiments.common.provenance import provenance
 from experiments.common.settings import prepare
@@ -38,22 +37,6 @@ from experiments.common.workload import generate_steps
 from kernels.exchange import ExchangeGroups
 from solver import CostModel, PlanError, make_plan, samples_from_lengths
 from solver.modes import MODES
-
-WORLDS = Check("a comma-separated list of powers of two, 2 to 256", lambda v: isinstance(v, str) and all(_pow2(x) for x in v.split(",")))
-
-
-def _pow2(x: str) -> bool:
-    return x.strip().isdigit() and 2 <= int(x) <= 256 and int(x) & (int(x) - 1) == 0
-
-
-@dataclass(frozen=True)
-class GroupsBenchOptions(Section):
-    SECTION = "bench"
-
-    worlds: str = setting("8,16,64", "world sizes to start as local gloo ranks (ignored under torchrun: its ranks)", WORLDS)
-    out: str = options.out("results")
-    timeout: float = options.timeout(300.0)
-
 
 COMMAND = Command(
     "experiments.bench.groups",

@@ -18,15 +18,14 @@ from __future__ import annotations
 import csv
 import os
 import time
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from config import Cluster, HardwareConfig, ModelConfig, WorkloadConfig
-from config.base import Section, list_from, setting
 from config.cli import Command
-from experiments.common import entry, options
+from config.entries import HostBenchOptions
+from experiments.common import entry
 from experiments.common.files import check_output_dir
 from experiments.common.provenance import provenance
 from experiments.common.workload import generate_steps, random_tokens
@@ -63,18 +62,7 @@ def time_ranks(plan, cfg: ModelConfig, ranks, repeats: int = 3) -> tuple[dict[in
     return out, halo
 
 
-@dataclass(frozen=True)
-class HostBenchOptions(Section):
-    SECTION = "bench"
-
-    quick: bool = options.quick()
-    # the modes whose host work differs: Ulysses children (baseline and the repack modes alike),
-    # the hidden states' own all-to-all, halo children, and children of every kind in one plan
-    modes: str = setting("repack+solver,redistribute,halo,choose", "the modes whose plans are timed, comma-separated", list_from(MODES))
-    out: str = options.out("results")
-
-
-COMMAND = Command("experiments.bench.host", __doc__, (ModelConfig, HostBenchOptions), only={"model": ()})
+COMMAND = Command("experiments.bench.host", __doc__, (ModelConfig, HostBenchOptions), only={"model": ()}, choices={"bench.modes": MODES})
 
 
 def main(argv=None):

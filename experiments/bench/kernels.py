@@ -22,15 +22,14 @@ from __future__ import annotations
 import csv
 import os
 import time
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from config import GPU_DEVICES, MEMORY_LATENCY_S, ModelConfig
-from config.base import Section
 from config.cli import Command
-from experiments.common import entry, options
+from config.entries import KernelBenchOptions
+from experiments.common import entry
 from experiments.common.files import check_output_dir
 from experiments.common.provenance import provenance
 from kernels.exchange import exchange_args
@@ -75,14 +74,6 @@ def _ops(x, a, send):
         return lambda: scatter_heads(send, a.unpack_rows, a.unpack_peers, a.unpack_map, a.n_out, a.out_heads, path)
 
     return (("pack", pack), ("unpack", unpack))
-
-
-@dataclass(frozen=True)
-class KernelBenchOptions(Section):
-    SECTION = "bench"
-
-    quick: bool = options.quick()
-    out: str = options.out("results")
 
 
 COMMAND = Command(

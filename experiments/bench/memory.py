@@ -8,28 +8,14 @@ measurement.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from config import Cluster, CostsConfig, HardwareConfig, ModelConfig
-from config.base import Section, list_from, number_in, setting
 from config.cli import Command
+from config.entries import MemoryOptions
 from experiments.common import entry
 from experiments.common.memory import GIB, estimate
 from solver import CostModel
 
 GPU_COUNTS = (8, 16, 32, 64, 128)
-
-
-@dataclass(frozen=True)
-class MemoryOptions(Section):
-    SECTION = "memory"
-
-    models: str = setting(
-        "small,paper",
-        "model presets to tabulate, comma-separated",
-        list_from(ModelConfig.PRESETS),
-    )
-    gpu_gib: float = setting(80.0, "memory of one GPU in GiB, for the fits columns", number_in(0, 1e6, lo_open=True))
 
 
 COMMAND = Command(

@@ -26,14 +26,13 @@ import csv
 import gc
 import os
 import time
-from dataclasses import dataclass
 
 import numpy as np
 
 from config import Cluster, CostsConfig, HardwareConfig, ModelConfig, WorkloadConfig
-from config.base import Check, Section, setting
 from config.cli import Command
-from experiments.common import entry, options
+from config.entries import SolverBenchOptions
+from experiments.common import entry
 from experiments.common.files import check_output_dir
 from experiments.common.provenance import provenance
 from experiments.common.workload import generate_steps
@@ -205,19 +204,6 @@ def exact_gaps(n_instances: int, cost: CostModel):
             e = solve_exact(p)
         gaps.append(h.makespan / e - 1)
     return np.array(gaps), np.array(times)
-
-
-@dataclass(frozen=True)
-class SolverBenchOptions(Section):
-    SECTION = "bench"
-
-    quick: bool = options.quick()
-    repeats: int = options.repeats(3)
-    fills: str = setting(
-        "0.5,0.95", "the fills of the cluster's tokens its steps are planned at, comma-separated (0.95: the ablation's)",
-        Check("a comma-separated list of fills in (0, 1]", lambda v: isinstance(v, str) and _fills_ok(v)),
-    )  # fmt: skip
-    out: str = options.out("results")
 
 
 def _fills_ok(v: str) -> bool:

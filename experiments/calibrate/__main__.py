@@ -18,40 +18,18 @@ from __future__ import annotations
 import json
 import os
 import sys
-from dataclasses import dataclass
 
 import torch
 
 from config import Cluster, ModelConfig
-from config.base import POSITIVE_INT, Section, int_at_least, number_in, optional, setting
 from config.cli import Command, Derived
-from experiments.calibrate.measure import STEP_SAMPLE_TOKENS, calibrate, report
-from experiments.common import entry, options
+from config.entries import CalibrateOptions
+from experiments.calibrate.measure import calibrate, report
+from experiments.common import entry
 from experiments.common.files import check_output_dir
 from experiments.common.ranks import end_rank, leave, start_rank
 from experiments.common.settings import MODEL_CHOICES
 from model.attention import BACKENDS
-
-
-@dataclass(frozen=True)
-class CalibrateOptions(Section):
-    SECTION = "calibrate"
-
-    quick: bool = options.quick()
-    median_of: int = setting(
-        None, "timed runs each figure is the median of (default: 3 with --quick, else 7)", optional(POSITIVE_INT), kind=int
-    )
-    step_tokens: int = setting(STEP_SAMPLE_TOKENS, "tokens per rank of the runtime steps that fit the fixed costs", int_at_least(2))
-    datasheet_peak: float = setting(
-        None,
-        "the peak FLOP/s the efficiencies are relative to (default: the measured matmul rate)",
-        optional(number_in(0, 1e18, lo_open=True)),
-        kind=float,
-    )
-    attn_backend: str = options.attn_backend(BACKENDS)
-    out: str = options.out("results/calibrate")
-    timeout: float = options.timeout(600.0)
-
 
 COMMAND = Command(
     "experiments.calibrate",
@@ -65,7 +43,7 @@ COMMAND = Command(
         ),
     },
     exclude=frozenset({"cluster.world_size"}),
-    choices=MODEL_CHOICES,
+    choices={"calibrate.attn_backend": BACKENDS, **MODEL_CHOICES},
 )
 
 

@@ -38,14 +38,13 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 
 import numpy as np
 
 from config import TINY_TOKENS_PER_RANK, Cluster, SettingError, WorkloadConfig
-from config.base import POSITIVE, Section, int_in, number_in, setting
 from config.cli import Command
-from experiments.common import entry, options
+from config.entries import EmulateOptions
+from experiments.common import entry
 from experiments.common.errors import USER_ERRORS
 from experiments.common.files import check_output_dir
 from experiments.common.provenance import provenance
@@ -341,18 +340,6 @@ def breakdown(pairs: list[tuple[dict, dict]]) -> dict[str, dict]:
         meas = {k: float(np.mean([m[k] for _, m in mine])) for k in MEASURED_PARTS}
         out[mode] = {"steps": len(mine), "predicted": pred, "measured": meas}
     return out
-
-
-@dataclass(frozen=True)
-class EmulateOptions(Section):
-    SECTION = "emulate"
-
-    nodes: int = setting(4, "emulated nodes, one network namespace each", int_in(2, 32))
-    inter_mbit: float = setting(800.0, "rate of each node's link to the others, both ways, in Mbit/s", number_in(0, 1e6, lo_open=True))
-    compare: bool = setting(False, "calibrate, run the ablation on the cluster's shape, replay its steps, compare")
-    wall_limit: float = setting(900.0, "seconds before every launcher of a run is killed (the replay's: x --repeats)", POSITIVE)
-    repeats: int = options.repeats(3)
-    out: str = options.out("results/emulated")
 
 
 COMMAND = Command(

@@ -44,6 +44,7 @@ import torch
 import torch.distributed as dist
 
 from config import Cluster, CostsConfig, HardwareConfig, ModelConfig, SettingError
+from config.entries import STEP_SAMPLE_TOKENS
 from experiments.common.provenance import provenance
 from kernels.exchange import ExchangeGroups
 from model import HybridMoE, varlen_attention
@@ -283,8 +284,6 @@ def measure_layer_overhead(cfg: ModelConfig, backend: str, device, dtype, repeat
     return timed(step, device, repeats)
 
 
-# tokens per rank of the runtime steps that measure the fixed costs (2: one label each; --step-tokens)
-STEP_SAMPLE_TOKENS = 2
 # tokens per rank of the steps that measure how much of the experts' all-to-all is hidden: enough
 # routed rows that the calls move bytes, few enough for a quick step
 EXPERTS_STEP_TOKENS = 32

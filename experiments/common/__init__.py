@@ -1,3 +1,3 @@
 """What the entry points share: provenance, the results schema, the workload generator and trace
-reader, the checks of files and folders, and the settings every entry point's own section uses.
+reader, and the checks of files and folders.
 It imports no entry point."""

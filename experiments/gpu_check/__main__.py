@@ -23,13 +23,12 @@ import json
 import os
 import subprocess
 import sys
-from dataclasses import dataclass
 
 import torch
 
-from config.base import Section
 from config.cli import Command
-from experiments.common import entry, options
+from config.entries import GpuCheckOptions
+from experiments.common import entry
 from experiments.common.provenance import provenance
 
 TARGET_COPY_FRACTION = 0.8
@@ -78,13 +77,6 @@ def check_gpu_tests() -> dict:
     if rc:
         print(log[-3000:])
     return {"ok": rc == 0, "summary": summary, "log_tail": log[-3000:]}
-
-
-@dataclass(frozen=True)
-class GpuCheckOptions(Section):
-    SECTION = "gpu_check"
-
-    out: str = options.out("results/gpu_check")
 
 
 COMMAND = Command("experiments.gpu_check", __doc__, (GpuCheckOptions,))

@@ -22,11 +22,10 @@ from __future__ import annotations
 import os
 import re
 import sys
-from dataclasses import dataclass
 
-from config.base import NON_EMPTY, Section, setting
 from config.cli import Command
-from experiments.common import entry, options
+from config.entries import ReportOptions
+from experiments.common import entry
 from experiments.common.errors import USER_ERRORS, InputError
 from experiments.report import figures
 from experiments.report.check import check
@@ -44,22 +43,6 @@ WRITERS = {
     "groups_bench": "python -m experiments.bench.groups",
     "emulated": "python -m experiments.calibrate.emulate --compare (as root)",
 }
-
-
-@dataclass(frozen=True)
-class ReportOptions(Section):
-    SECTION = "report"
-
-    results: str = setting("results", "the folder of the results the docs are rendered from", NON_EMPTY)
-    docs: str = setting("docs", "the folder of the docs whose marked blocks are rendered (and the README beside it)", NON_EMPTY)
-    strict: bool = setting(False, "fail when a block's results are missing, instead of keeping its old content")
-    check_docs: bool = setting(
-        False,
-        "write nothing: rerun the commands behind every block that takes under two minutes (the ablation and its variants) "
-        "into a temporary folder, render, and fail naming each block whose figures differ from the committed docs",
-        flag="--check",
-    )
-    progress: bool = options.progress()
 
 
 COMMAND = Command("experiments.report", __doc__, (ReportOptions,))

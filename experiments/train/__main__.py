@@ -19,15 +19,14 @@ from __future__ import annotations
 import os
 import sys
 import traceback
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
 from config import TINY_TOKENS_PER_RANK, Cluster, CostsConfig, HardwareConfig, ModelConfig, OptimConfig, PlannerConfig, WorkloadConfig
-from config.base import NON_NEGATIVE_INT, POSITIVE_INT, Section, optional, setting
 from config.cli import Command, Derived
-from experiments.common import entry, options
+from config.entries import TrainOptions
+from experiments.common import entry
 from experiments.common.ranks import end_rank, leave, start_rank
 from experiments.common.settings import MODEL_CHOICES
 from experiments.train.driver import DTYPES, check_options, stuck_ranks, train
@@ -36,35 +35,6 @@ from model.attention import BACKENDS
 from model.sharding import SHARDINGS
 from solver.cluster import InternalError
 from solver.modes import MODES
-
-
-@dataclass(frozen=True)
-class TrainOptions(Section):
-    SECTION = "train"
-
-    mode: str = setting("repack+solver", "the layout mode; all: every step in every mode, without optimizer steps (a replay)")
-    replay: str = setting(None, "an ablation's results folder: run its first seed's selected steps (use --mode all)", kind=str)
-    tokens: str = setting(None, "a token file: a .npy of uint16/uint32 ids, memory-mapped (with --doc-offsets)", kind=str)
-    doc_offsets: str = setting(None, "document offsets .npy [n_docs + 1] of --tokens", kind=str)
-    dtype: str = setting(
-        "auto",
-        "compute dtype: bf16 (fp32 master weights and gradient reduction; FSDP2 gathers bf16 parameters, or autocast when "
-        "replicated), fp32 or fp64; auto: bf16 on CUDA, fp32 elsewhere",
-        choices=DTYPES,
-    )
-    pack_backend: str = setting("auto", "pack/unpack kernels: auto (Triton on CUDA, torch elsewhere), triton, torch", choices=PACK_BACKENDS)
-    attn_backend: str = options.attn_backend(BACKENDS)
-    shard: str = setting("fsdp", "fsdp: FSDP2 over every rank; none: replicated parameters, bucketed all-reduce", choices=SHARDINGS)
-    save_every: int = setting(0, "checkpoint every N steps (0: never)", NON_NEGATIVE_INT)
-    ckpt_dir: str = setting("results/checkpoints", "the folder of the run's checkpoints")
-    resume: bool = setting(False, "resume from the latest good checkpoint in --ckpt-dir")
-    resume_step: int = setting(None, "resume from this step's checkpoint (implies --resume)", optional(NON_NEGATIVE_INT), kind=int)
-    stop_after: int = setting(None, "stop (as if interrupted) after this many steps of the run", optional(POSITIVE_INT), kind=int)
-    out: str = options.out("results/train")
-    timeout: float = options.timeout(300.0)
-    repeats: int = options.repeats(1)
-    timers: bool = setting(False, "time each step's phases and exchanges (the device synchronized around each: a measurement run)")
-    allow_nonfinite: bool = setting(False, "go on past a step whose loss is nan or inf (by default the run fails there)")
 
 
 def _tiny(s) -> bool:
@@ -86,7 +56,14 @@ COMMAND = Command(
         "workload.steps": 20,
     },
     exclude=frozenset({"cluster.world_size"}),
-    choices={"train.mode": (*MODES, "all"), **MODEL_CHOICES},
+    choices={
+        "train.mode": (*MODES, "all"),
+        "train.dtype": DTYPES,
+        "train.pack_backend": PACK_BACKENDS,
+        "train.attn_backend": BACKENDS,
+        "train.shard": SHARDINGS,
+        **MODEL_CHOICES,
+    },
 )
 
 
