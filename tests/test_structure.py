@@ -212,3 +212,16 @@ def test_what_other_entry_points_share_lives_in_common_not_in_an_entry_points_pa
             if dp[0] == "experiments" and len(dp) > 1 and dp[1] not in ("common", parts[1]):
                 crossing.append(f"{mod} imports {d}")
     assert not crossing, "\n".join(crossing)
+
+
+def test_every_section_of_the_config_tree_lives_in_config():
+    """docs/configuration.md: one tree of sections in config/ (the entry points' own in
+    config.entries), so a reader finds every setting in one place."""
+    outside = []
+    for mod, path in modules().items():
+        if mod.startswith("config"):
+            continue
+        for node in ast.walk(ast.parse(open(path).read())):
+            if isinstance(node, ast.ClassDef) and any(getattr(b, "id", getattr(b, "attr", None)) == "Section" for b in node.bases):
+                outside.append(f"{mod}.{node.name}")
+    assert not outside, f"sections outside config/: {outside}"
