@@ -135,7 +135,8 @@ def test_config_is_the_standard_library_alone():
 def mode_name_uses(path: str, names: set[str]) -> list[str]:
     """Where a module compares, indexes or slices mode names: a mode name's string constant in a
     comparison (==, !=, in, not in, also inside a tuple or set compared against), as a subscript's
-    index, or a slice of a tuple of modes (MODES[...], PAPER_MODES[...])."""
+    index, or a slice of a tuple of modes or one of its modes by a fixed position (MODES[1:],
+    PAPER_MODES[1])."""
     tree = ast.parse(open(path).read())
     out = []
 
@@ -152,8 +153,11 @@ def mode_name_uses(path: str, names: set[str]) -> list[str]:
         elif isinstance(node, ast.Subscript):
             if holds_name(node.slice):
                 out.append(f"{where}: indexes by a mode name")
-            if isinstance(node.slice, ast.Slice) and isinstance(node.value, ast.Name) and node.value.id.endswith("MODES"):
-                out.append(f"{where}: slices {node.value.id}")
+            if isinstance(node.value, ast.Name) and node.value.id.endswith("MODES"):
+                if isinstance(node.slice, ast.Slice):
+                    out.append(f"{where}: slices {node.value.id}")
+                elif isinstance(node.slice, ast.Constant) or isinstance(node.slice, ast.UnaryOp):
+                    out.append(f"{where}: takes a mode of {node.value.id} by its position")
     return out
 
 
@@ -175,10 +179,18 @@ def test_the_mode_name_check_finds_what_it_looks_for(tmp_path):
     path = tmp_path / "m.py"
     path.write_text(
         'if plan.mode == "redistribute": pass\nx = over["baseline"]\ny = m in ("halo", "other")\nz = MODES[:3]\n'
-        'ok = make_plan(s, c, cost, "repack")\n'
+        'ok = make_plan(s, c, cost, "repack")\nw = PAPER_MODES[1]\nv = MODES[-1]\nfine = [MODES[i] for i in order]\n'
     )
     got = mode_name_uses(str(path), {"redistribute", "baseline", "halo", "repack"})
-    assert [g.split(": ", 1)[1] for g in got] == ["compares a mode name", "indexes by a mode name", "compares a mode name", "slices MODES"]
+    assert [g.split(": ", 1)[1] for g in got] == [
+        "compares a mode name",
+        "indexes by a mode name",
+        "compares a mode name",
+        "slices MODES",
+    ] + [
+        "takes a mode of PAPER_MODES by its position",
+        "takes a mode of MODES by its position",
+    ]
 
 
 def test_every_entry_point_parses_and_fails_one_way():

@@ -41,8 +41,8 @@ from solver.modes import MODES
 COMMAND = Command(
     "experiments.bench.groups",
     __doc__,
-    (ModelConfig, Cluster, WorkloadConfig, GroupsBenchOptions),
-    only={"model": (), "cluster": ("gpus_per_node", "tokens_per_rank"), "workload": ("seed", "steps")},
+    (ModelConfig, HardwareConfig, Cluster, WorkloadConfig, GroupsBenchOptions),
+    only={"model": (), "hardware": (), "cluster": ("gpus_per_node", "tokens_per_rank"), "workload": ("seed", "steps")},
     defaults={"workload.steps": 200},
     exclude=frozenset({"cluster.world_size"}),
 )
@@ -51,7 +51,7 @@ COMMAND = Command(
 def used_groups(settings: Settings, world: int, steps: int) -> list[frozenset]:
     """The group shapes of each of the first `steps` steps' plans in every mode, in step order."""
     s = prepare(settings.replace(cluster=settings.cluster.replace(world_size=world), workload=settings.workload.replace(steps=steps)))
-    cost = CostModel(s.model, HardwareConfig()).for_cluster(s.cluster)  # the default hardware's plans
+    cost = CostModel(s.model, s.hardware).for_cluster(s.cluster)
     out = []
     for lengths in generate_steps(s.workload):
         try:

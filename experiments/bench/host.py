@@ -62,7 +62,13 @@ def time_ranks(plan, cfg: ModelConfig, ranks, repeats: int = 3) -> tuple[dict[in
     return out, halo
 
 
-COMMAND = Command("experiments.bench.host", __doc__, (ModelConfig, HostBenchOptions), only={"model": ()}, choices={"bench.modes": MODES})
+COMMAND = Command(
+    "experiments.bench.host",
+    __doc__,
+    (ModelConfig, HardwareConfig, HostBenchOptions),
+    only={"model": (), "hardware": ()},
+    choices={"bench.modes": MODES},
+)
 
 
 def main(argv=None):
@@ -70,7 +76,7 @@ def main(argv=None):
     with entry.user_errors():
         check_output_dir(s.bench.out)
     cfg = s.model
-    cost = CostModel(cfg, HardwareConfig())
+    cost = CostModel(cfg, s.hardware)
     ctx = provenance()
     print(f"host work per rank per step ({ctx['device']}, commit {ctx['commit']}); targets: {TARGETS_MS} ms")
     rows = []

@@ -4,7 +4,8 @@ to the widest group where the workload says so), and the cost model they price."
 
 from __future__ import annotations
 
-from config.cli import Settings
+from config import Cluster, CostsConfig, HardwareConfig, ModelConfig, WorkloadConfig
+from config.cli import Command, Settings
 from solver import CostModel
 from solver.cost import sparse_kinds, with_sparse_defaults
 
@@ -34,3 +35,15 @@ def prepare(settings: Settings, resolve_workload: bool = True) -> Settings:
     if wl.clip_to_cluster:
         wl = wl.clipped(cost_model(s).widest_group(s.cluster) * s.cluster.tokens_per_rank)
     return s.replace(workload=wl)
+
+
+def default_settings(model: str | None = None, **flags: str) -> Settings:
+    """The prepared settings of a default run (the ablation's shared sections, every setting at its
+    default, the model preset `model` where given, and `flags` as a command line would give them:
+    {"--steps": "60"}): what the docs' tables and figures rendered from the config tree use, so
+    they price the steps the entry points run and not a cost model built by hand."""
+    argv = ["--model", model] if model else []
+    for flag, value in flags.items():
+        argv += [flag, str(value)]
+    sections = (ModelConfig, HardwareConfig, Cluster, CostsConfig, WorkloadConfig)
+    return prepare(Command("defaults", "", sections, choices=MODEL_CHOICES).parse(argv))

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import os
 
-from config import Cluster, HardwareConfig, ModelConfig, WorkloadConfig
 from experiments.common.provenance import provenance
+from experiments.common.settings import cost_model, default_settings
 from experiments.common.workload import generate_steps
 from experiments.report import plots
 from experiments.report.tables import csv_provenance, csv_rows, run_provenance
-from solver import CostModel, make_plan, samples_from_lengths
-from solver.modes import MODES
+from solver import make_plan, samples_from_lengths
 
 plt = plots.plt
 
@@ -39,19 +38,19 @@ def ablation(out_dir: str, folder: str) -> tuple[str, list[dict]]:
 def layouts(out_dir: str) -> tuple[str, list[dict]]:
     """The parent and the child layout of a default step: the first step of the default workload
     (seed 0, 64 ranks in nodes of 8) whose repack plan repacks a parent wider than a node."""
-    cost = CostModel(ModelConfig.from_name("paper"), HardwareConfig())
-    cluster = Cluster()
-    for k, lengths in enumerate(generate_steps(WorkloadConfig(steps=60).for_cluster(cluster))):  # noqa: B007 (k names the step below)
-        plan = make_plan(samples_from_lengths(lengths), cluster, cost, "repack")
+    s, mode = default_settings(**{"--steps": 60}), "repack"
+    cost = cost_model(s)
+    for k, lengths in enumerate(generate_steps(s.workload)):  # noqa: B007 (k names the step below)
+        plan = make_plan(samples_from_lengths(lengths), s.cluster, cost, mode)
         if any(p.repacked for p in plan.wide_parents()):
             break
     else:
         raise RuntimeError("no step of the default workload's first 60 repacks a wide parent")
     fig, axes = plt.subplots(2, 1, figsize=(12, 6), sharex=True)
     plots.plot_layouts(plan, axes)
-    fig.suptitle(f"Step {k} of the default workload, repack: the parent layout (full attention) and the child layout (the rest)")
+    fig.suptitle(f"Step {k} of the default workload, {mode}: the parent layout (full attention) and the child layout (the rest)")
     fig.tight_layout()
-    prov = {**provenance(), "command": "python -m experiments.report", "where": f"step {k} of the default workload ({MODES[1]})"}
+    prov = {**provenance(), "command": "python -m experiments.report", "where": f"step {k} of the default workload ({mode})"}
     return _save(fig, out_dir, "layouts"), [prov]
 
 

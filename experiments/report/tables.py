@@ -13,12 +13,12 @@ from collections.abc import Callable
 import numpy as np
 
 import config
-from config import Cluster, HardwareConfig, ModelConfig, Section
+from config import Section
 from config.base import flag_of
 from experiments.common.errors import InputError
 from experiments.common.memory import GIB, estimate
 from experiments.common.results import PAPER, read_ablation
-from solver import CostModel
+from experiments.common.settings import cost_model, default_settings
 from solver.modes import CHILDREN, HALO_CHILDREN, MODE_TABLE, MODES, OWN, OWN_HALO, REFERENCE, mode_of, modes_where
 
 COMPARED = [m for m in MODE_TABLE if m.name != REFERENCE]  # every mode but the one the changes are against
@@ -378,10 +378,10 @@ def sparse_layer_traffic(steps: int = 200, seed: int = 0) -> dict[str, dict[str,
     from solver import make_plan, samples_from_lengths  # noqa: PLC0415
     from solver.simulator import sparse_layer_bytes  # noqa: PLC0415
 
-    cluster = Cluster()
-    cost = CostModel(ModelConfig.from_name("paper"), HardwareConfig()).for_cluster(cluster)
+    s = default_settings(**{"--steps": steps, "--seed": seed})
+    cluster, cost = s.cluster, cost_model(s)
     acc: dict[str, list[tuple[float, float]]] = {}
-    for lengths in generate_steps(config.WorkloadConfig(steps=steps, seed=seed).for_cluster(cluster)):
+    for lengths in generate_steps(s.workload):
         samples = samples_from_lengths(lengths)
         base = make_plan(samples, cluster, cost, REFERENCE)
         if base.widest_parent <= cluster.gpus_per_node:
@@ -421,8 +421,8 @@ def memory() -> tuple[str, list[dict]]:
     worlds = (8, 16, 32, 64, 128)
     out = []
     for name in ("small", "paper"):
-        cfg = ModelConfig.from_name(name)
-        cost = CostModel(cfg, HardwareConfig()).for_cluster(Cluster())
+        s = default_settings(name)
+        cfg, cost = s.model, cost_model(s)
         params, ep = cost.total_params(), cost.ep_degree  # EP8 for both: a node of 8, dividing the experts
         for label, e in (("FSDP2", 1), (f"FSDP2 + EP{ep}", ep)):
             sharded = [estimate(cfg, w, 16384, "fsdp", ep=e)["total"] / GIB for w in worlds]
