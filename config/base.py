@@ -85,7 +85,7 @@ def optional(check: Check) -> Check:
 
 
 # ----- settings ------------------------------------------------------------------------------------
-KINDS = (int, float, str, bool, dict, tuple)
+TYPES = (int, float, str, bool, dict, tuple)  # the types a setting's value may have
 
 
 def setting(
@@ -93,7 +93,7 @@ def setting(
     doc: str,
     check: Check | None = None,
     *,
-    kind: type | None = None,
+    type_: type | None = None,
     flag: str | None = None,
     source: str | None = None,
     choices=None,
@@ -102,50 +102,50 @@ def setting(
     """A field of a config section.
 
     doc: one line, what the setting is; check: what a valid value is (choices give one_of);
-    kind: the value's type where the default does not show it (None); flag: the command-line
+    type_: the value's type where the default does not show it (None); flag: the command-line
     spelling where it is not --<name-with-dashes>; source: where the default comes from (a
     datasheet, a paper, a measurement), printed in docs/configuration.md; cli: False keeps it
     out of every command line (set it in a config file or a preset)."""
-    if kind is None:
-        kind = tuple if isinstance(default, (tuple, list)) else type(default)
-    if kind not in KINDS:
-        raise TypeError(f"setting kind {kind} is not one of {KINDS}")
+    if type_ is None:
+        type_ = tuple if isinstance(default, (tuple, list)) else type(default)
+    if type_ not in TYPES:
+        raise TypeError(f"setting type {type_} is not one of {TYPES}")
     if choices is not None and check is None:
         check = one_of(choices)
-    meta = {"doc": doc, "check": check, "kind": kind, "flag": flag, "source": source, "choices": choices, "cli": cli}
+    meta = {"doc": doc, "check": check, "type": type_, "flag": flag, "source": source, "choices": choices, "cli": cli}
     if isinstance(default, dict):
         return dataclasses.field(default_factory=lambda d=dict(default): dict(d), hash=False, metadata=meta)
-    return dataclasses.field(default=tuple(default) if kind is tuple and default is not None else default, metadata=meta)
+    return dataclasses.field(default=tuple(default) if type_ is tuple and default is not None else default, metadata=meta)
 
 
-def of_kind(value, kind: type) -> bool:
-    """Is `value` of the setting kind? (an int is a float; a bool is neither; None is checked by
+def of_type(value, expected: type) -> bool:
+    """Is `value` of the setting's type? (an int is a float; a bool is neither; None is checked by
     the setting's check, not here)"""
     if value is None:
         return True
-    if kind is bool:
+    if expected is bool:
         return isinstance(value, bool)
-    if kind is int:
+    if expected is int:
         return _int(value)
-    if kind is float:
+    if expected is float:
         return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if kind is tuple:
+    if expected is tuple:
         return isinstance(value, (tuple, list))
-    return isinstance(value, kind)
+    return isinstance(value, expected)
 
 
-KIND_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "true or false", dict: "an object", tuple: "a list"}
+TYPE_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "true or false", dict: "an object", tuple: "a list"}
 
 
 INT64 = 2**63  # every integer setting lies in (-INT64, INT64): seeds, sizes and counts reach numpy and torch as int64
 
 
 def check_value(name: str, value, f: dataclasses.Field) -> None:
-    """Raise SettingError naming `name` unless `value` is of the field's kind and passes its check."""
+    """Raise SettingError naming `name` unless `value` is of the field's type and passes its check."""
     meta = f.metadata
-    kind = meta.get("kind")
-    if kind is not None and not of_kind(value, kind):
-        raise SettingError(f"{name}={value!r} is invalid: it must be {KIND_NAMES[kind]}, not {type(value).__name__}")
+    expected = meta.get("type")
+    if expected is not None and not of_type(value, expected):
+        raise SettingError(f"{name}={value!r} is invalid: it must be {TYPE_NAMES[expected]}, not {type(value).__name__}")
     if _int(value) and not -INT64 < value < INT64:
         raise SettingError(f"{name}={value} is invalid: it is beyond a 64-bit integer (|value| < 2^63), the widest numpy and torch take")
     check = meta.get("check")
@@ -185,7 +185,7 @@ class Section:
     def __post_init__(self):
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if f.metadata.get("kind") is tuple and isinstance(value, list):
+            if f.metadata.get("type") is tuple and isinstance(value, list):
                 object.__setattr__(self, f.name, tuple(value))  # from JSON: lists become the tuple the field holds
             check_value(f"{self.SECTION}.{f.name}", getattr(self, f.name), f)
         self.check()

@@ -172,7 +172,7 @@ class Command:
 
     def _add(self, group, cls: type[Section], f: dataclasses.Field) -> None:
         key = f"{cls.SECTION}.{f.name}"
-        meta, kind = f.metadata, f.metadata["kind"]
+        meta, value_type = f.metadata, f.metadata["type"]
         preset = self.defaults.get(cls.SECTION, next(iter(cls.PRESETS))) if cls.PRESETS else None
         if key in self.defaults or preset is None:
             shown = _describe(self.defaults.get(key, getattr(cls(), f.name)))
@@ -186,17 +186,17 @@ class Command:
         if choices and _listed(f):  # argparse would hold the whole list to the choices: checked item by item when resolving
             kw["help"] = f"{meta['doc']}, from {list(choices)} (default: {shown})"
             choices = None
-        if kind is bool:
+        if value_type is bool:
             group.add_argument(flag_of(f), action=argparse.BooleanOptionalAction, **kw)
             return
-        if kind is dict:
+        if value_type is dict:
             group.add_argument(flag_of(f), nargs="+", metavar="KEY=VALUE", **kw)
             return
-        if kind is tuple:
+        if value_type is tuple:
             sample = f.default
             group.add_argument(flag_of(f), nargs=len(sample), type=type(sample[0]), metavar="X", **kw)
             return
-        group.add_argument(flag_of(f), type=kind, choices=list(choices) if choices else None, metavar=None if choices else "X", **kw)
+        group.add_argument(flag_of(f), type=value_type, choices=list(choices) if choices else None, metavar=None if choices else "X", **kw)
 
     def options(self) -> list[str]:
         """Every option of this command line with the setting it sets: what tests/cli_options.txt freezes."""
@@ -235,7 +235,7 @@ class Command:
                 raise SettingError(f"{route}: {e}") from None
             known = {f.name: f for f in self.settings_of(cls)}
             for k, v in from_flags.items():  # KEY=VALUE pairs of a flag of a dict setting
-                if k in known and known[k].metadata["kind"] is dict:
+                if k in known and known[k].metadata["type"] is dict:
                     from_flags[k] = _parse_params(v, flag_of(known[k]))
             layers = []  # (route of each value, values), lowest precedence first
             entry = {k.partition(".")[2]: v for k, v in self.defaults.items() if k.startswith(name + ".")}
@@ -249,7 +249,7 @@ class Command:
                     f = known.get(k) if level else cls.settings()[k]  # the entry point's defaults may set what its users cannot
                     if f is None:
                         raise SettingError(f"{routes[k]} is not a setting of {self.prog}; its {name} settings: {sorted(known)}")
-                    if isinstance(v, list) and f.metadata["kind"] is tuple:
+                    if isinstance(v, list) and f.metadata["type"] is tuple:
                         v = tuple(v)
                     check_value(routes[k], v, f)
                     self._check_choices(routes[k], f"{name}.{k}", v, f)

@@ -34,7 +34,7 @@ class CostsConfig(Section):
         "expert-parallel degree: ranks that share one layer's experts, each holding n_experts / ep of them (default: a node's "
         "ranks, at most 8, dividing the experts; 1: every rank holds every expert)",
         optional(POWER_OF_TWO),
-        kind=int,
+        type_=int,
         flag="--ep",
         source="EP8: one node's GPUs",
     )

@@ -103,9 +103,9 @@ class TrainOptions(Section):
     SECTION = "train"
 
     mode: str = setting("repack+solver", "the layout mode; all: every step in every mode, without optimizer steps (a replay)")
-    replay: str = setting(None, "an ablation's results folder: run its first seed's selected steps (use --mode all)", kind=str)
-    tokens: str = setting(None, "a token file: a .npy of uint16/uint32 ids, memory-mapped (with --doc-offsets)", kind=str)
-    doc_offsets: str = setting(None, "document offsets .npy [n_docs + 1] of --tokens", kind=str)
+    replay: str = setting(None, "an ablation's results folder: run its first seed's selected steps (use --mode all)", type_=str)
+    tokens: str = setting(None, "a token file: a .npy of uint16/uint32 ids, memory-mapped (with --doc-offsets)", type_=str)
+    doc_offsets: str = setting(None, "document offsets .npy [n_docs + 1] of --tokens", type_=str)
     dtype: str = setting(
         "auto",
         "compute dtype: bf16 (fp32 master weights and gradient reduction; FSDP2 gathers bf16 parameters, or autocast when "
@@ -117,8 +117,8 @@ class TrainOptions(Section):
     save_every: int = setting(0, "checkpoint every N steps (0: never)", NON_NEGATIVE_INT)
     ckpt_dir: str = setting("results/checkpoints", "the folder of the run's checkpoints")
     resume: bool = setting(False, "resume from the latest good checkpoint in --ckpt-dir")
-    resume_step: int = setting(None, "resume from this step's checkpoint (implies --resume)", optional(NON_NEGATIVE_INT), kind=int)
-    stop_after: int = setting(None, "stop (as if interrupted) after this many steps of the run", optional(POSITIVE_INT), kind=int)
+    resume_step: int = setting(None, "resume from this step's checkpoint (implies --resume)", optional(NON_NEGATIVE_INT), type_=int)
+    stop_after: int = setting(None, "stop (as if interrupted) after this many steps of the run", optional(POSITIVE_INT), type_=int)
     out: str = out("results/train")
     timeout: float = timeout(300.0)
     repeats: int = repeats(1)
@@ -134,14 +134,14 @@ class CalibrateOptions(Section):
 
     quick: bool = quick()
     median_of: int = setting(
-        None, "timed runs each figure is the median of (default: 3 with --quick, else 7)", optional(POSITIVE_INT), kind=int
+        None, "timed runs each figure is the median of (default: 3 with --quick, else 7)", optional(POSITIVE_INT), type_=int
     )
     step_tokens: int = setting(STEP_SAMPLE_TOKENS, "tokens per rank of the runtime steps that fit the fixed costs", int_at_least(2))
     datasheet_peak: float = setting(
         None,
         "the peak FLOP/s the efficiencies are relative to (default: the measured matmul rate)",
         optional(number_in(0, 1e18, lo_open=True)),
-        kind=float,
+        type_=float,
     )
     attn_backend: str = attn_backend()
     out: str = out("results/calibrate")

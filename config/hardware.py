@@ -90,17 +90,17 @@ class HardwareConfig(Section):
     )  # fmt: skip
     halo_latency: float = setting(
         None, "seconds one halo exchange call costs whatever its bytes (a layer's point-to-point key/value sends and receives; "
-        "a call across nodes adds a2a_inter_latency; unset: a2a_latency's)", optional(number_in(0, 60)), kind=float,
+        "a call across nodes adds a2a_inter_latency; unset: a2a_latency's)", optional(number_in(0, 60)), type_=float,
         source="no sourced GPU figure apart from an all-to-all's: a2a_latency's unless measured (experiments.calibrate fits it)",
     )  # fmt: skip
     experts_intra_bw: float = setting(
         None, "effective bytes/s per GPU of the experts' all-to-all inside a node (unset: intra_node_bw's)",
-        optional(BYTE_RATE), kind=float,
+        optional(BYTE_RATE), type_=float,
         source="the same all-to-all over the same links as the exchanges, unless measured (experiments.calibrate fits it)",
     )  # fmt: skip
     experts_inter_bw: float = setting(
         None, "effective bytes/s per GPU of the experts' all-to-all across nodes (unset: the exchanges' inter-node rate)",
-        optional(BYTE_RATE), kind=float,
+        optional(BYTE_RATE), type_=float,
         source="the same all-to-all over the same links as the exchanges, unless measured (experiments.calibrate fits it)",
     )  # fmt: skip
     bytes_per_element: int = setting(2, "bytes of one activation element (2: bf16)", POSITIVE_INT)

@@ -1,4 +1,4 @@
-"""The planner section: what the baseline parent assignment balances (the modes: solver.modes)."""
+"""The planner section: what the parent assignment balances (the modes: solver.modes)."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ PRICINGS = ("compute", "comm")
 class PlannerConfig(Section):
     SECTION = "planner"
 
-    baseline_pricing: str = setting(
+    assignment_pricing: str = setting(
         "compute",
-        "what the baseline parent assignment balances: compute (attention and token-wise work, the design's baseline) "
+        "what the parent assignment balances: compute (attention and token-wise work, as the design's does) "
         "or comm (also each group's all-to-alls, FlexSP-like)",
         choices=PRICINGS,
     )

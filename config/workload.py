@@ -27,10 +27,10 @@ class WorkloadConfig(Section):
         0.95,
         "a step's global batch as a fraction of the cluster's tokens (world_size x tokens_per_rank); unset where tokens_per_step sets it",
         optional(number_in(0, 1, lo_open=True)),
-        kind=float,
+        type_=float,
         source="packing fills each rank's micro-batch close to its budget (Megatron's dynamic context parallelism, concat-and-chunk)",
     )
-    tokens_per_step: int = setting(None, "the global batch of a step in tokens (instead of fill)", optional(POSITIVE_INT), kind=int)
+    tokens_per_step: int = setting(None, "the global batch of a step in tokens (instead of fill)", optional(POSITIVE_INT), type_=int)
     body_median: int = setting(2048, "median length of a body document", POSITIVE_INT, source="web/code documents")
     body_sigma: float = setting(1.2, "log-normal sigma of the body's lengths", number_in(0, 10))
     body_min: int = setting(16, "shortest body document", POSITIVE_INT)
@@ -43,7 +43,7 @@ class WorkloadConfig(Section):
         False, "documents longer than the widest group holds are clipped to it, so the workload runs on any world size"
     )
     trace: str = setting(
-        None, "a length trace (.csv step,length rows / .jsonl / .npy) instead of the generator", optional(Check("a path", bool)), kind=str
+        None, "a length trace (.csv step,length rows / .jsonl / .npy) instead of the generator", optional(Check("a path", bool)), type_=str
     )
 
     def check(self) -> None:

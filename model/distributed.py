@@ -24,7 +24,7 @@ from solver.layout import halo_transfers, token_to_token_rank
 
 from .attention import KeySegments
 from .experts import ExpertDispatch, inverse_permutation, permute_rows
-from .hybrid import IGNORE, attention_sites
+from .hybrid import IGNORE, layer_attention
 from .layers import Rotary
 from .sharding import expert_params, is_sharded
 
@@ -175,7 +175,7 @@ def halo_rank_args(layout: TokenLayout, group: Group, rank: int, first_key, para
 
 
 class RankPlacement:
-    """Attention for one rank of one step, with the step's exchanges, attention sites and rotary tables
+    """Attention for one rank of one step, with the step's exchanges, attention and rotary tables
     precomputed from the plan: nothing in the layers waits on the host."""
 
     def __init__(
@@ -211,7 +211,7 @@ class RankPlacement:
             sparse_cu = np.concatenate([[0], np.cumsum([b - a for _, a, b in self.chunks if b > a])]).astype(np.int32)
         else:
             sparse_cu = head_cu_seqlens(child, self.child_group)
-        self.sites = attention_sites(head_cu_seqlens(parent, self.parent_group), sparse_cu, cfg, device, keys)
+        self.attention_of = layer_attention(head_cu_seqlens(parent, self.parent_group), sparse_cu, cfg, device, keys)
         # a redistributing parent (ParentPlan.redistributed): each full layer runs on its own token
         # layout, the hidden states moved there and back by all-to-alls of their own (the pass the
         # paper avoids); a parent that is not repacked makes none
@@ -232,16 +232,16 @@ class RankPlacement:
         h, hkv = self.cfg.n_heads // p, max(self.cfg.n_kv_heads // p, 1)  # one replicated KV head when p > n_kv_heads
         return y[:, :h], y[:, h : h + hkv], y[:, h + hkv :]
 
-    def enter(self, x: torch.Tensor, kind: str) -> torch.Tensor:
+    def enter(self, x: torch.Tensor, layer_type: str) -> torch.Tensor:
         """x [n, hidden] in the layout the layer's token-wise work runs in: a redistribute plan's
         full layer moves it to the parent's token layout."""
-        if kind != "F" or self.redistribution is None:
+        if layer_type != "F" or self.redistribution is None:
             return x
         return self._redistribute(x, self.redistribution, "full.redist")
 
-    def leave(self, x: torch.Tensor, kind: str) -> torch.Tensor:
+    def leave(self, x: torch.Tensor, layer_type: str) -> torch.Tensor:
         """The way back of enter: the child layout again after a redistribute plan's full layer."""
-        if kind != "F" or self.redistribution is None:
+        if layer_type != "F" or self.redistribution is None:
             return x
         return self._redistribute(x, self.redistribution.inverse(), "full.redist.back")
 
@@ -250,24 +250,24 @@ class RankPlacement:
         y = exchange(x.reshape(x.shape[0], 1, x.shape[1]), args, self.transport, self.pack_backend, self.stats, site)
         return y.reshape(y.shape[0], x.shape[1])
 
-    def rotary_for(self, kind: str) -> Rotary:
-        return self.full_rotary if kind == "F" else self.rotary
+    def rotary_for(self, layer_type: str) -> Rotary:
+        return self.full_rotary if layer_type == "F" else self.rotary
 
-    def attend(self, qkv, kind, layer):
-        if kind == "S" and self.halo:
+    def attend(self, qkv, layer_type, layer):
+        if layer_type == "S" and self.halo:
             h, hkv = self.cfg.n_heads, self.cfg.n_kv_heads
             kv = qkv[:, h:].contiguous()  # keys and values, all heads: the halo rows
             got = halo_exchange(kv, self.halo_args, self.pack_backend, self.stats)
             seg = permute_rows(torch.cat([got, kv]), self.key_rows, self.key_inverse, self.pack_backend)
-            return self.sites["S"](qkv[:, :h], seg[:, :hkv], seg[:, hkv:], self.backend, self.recompute_attention)
-        if kind == "F":
+            return self.attention_of["S"](qkv[:, :h], seg[:, :hkv], seg[:, hkv:], self.backend, self.recompute_attention)
+        if layer_type == "F":
             entry, exit_, p, site = self.full_entry, self.full_exit, self.parent_group.size, "full"
         else:
             entry, exit_, p, site = self.sparse_entry, self.sparse_exit, self.child_group.size, "sparse"
         if p == 1:  # a group of one rank holds whole samples in head order: no communication
-            return self.sites[kind](*self._heads(qkv, 1), self.backend, self.recompute_attention)
+            return self.attention_of[layer_type](*self._heads(qkv, 1), self.backend, self.recompute_attention)
         y = exchange(qkv, entry, self.transport, self.pack_backend, self.stats, f"{site}.entry")
-        o = self.sites[kind](*self._heads(y, p), self.backend, self.recompute_attention)
+        o = self.attention_of[layer_type](*self._heads(y, p), self.backend, self.recompute_attention)
         return exchange(o.contiguous(), exit_, self.transport, self.pack_backend, self.stats, f"{site}.exit")
 
     def local_batch(self, sample_tokens: dict[int, np.ndarray], device="cpu") -> tuple[torch.Tensor, torch.Tensor]:
@@ -319,7 +319,7 @@ def allreduce_grads(model: torch.nn.Module, bucket_bytes: int | None = None) -> 
     replicas = getattr(model, "expert_replicas", None)
     experts = {id(p) for p in expert_params(model).values()} if replicas is not None else set()
     buckets: dict[tuple, list[list[torch.Tensor]]] = {}
-    filled: dict[tuple, int] = {}  # bytes in each kind's last bucket
+    filled: dict[tuple, int] = {}  # bytes in each bucket list's last bucket
     for p in model.parameters():
         key = (p.grad.dtype, p.grad.device, id(p) in experts)
         bs = buckets.setdefault(key, [[]])

@@ -51,7 +51,7 @@ class LocalPlacement:
         self.cfg, self.backend, self.recompute_attention = cfg, backend, recompute_attention
         lengths = [int(n) for n in lengths]
         cu = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
-        self.sites = attention_sites(cu, cu, cfg, device)
+        self.attention_of = layer_attention(cu, cu, cfg, device)
         self.positions = torch.cat([torch.arange(n, device=device) for n in lengths])
         self.rotary = Rotary(self.positions, cfg.head_dim, cfg.rope_theta, [(0, n) for n in lengths])
         self.reduce = None
@@ -70,11 +70,11 @@ class LocalPlacement:
     def attend(self, qkv, layer_type, layer):
         h, hkv = self.cfg.n_heads, self.cfg.n_kv_heads
         q, k, v = qkv[:, :h], qkv[:, h : h + hkv], qkv[:, h + hkv :]
-        return self.sites[layer_type](q, k, v, self.backend, self.recompute_attention)
+        return self.attention_of[layer_type](q, k, v, self.backend, self.recompute_attention)
 
 
-class Site:
-    """Where one layer type's attention runs this step: its attention kind ("full" or the sparse
+class LayerAttention:
+    """How one layer type's attention runs this step: its kind ("full", or the model's sparse
     kind), parameters and cu_seqlens (on the device, with the longest sequence from the host: no
     device sync per layer); keys: a halo child's key segments (its queries' halos first), with a
     chunked kind's segments cut into its aligned chunks here, once."""
@@ -98,12 +98,15 @@ class Site:
         return varlen_attention(*args)
 
 
-def attention_sites(
+def layer_attention(
     full_cu: np.ndarray, sparse_cu: np.ndarray, cfg: ModelConfig, device, keys: KeySegments | None = None
-) -> dict[str, Site]:
-    """The full ('F') and sparse ('S') attention sites of a step, built once per step (keys: the
-    sparse site's key segments in a halo child)."""
-    return {"F": Site(full_cu, "full", None, device), "S": Site(sparse_cu, cfg.sparse_kind, cfg.sparse_params, device, keys)}
+) -> dict[str, LayerAttention]:
+    """Layer type ('F', 'S') -> how its attention runs this step, built once per step (keys: the
+    sparse layers' key segments in a halo child)."""
+    return {
+        "F": LayerAttention(full_cu, "full", None, device),
+        "S": LayerAttention(sparse_cu, cfg.sparse_kind, cfg.sparse_params, device, keys),
+    }
 
 
 class Block(nn.Module):

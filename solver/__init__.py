@@ -1,7 +1,7 @@
 """Layouts, step plans, solvers, the cost model and the simulator: plain data (numpy, scipy),
 no torch (tests/test_structure.py keeps it so). Settings come from the config package."""
 
-from .cluster import PlanError, Sample, check_samples, samples_from_lengths
+from .cluster import InternalError, PlanError, PlanInvariantError, Sample, check_samples, samples_from_lengths
 from .cost import CostModel, register_sparse_cost, sparse_cost
 from .layout import (
     Group,
@@ -21,7 +21,9 @@ from .plan import ParentPlan, StepPlan
 from .planner import check_setup, make_plan
 
 __all__ = [
+    "InternalError",
     "PlanError",
+    "PlanInvariantError",
     "Sample",
     "check_samples",
     "samples_from_lengths",

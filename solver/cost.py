@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from config import CostsConfig, HardwareConfig, ModelConfig, SettingError
-from config.base import of_kind
+from config.base import of_type
 
 # Compute of a training step in units of the forward pass: backward computes the gradients of
 # both the inputs and the weights of every matmul, about twice the forward's FLOPs.
@@ -91,7 +91,7 @@ class SparseCost:
         out = {**self.params, **given}
         for k, v in out.items():
             want = type(self.params[k])
-            if not of_kind(v, want) or (want in (int, float) and not (math.isfinite(v) and 0 < v < MAX_PARAM)):
+            if not of_type(v, want) or (want in (int, float) and not (math.isfinite(v) and 0 < v < MAX_PARAM)):
                 article = "an" if want.__name__[0] in "aeiou" else "a"
                 raise SettingError(
                     f"sparse kind {self.name!r}: {k}={v!r} is invalid; it takes {article} {want.__name__} > 0 and below 2^62 (a reach "

@@ -1,4 +1,4 @@
-"""The least-loaded-bin fill that the baseline assignment, the parent solver's joint fill and the
+"""The least-loaded-bin fill that the parent assignment, the parent solver's joint fill and the
 child solver's greedy start share: bins grouped by shape, and per shape the bins that can still
 take a sample found without walking past the ones that cannot.
 

@@ -4,8 +4,8 @@ mode's name.
 
 A mode's stages, in the order the planner runs them (solver.planner.make_plan):
 
-1. the parent assignment every mode starts from (solver.baseline.assign_parents: whole samples to
-   aligned groups, balanced as the planner section's baseline_pricing says);
+1. the parent assignment every mode starts from (solver.assignment.assign_parents: whole samples to
+   aligned groups, balanced as the planner section's assignment_pricing says);
 2. how each wide parent first runs its sparse layers (`start`): its own layout (Ulysses in the
    parent), node-local Ulysses children (the child solver), halo children, or its own layout with
    halo attention;
@@ -83,7 +83,7 @@ MODE_TABLE: tuple[Mode, ...] = (
     Mode("baseline", "repacking disabled: every layer in the parent layout", paper=(0.0, 0.0)),
     Mode(
         "repack",
-        "the baseline's parents, each wide one repacked into node-local Ulysses children",
+        "the assigned parents, each wide one repacked into node-local Ulysses children",
         CHILDREN,
         paper=(-5.95, 3.75),
         headline=True,
@@ -121,7 +121,7 @@ MODE_TABLE: tuple[Mode, ...] = (
         label="redistribute (the pass the paper avoids)",
         headline=True,
     ),  # fmt: skip
-    Mode("halo", "the baseline's wide parents get halo children", HALO_CHILDREN, label="halo (halo children)"),
+    Mode("halo", "the assigned wide parents get halo children", HALO_CHILDREN, label="halo (halo children)"),
     Mode(
         "parent+halo",
         "the naive halo: wide parents keep their own layout, with halo attention",

@@ -1,13 +1,13 @@
 """The parent solver (repack+solver): parents and their children chosen together.
 
 Three stages, each never slower than the last:
-1. assign_with_children: the baseline's anchor groups (baseline.anchor_groups), then one
+1. assign_with_children: the assignment's anchor groups (assignment.anchor_groups), then one
    longest-first fill into bins that know their real cost: node-local groups, and the children of
    parents wider than a node (an anchor's child sized by the anchor rules below);
 2. rebalance: moves and swaps between parents (solver.rebalance), then polish_children inside
    each wide parent; the slowest parents also get a child solve from scratch;
 3. the result is kept only if PlanEstimate prices it no slower than the repack plan of the
-   baseline parents, so the planner never returns a plan estimated slower than its input.
+   assigned parents, so the planner never returns a plan estimated slower than its input.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .baseline import anchor_groups, unplaceable
+from .assignment import anchor_groups, unplaceable
 from .children import polish_children, solve_children
 from .cluster import Cluster, PlanError, Sample, check_samples
 from .cost import CostModel, rank_time
@@ -234,7 +234,7 @@ def joint_parents(
     moves and swaps between parents (rebalance) and inside them (polish_children); the slowest
     parents also get a child solve from scratch, the faster of the two kept. Returns the parents
     and their PlanEstimate times; None when the joint fill cannot place the batch (the
-    baseline's fill may still have placed it). repack=False: the same stages with every parent
+    assignment's fill may still have placed it). repack=False: the same stages with every parent
     in its own layout (the attribution control)."""
     length_of = est.length_of
     try:
@@ -273,7 +273,7 @@ def solve_parents(
     est: PlanEstimate | None = None,
 ) -> tuple[tuple[ParentPlan, ...], list[float]]:
     """The parent solver: joint_parents, kept only if PlanEstimate prices it no slower than
-    `start` (the repack plan: the baseline parents with solved children; without repacking, the
+    `start` (the repack plan: the assigned parents with solved children; without repacking, the
     baseline plan), which is returned otherwise, so the result is never estimated slower than
     its input. Returns the parents and the PlanEstimate time of each (the width solver starts
     from them). `est`: the step's PlanEstimate, if the caller has one."""

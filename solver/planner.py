@@ -1,7 +1,7 @@
 """One entry point: samples + cluster + cost model + mode -> a validated StepPlan.
 
 The planner composes a plan from the stages of the mode's declared record (solver.modes): the
-parent assignment every mode starts from (solver.baseline), each wide parent's first way to run
+parent assignment every mode starts from (solver.assignment), each wide parent's first way to run
 its sparse layers (its own layout; node-local Ulysses children from the child solver,
 solver.children; halo children or its own layout with halo attention, solver.halo), the parent
 solver (solver.parent_solver, solver.rebalance) and the width search (solver.width_solver), the
@@ -19,7 +19,7 @@ import numpy as np
 
 from config import SettingError
 
-from .baseline import assign_parents
+from .assignment import assign_parents
 from .children import solve_children
 from .cluster import Cluster, PlanError, Sample, ceil_pow2, check_samples
 from .cost import CostModel
@@ -64,10 +64,10 @@ def _cheapest(parents: Sequence[ParentPlan], length_of: dict[int, int], cluster:
     )
 
 
-def compose(mode: Mode, samples: Sequence[Sample], cluster: Cluster, cost: CostModel, baseline_pricing: str = "compute") -> StepPlan:
+def compose(mode: Mode, samples: Sequence[Sample], cluster: Cluster, cost: CostModel, assignment_pricing: str = "compute") -> StepPlan:
     """The plan of `mode`'s stages, in order, for checked samples and a cost model bound to the cluster."""
     length_of = {s.id: s.length for s in samples}
-    groups = assign_parents(samples, cluster, cost, pricing=baseline_pricing)
+    groups = assign_parents(samples, cluster, cost, pricing=assignment_pricing)
     parents = _parent_plans(groups, length_of, cluster, cost, mode.start)
     if mode.solver:
         est = PlanEstimate(length_of, cluster, cost)  # one per step, shared by the solvers
@@ -82,7 +82,7 @@ def compose(mode: Mode, samples: Sequence[Sample], cluster: Cluster, cost: CostM
 
 
 def make_plan(
-    samples: Sequence[Sample], cluster: Cluster, cost: CostModel, mode: str = "repack+solver", baseline_pricing: str = "compute"
+    samples: Sequence[Sample], cluster: Cluster, cost: CostModel, mode: str = "repack+solver", assignment_pricing: str = "compute"
 ) -> StepPlan:
     """Plan one step in a declared mode (solver.modes).
 
@@ -98,7 +98,7 @@ def make_plan(
     check_heads(cluster, cost)
     if spec.needs_reach:
         cost.sparse.check_local(f"mode {mode}")
-    return compose(spec, check_samples(samples, cluster), cluster, cost, baseline_pricing)
+    return compose(spec, check_samples(samples, cluster), cluster, cost, assignment_pricing)
 
 
 def check_heads(cluster: Cluster, cost: CostModel) -> int:

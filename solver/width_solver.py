@@ -1,7 +1,7 @@
 """The width-choosing parent solver (mode "repack+widths"): parents may change width and share.
 
 The paper's parent solver (parent_solver) moves and swaps samples between parents whose widths
-the baseline chose: each long sample anchors a parent of the width its cost share asked for.
+the parent assignment chose: each long sample anchors a parent of the width its cost share asked for.
 This solver starts from its plan and changes the widths too, by a local search on the slowest
 parent S (the step's time is the slowest parent's):
 

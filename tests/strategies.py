@@ -26,7 +26,7 @@ TINY_WIDEST = 8
 def fits_memory_floors(lengths, cluster: Cluster, widest: int = TINY_WIDEST) -> bool:
     """Do the samples' memory floors (cluster.min_group_size) fit the cluster's ranks, each within
     the widest group the model splits? Aligned power-of-two groups laid out widest first always
-    fit when their sizes add up to at most the world, so this is exactly when the baseline's
+    fit when their sizes add up to at most the world, so this is exactly when the parent assignment's
     anchors can be placed."""
     floors = [cluster.min_group_size(n) for n in lengths if n > cluster.tokens_per_rank]
     return sum(floors) <= cluster.world_size and all(f <= widest for f in floors)

@@ -63,7 +63,7 @@ def test_every_setting_has_a_one_line_doc_and_numbers_have_a_check():
             for f in dataclasses.fields(cls):
                 doc = f.metadata.get("doc", "")
                 assert doc and "\n" not in doc, f"{cls.SECTION}.{f.name} has no one-line doc"
-                if f.metadata["kind"] in (int, float):
+                if f.metadata["type"] in (int, float):
                     assert f.metadata["check"] is not None, f"{cls.SECTION}.{f.name} is a number without a check"
 
 
@@ -137,9 +137,9 @@ def test_every_setting_is_checked_whatever_route_it_takes():
     """The same limits in code as on the command line: a section cannot be made with a bad value."""
     for cls in SECTIONS:
         for f in dataclasses.fields(cls):
-            if f.metadata["kind"] not in (int, float) or f.metadata["check"] is None:
+            if f.metadata["type"] not in (int, float) or f.metadata["check"] is None:
                 continue
-            bad = -1 if f.metadata["kind"] is int else float("nan")
+            bad = -1 if f.metadata["type"] is int else float("nan")
             if f.metadata["check"].ok(bad):
                 continue  # a setting where -1 is valid (none today): nothing to show
             with pytest.raises(SettingError, match=rf"{cls.SECTION}\.{f.name}={bad!r} is invalid"):

@@ -152,7 +152,7 @@ def test_a_read_only_output_folder_is_refused(tmp_path):
 
 def test_a_batch_that_fits_is_placed():
     # 213 tokens on 8 ranks of 32: the 112-token sample's cost share asked for all 8 ranks,
-    # leaving no room for the rest; the baseline narrows it to its memory floor and places all
+    # leaving no room for the rest; the parent assignment narrows it to its memory floor and places all
     from config import Cluster, HardwareConfig, ModelConfig
     from solver import CostModel, make_plan, samples_from_lengths
 

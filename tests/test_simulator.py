@@ -121,7 +121,7 @@ def test_ablation_end_to_end_short_run(tmp_path, capsys):
     assert len(got_rows) == len(rows) == len(MODES) * n_selected > 0
     assert sorted(summary["selected_steps"]) == ["0", "1"] and {r["seed"] for r in got_rows} == {0, 1}
     cfg = got["config"]
-    assert got["provenance"]["commit"] and cfg["seeds"] == [0, 1] and cfg["planner"]["baseline_pricing"] == "compute"
+    assert got["provenance"]["commit"] and cfg["seeds"] == [0, 1] and cfg["planner"]["assignment_pricing"] == "compute"
     assert cfg["workload"]["fill"] == 0.95 and cfg["costs"]["recompute"] == "full" and cfg["hardware"]["ratio_reading"] == "group"
     over = got["over_seeds"]
     for m in MODES:

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 import solver.parent_solver
 from config import Cluster, HardwareConfig, ModelConfig, SettingError
 from solver import CostModel, Group, PlanError, Sample, StepPlan, TokenLayout, make_plan, samples_from_lengths
-from solver.baseline import assign_parents
+from solver.assignment import assign_parents
 from solver.children import child_problem, polish_children, solve_child_problem, solve_children, solve_sorted
 from solver.cluster import ceil_pow2, ceil_pow2_array
 from solver.estimate import PlanEstimate

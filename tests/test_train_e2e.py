@@ -184,7 +184,7 @@ def test_eight_ranks_hold_only_the_process_groups_their_plans_use(tmp_path):
     # the yardstick: the run's plans made again here, from its settings
     cluster = Cluster(**cfg["cluster"])
     cost = CostModel(ModelConfig(**cfg["model"]), HardwareConfig(**cfg["hardware"]), costs=CostsConfig(**cfg["costs"])).for_cluster(cluster)
-    pricing = PlannerConfig(**cfg["planner"]).baseline_pricing
+    pricing = PlannerConfig(**cfg["planner"]).assignment_pricing
     plans = [
         make_plan(samples_from_lengths(lengths), cluster, cost, "repack+solver", pricing)
         for lengths in generate_steps(WorkloadConfig(**cfg["workload"]))

@@ -124,7 +124,7 @@ def simulate_row(row: dict, plan, cost: CostModel) -> dict:
 def run_ablation(settings: Settings, seeds: list[int], progress: bool = True) -> tuple[list[dict], dict]:
     """The ablation of `settings` (prepared) over workload `seeds`: rows per (seed, step, mode)
     and the summary (experiments.common.results)."""
-    cluster, wl, pricing = settings.cluster, settings.workload, settings.planner.baseline_pricing
+    cluster, wl, pricing = settings.cluster, settings.workload, settings.planner.assignment_pricing
     cost = cost_model(settings)
     if wl.trace:
         seeds = seeds[:1]  # a trace is one workload: seeds do not change it
@@ -231,7 +231,7 @@ def print_tables(rows, summary, out=None):
     p(
         f"\ncluster {cl['world_size']} ranks ({cl['gpus_per_node']}/node, {cl['tokens_per_rank']} tokens/rank), fill "
         f"{cfg['fill']:.2f}, model {cfg['model']['name']} ({cfg['model']['sparse_kind']} {cfg['model']['sparse_params']}), "
-        f"baseline pricing {cfg['planner']['baseline_pricing']}"
+        f"assignment pricing {cfg['planner']['assignment_pricing']}"
     )
     ratios = ", ".join(f"{k} {v:.2f}x" for k, v in cfg["group_rate_ratios"].items())
     crossing = f", +{1e6 * hw['a2a_inter_latency']:.0f} us per call across nodes" if hw.get("a2a_inter_latency") else ""

@@ -1,6 +1,6 @@
 """One-factor-at-a-time sweep around the ablation's defaults: where does repacking pay?
 
-    python -m experiments.ablation.sweep                           # every factor, both baseline pricings
+    python -m experiments.ablation.sweep                           # every factor, both assignment pricings
     python -m experiments.ablation.sweep --factors fill --seeds 5  # one factor, more seeds
 
 Factors: the fill (global batch over cluster capacity), the inter/intra-node ratio under both
@@ -9,7 +9,7 @@ of its readings (per group, per link), the long-document rate, the sliding windo
 ranks, so a step holds as many long documents as on the default 64 ranks: a bigger cluster at the
 same fill packs proportionally more documents per step). Every point runs every mode, the other
 ways to run the sparse layers among them (redistribute, halo, parent+halo, choose), under both
-baseline pricings, for every seed. Writes one CSV (results/sweep/sweep.csv) with a row per
+assignment pricings, for every seed. Writes one CSV (results/sweep/sweep.csv) with a row per
 (factor, value, pricing, reading, seed, mode).
 """
 
@@ -36,7 +36,7 @@ COMMAND = Command("experiments.ablation.sweep", __doc__, (*SECTIONS, SweepOption
 
 def point(base: Settings, factor: str, value, pricing: str, reading: str | None) -> Settings:
     """The settings of one point: `base` with one factor at `value`, under `pricing` (and `reading`)."""
-    s = base.replace(planner=base.planner.replace(baseline_pricing=pricing))
+    s = base.replace(planner=base.planner.replace(assignment_pricing=pricing))
     if reading is not None:
         s = s.replace(hardware=s.hardware.replace(ratio_reading=reading))
     if factor == "fill":
@@ -56,7 +56,7 @@ def point(base: Settings, factor: str, value, pricing: str, reading: str | None)
 COLUMNS = [
     "factor",
     "value",
-    "baseline_pricing",
+    "assignment_pricing",
     "ratio_reading",
     "seed",
     "mode",
@@ -106,7 +106,7 @@ def main(argv=None):
                     {
                         "factor": factor,
                         "value": value,
-                        "baseline_pricing": pricing,
+                        "assignment_pricing": pricing,
                         "ratio_reading": used_reading,
                         "seed": seed,
                         "mode": mode,

@@ -55,7 +55,7 @@ def layouts(out_dir: str) -> tuple[str, list[dict]]:
 
 
 def sweep(out_dir: str, path: str) -> tuple[str, list[dict]]:
-    """The gain against the fill, the ratio and the window, per baseline pricing."""
+    """The gain against the fill, the ratio and the window, per assignment pricing."""
     rows = csv_rows(path)
     axes = plots.plot_sweep(path)
     fig = axes.flat[0].figure

@@ -150,20 +150,20 @@ SWEEP_FACTORS = {  # the sweep plot's columns, and their axes' labels
 
 def plot_sweep(path: str | None = None, axes=None):
     """The gain against the fill, the ratio (both readings: solid group, dashed link) and the
-    window, mean over seeds with the [min, max] band: a row per baseline pricing, a colour per mode."""
+    window, mean over seeds with the [min, max] band: a row per assignment pricing, a colour per mode."""
     path = path or os.path.join(RESULTS, "sweep", "sweep.csv")
     if not os.path.exists(path):
         print(f"no sweep results at {path}: run `python -m experiments.sweep` to add these plots", file=sys.stderr)
         return None
     df = pd.read_csv(path)
     df = df[df["mode"].isin(SWEEP_MODES) & df["factor"].isin(list(SWEEP_FACTORS))]
-    pricings = sorted(df["baseline_pricing"].unique())
+    pricings = sorted(df["assignment_pricing"].unique())
     if axes is None:
         _, axes = plt.subplots(len(pricings), len(SWEEP_FACTORS), figsize=(6 * len(SWEEP_FACTORS), 4 * len(pricings)), squeeze=False)
     colour = dict(zip(SWEEP_MODES, sns.color_palette("tab10", len(SWEEP_MODES))))
     for row, pricing in zip(axes, pricings):
         for ax, (factor, xlabel) in zip(row, SWEEP_FACTORS.items()):
-            sub = df[(df["factor"] == factor) & (df["baseline_pricing"] == pricing)].assign(value=lambda d: d["value"].astype(float))
+            sub = df[(df["factor"] == factor) & (df["assignment_pricing"] == pricing)].assign(value=lambda d: d["value"].astype(float))
             for (mode, reading), g in sub.groupby(["mode", "ratio_reading"]):
                 agg = g.groupby("value")["time_change_pct"].agg(["mean", "min", "max"]).reset_index()
                 style = "-" if reading == "group" else "--"
@@ -173,7 +173,7 @@ def plot_sweep(path: str | None = None, axes=None):
             ax.axhline(0, color="gray", lw=0.8)
             if factor == "window":
                 ax.set_xscale("log", base=2)
-            ax.set(title=f"Gain vs {factor}, {pricing} baseline", xlabel=xlabel, ylabel="change of mean step time (%)")
+            ax.set(title=f"Gain vs {factor}, {pricing} pricing", xlabel=xlabel, ylabel="change of mean step time (%)")
             ax.legend(fontsize=7, title="dashed: link reading" if factor == "ratio" else None, title_fontsize=7)
     return axes
 

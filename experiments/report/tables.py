@@ -118,11 +118,11 @@ def headline(folder: str) -> tuple[str, list[dict]]:
 def variant_label(cfg: dict) -> str:
     c = cfg["costs"]
     paid = c["recompute"] != "none" or c["moe_all_to_all"] or c["grad_sync"] or c["optimizer"] or c["router_sync"]
-    return f"{cfg['planner']['baseline_pricing']} / {cfg['hardware']['ratio_reading']} / {'all' if paid else 'bare'}"
+    return f"{cfg['planner']['assignment_pricing']} / {cfg['hardware']['ratio_reading']} / {'all' if paid else 'bare'}"
 
 
 def ablation_variants(*folders: str) -> tuple[str, list[dict]]:
-    """The ablation under each baseline pricing, ratio reading and accounting of the costs every
+    """The ablation under each assignment pricing, ratio reading and accounting of the costs every
     mode pays: one row per (run, mode)."""
     out, prov = [], []
     for folder in folders:
@@ -142,7 +142,7 @@ def ablation_variants(*folders: str) -> tuple[str, list[dict]]:
                 ]
             )
         prov.append(run_provenance(s, folder))
-    header = ["baseline pricing / ratio reading / costs", "mode", "step time vs baseline", "MFU (causal)", "baseline MFU"]
+    header = ["assignment pricing / ratio reading / costs", "mode", "step time vs baseline", "MFU (causal)", "baseline MFU"]
     return table(header, out), prov
 
 
@@ -172,12 +172,12 @@ def breakdown(folder: str) -> tuple[str, list[dict]]:
 # ----- the sweep --------------------------------------------------------------------------------------
 def sweep(path: str) -> tuple[str, list[dict]]:
     """Per factor and value: repack / repack+solver / baseline+solver / repack+widths, mean over
-    seeds [min, max] (the compute baseline, the group reading unless named)."""
+    seeds [min, max] (the compute pricing, the group reading unless named)."""
     rows = csv_rows(path)
     shown = tuple(m for m in modes_where(needs_reach=False, cheapest=False, folded=True) if m != REFERENCE)  # Ulysses layouts
     out = []
     for (factor, pricing, reading), values in sorted(_sweep_cells(rows).items()):
-        label = f"{factor}, {pricing} baseline" + (f", {reading} reading" if reading else "")
+        label = f"{factor}, {pricing} pricing" + (f", {reading} reading" if reading else "")
         parts = []
         for v in _values(values):
             means = [_cell(values[(v, m)]) for m in shown if values.get((v, m))]
@@ -187,14 +187,14 @@ def sweep(path: str) -> tuple[str, list[dict]]:
     return text, [csv_provenance(rows, path)]
 
 
-# every mode that repacks or runs halos, grouped by the parents they share: the baseline's (repack,
+# every mode that repacks or runs halos, grouped by the parents they share: the assigned parents (repack,
 # halo, parent+halo), the parent solver's (repack+solver, redistribute), the width search's
 # (repack+widths, choose); each group in the table's order
 STRATEGIES = tuple(m.name for m in sorted((m for m in MODE_TABLE if m.start != OWN), key=lambda m: (m.solver, m.widths)))
 
 
 def sweep_strategies(path: str) -> tuple[str, list[dict]]:
-    """The ways to run the sparse layers at every point of the sweep (the compute baseline, each
+    """The ways to run the sparse layers at every point of the sweep (the compute pricing, each
     ratio reading at the ratio's points), the one with the lowest mean step time, and the fastest
     single way (every parent run alike: not choose)."""
     rows = csv_rows(path)
@@ -237,7 +237,7 @@ def _sweep_cells(rows: list[dict]) -> dict[tuple, dict[tuple, list[float]]]:
     """(factor, pricing, reading at the ratio's points) -> (value, mode) -> the seeds' changes."""
     cells: dict[tuple, dict[tuple, list[float]]] = {}
     for r in rows:
-        key = (r["factor"], r["baseline_pricing"], r["ratio_reading"] if r["factor"] == "ratio" else "")
+        key = (r["factor"], r["assignment_pricing"], r["ratio_reading"] if r["factor"] == "ratio" else "")
         cells.setdefault(key, {}).setdefault((_value(r["value"]), r["mode"]), []).append(float(r["time_change_pct"]))
     return cells
 

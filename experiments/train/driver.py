@@ -238,7 +238,7 @@ def replayed(settings: Settings) -> tuple[Settings, LengthSource, list[int]]:
     """A replay's settings, data and steps: the ablation's workload (its first seed), its baseline
     pricing, and its costs when the model is the same (so the plans are the ablation's)."""
     all_steps, numbers, step_ids, abl = replay_steps(settings.train.replay)
-    s = settings.replace(planner=settings.planner.replace(baseline_pricing=abl["planner"]["baseline_pricing"]))
+    s = settings.replace(planner=settings.planner.replace(assignment_pricing=abl["planner"]["assignment_pricing"]))
     if abl["model"]["name"] == s.model.name:
         s = s.replace(costs=CostsConfig.from_dict(abl["costs"], f"--replay {settings.train.replay!r}: "))
     return s, LengthSource(all_steps, s.model.vocab, s.workload.seed, numbers), step_ids
@@ -362,7 +362,7 @@ def plan_step(run: Run, k: int):
         )
     try:
         samples = samples_from_lengths(batch.lengths)
-        return batch, {m: make_plan(samples, run.cluster, run.cost, m, run.settings.planner.baseline_pricing) for m in run.modes}
+        return batch, {m: make_plan(samples, run.cluster, run.cost, m, run.settings.planner.assignment_pricing) for m in run.modes}
     except PlanError as e:
         raise PlanError(f"step {run.step_ids[k]}: {e}") from None
 

@@ -1,4 +1,4 @@
-"""Baseline parent assignment: balanced SP groups of mixed widths (FlexSP / dynamic-CP style).
+"""The parent assignment every mode starts from: balanced SP groups of mixed widths (FlexSP / dynamic-CP style).
 
 Heuristic, not a MILP: (1) each sample gets a width from its memory floor and its share of the
 step's cost; samples wider than one rank anchor their own group; (2) anchor groups are laid out
@@ -56,8 +56,8 @@ class _GroupFill:
     It shares the least-loaded mechanism with the joint fill (parent_solver._BinFill) but not its
     pricing: a group's load here is the sum of its samples' (cost + exchange seconds) / width,
     accumulated sample by sample, where the joint fill prices a bin with cost.shared_time +
-    cost.rank_time. Pricing the baseline that way would change its plans (and every figure
-    measured against it): the baseline is the design brief's, kept as it is."""
+    cost.rank_time. Pricing the assignment that way would change its plans (and every figure
+    measured against them): the assignment is the design brief's, kept as it is."""
 
     def __init__(self, groups: list[tuple[int, int]], budget: int, comm_per_token: dict[int, float]):
         self.comm_per_token = comm_per_token  # width -> exchange seconds per token of the group
@@ -172,11 +172,11 @@ MAX_NARROWINGS = 16
 def assign_parents(samples: Sequence[Sample], cluster: Cluster, cost: CostModel, pricing: str = "compute") -> tuple[Group, ...]:
     """Parent groups covering every rank; every sample placed exactly once (or PlanError).
 
-    pricing: what the fill balances. "compute" (the design's baseline): full attention ~L^2 plus
+    pricing: what the fill balances. "compute" (the design's): full attention ~L^2 plus
     token-wise work ~L, divided over the group. "comm": also each group's own all-to-alls, as
-    FlexSP's cost model does; a stronger baseline that gives wide groups fewer short samples."""
+    FlexSP's cost model does; a stronger assignment that gives wide groups fewer short samples."""
     if pricing not in PRICINGS:
-        raise SettingError(f"planner.baseline_pricing={pricing!r} is invalid: it must be one of {list(PRICINGS)}")
+        raise SettingError(f"planner.assignment_pricing={pricing!r} is invalid: it must be one of {list(PRICINGS)}")
     cost = cost.for_cluster(cluster)
     samples = check_samples(samples, cluster)
     if pricing == "comm":
