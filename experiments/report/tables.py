@@ -488,6 +488,16 @@ def emulated(folder: str) -> tuple[str, list[dict]]:
             ["mode", "full-layer exchanges", "sparse-layer exchanges", "experts' all-to-all", "step"], rows
         )
     text += f"\n\n{c['nodes']} emulated nodes x {c['ranks_per_node']} gloo ranks, {c['inter_mbit']:g} Mbit/s between nodes."
+    profile = os.path.join(folder, "calibrate", "profile.json")
+    if os.path.exists(profile):  # the fixed costs and the ratio the predictions were priced with
+        with open(profile) as f:
+            hw = json.load(f)["hardware"]
+        halo = hw.get("halo_latency")
+        text += (
+            f" Calibrated there: an all-to-all call costs {1e3 * hw['a2a_latency']:.1f} ms whatever its bytes, a halo call "
+            + (f"{1e3 * halo:.1f} ms" if halo is not None else "as much (halo_latency unset)")
+            + f", and the inter/intra ratio is {hw['inter_intra_ratio']:.2f}x ({hw['ratio_reading']} reading)."
+        )
     return text, [run_provenance(result, folder)]
 
 
