@@ -1,7 +1,10 @@
 """Expert parallelism over gloo: 8 forked ranks in nodes of 2, EP 2 (inside a node) and EP 4
-(across two), FSDP2 (the experts sharded over their replicas): every mode with MHA, repack+solver
-and choose with GQA; replicated parameters (the experts' gradients summed over their replicas):
-repack+solver with MHA.
+(across two), FSDP2 (the experts sharded over their replicas): with MHA, a mode of every layout
+the experts can see a rank's tokens in (the parent's, Ulysses children, halo children, the
+parent's with halos, children reached by a redistribution, the per-parent mix: the solvers' stages
+only move samples between groups of these layouts, which tests/test_model_distributed.py runs in
+every mode), repack+solver and choose with GQA; replicated parameters (the experts' gradients
+summed over their replicas): repack+solver with MHA.
 
 - the loss and every gradient equal the single-process run's (fp64), each rank's expert slice
   against the same slice of the whole model's gradient;
@@ -23,11 +26,14 @@ from model.distributed import run_step
 from model.experts import ExpertDispatch
 from model.sharding import full_tensor, replicate_experts, shard_model
 from solver import CostModel
+from solver.modes import MODE_TABLE
 from solver.simulator import simulate
 from tests.dist_utils import run_distributed
 from tests.test_model_distributed import CONFIGS, LENGTHS, NODE, WORLD, make_model, reference, sample_tokens, solver_plans
 
 EPS = (2, 4)
+# the first mode of each layout a rank's tokens can be in when the experts see them
+LAYOUTS = {(m.start, m.folded, m.cheapest): m.name for m in reversed(MODE_TABLE)}
 
 
 def _body(rank, world, refs):
@@ -46,8 +52,9 @@ def _body(rank, world, refs):
         for ep in EPS:
             per = cfg.n_experts // ep
             mine = slice((rank % ep) * per, (rank % ep + 1) * per)
-            # every mode for MHA; for GQA the paper's best and the per-parent choice (the suite's time)
-            for plan in solver_plans(cfg) if name == "mha" else [p for p in solver_plans(cfg) if p.mode in ("repack+solver", "choose")]:
+            # a mode of every layout for MHA; for GQA the paper's best and the per-parent choice
+            wanted = set(LAYOUTS.values()) if name == "mha" else {"repack+solver", "choose"}
+            for plan in [p for p in solver_plans(cfg) if p.mode in wanted]:
                 model = shard_model(make_model(cfg).expert_parallel(ep, rank), torch.device("cpu"))
                 stats = CommStats(gpus_per_node=NODE)
                 recorded.clear()

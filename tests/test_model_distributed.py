@@ -1,6 +1,8 @@
-"""The core equivalence: a distributed step (8 gloo ranks, nodes of 2) under baseline, repack and
-repack+solver plans gives the single-process loss and gradients, with both pack paths, with
-replicated parameters and with FSDP2-sharded ones."""
+"""The core equivalence: a distributed step (8 gloo ranks, nodes of 2) under every mode's plan
+gives the single-process loss and gradients, with both pack paths, with replicated parameters
+and with FSDP2-sharded ones; and the bytes its exchanges count are the bytes the simulator prices
+for the plan. (The other sparse kinds and hand-made plans of the other ways to run the sparse
+layers: tests/test_strategies_distributed.py.)"""
 
 import numpy as np
 import pytest
@@ -97,6 +99,8 @@ def _body(rank, world, refs):
                 for n, p in model.named_parameters():
                     torch.testing.assert_close(p.grad, ref_grads[n], rtol=1e-9, atol=1e-11, msg=f"{name} {plan.mode} {pack} {n}")
                 counts[(plan.hash, pack)] = stats
+                if pack == "torch":  # the bytes every rank counted, summed, are the bytes the simulator prices
+                    assert_priced(plan, stats, cfg, "none", f"{name} {plan.mode}")
         if name == "mha":  # FSDP2: the same loss, and the gathered gradients, in the paper's three modes
             # with each activation-recompute setting once (recompute re-runs exchanges and kernels:
             # the same numbers)
@@ -112,7 +116,7 @@ def _body(rank, world, refs):
             bf16 = run_step(make_model(cfg).float(), rep, sample_tokens(LENGTHS), groups, "torch", "torch", autocast_dtype=torch.bfloat16)
             torch.testing.assert_close(bf16, fp32, rtol=BF16_LOSS_RTOL, atol=0)
         b, r = counts[(base.hash, "torch")], counts[(rep.hash, "torch")]
-        # the repacked step issues exactly the baseline's all-to-alls at full-attention sites, nothing else ...
+        # the repacked step issues exactly the baseline's all-to-alls at the full site, nothing else ...
         assert r.total_calls("full") == b.total_calls("full") == 2 * 2 * cfg.n_full
         sites = {f"{k}.{d}{bwd}" for k in ("full", "sparse") for d in ("entry", "exit") for bwd in ("", ".bwd")}
         assert set(r.calls) <= sites
@@ -120,26 +124,22 @@ def _body(rank, world, refs):
         # baseline every rank holds a slice of the 8-rank parent's tokens and sends some to other nodes
         assert r.inter_node_bytes("sparse") == 0
         assert b.inter_node_bytes("sparse") > 0
-        # the bytes every rank counted, summed, are the bytes the simulator prices for the same plan
-        # (fp64 elements; without recompute each exchange runs forward and backward once, with full
-        # recompute its forward runs again in the backward)
+        # with full recompute each exchange's forward runs again in the backward: priced so too
         recounted = CommStats(gpus_per_node=NODE)
         run_step(make_model(cfg, "full"), rep, sample_tokens(LENGTHS), groups, "torch", "torch", recounted)
-        for plan, stats, recompute in ((base, b, "none"), (rep, r, "none"), (rep, recounted, "full")):
-            counted = torch.tensor(
-                [
-                    stats.intra_node_bytes("full"),
-                    stats.inter_node_bytes("full"),
-                    stats.intra_node_bytes("sparse"),
-                    stats.inter_node_bytes("sparse"),
-                ],
-                dtype=torch.float64,
-            )
-            dist.all_reduce(counted)
-            sim_cost = CostModel(cfg, HardwareConfig(bytes_per_element=8), costs=CostsConfig(recompute=recompute))
-            sim = simulate(plan, sim_cost)
-            priced = [sim.full_intra_bytes, sim.full_inter_bytes, sim.sparse_intra_bytes, sim.sparse_inter_bytes]
-            assert counted.tolist() == priced, (name, plan.mode, counted.tolist(), priced)
+        assert_priced(rep, recounted, cfg, "full", f"{name} recompute")
+
+
+def assert_priced(plan, stats: CommStats, cfg, recompute: str, where: str) -> None:
+    """The bytes every rank counted at each site, summed over the ranks, equal the simulator's for
+    the same plan (fp64 elements; without recompute each exchange runs forward and backward once)."""
+    counted = torch.tensor(
+        [f(site) for site in ("full", "sparse") for f in (stats.intra_node_bytes, stats.inter_node_bytes)], dtype=torch.float64
+    )
+    dist.all_reduce(counted)
+    sim = simulate(plan, CostModel(cfg, HardwareConfig(bytes_per_element=8), costs=CostsConfig(recompute=recompute)))
+    priced = [sim.full_intra_bytes, sim.full_inter_bytes, sim.sparse_intra_bytes, sim.sparse_inter_bytes]
+    assert counted.tolist() == pytest.approx(priced, rel=1e-12, abs=0), (where, counted.tolist(), priced)
 
 
 @pytest.mark.slow

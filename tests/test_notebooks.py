@@ -25,6 +25,7 @@ def test_notebook_runs(name, tmp_path, monkeypatch):
     results = tmp_path / "results"
     monkeypatch.setenv("REPACK_RESULTS", str(results))
     monkeypatch.setenv("MPLBACKEND", "Agg")
+    monkeypatch.setenv("REPACK_NOTEBOOK_STEPS", "30")  # the sparse kinds' ablations: a smoke run
     if name == "ablation.ipynb":
         # a short ablation for the notebook to read (with none it runs the default one: ~1 minute)
         ablation.main(["--seeds", "2", "--steps", "30", "--out", str(results / "ablation"), "--no-progress"])

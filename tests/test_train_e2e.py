@@ -20,7 +20,7 @@ def losses(folder):
 
 
 @pytest.mark.slow
-def test_three_modes_same_losses_results_parse_and_resume_matches(tmp_path):
+def test_every_mode_same_losses_in_fp32_and_bf16_and_results_parse(tmp_path):
     # one step in every mode (no optimizer updates between them): the same losses. 4 ranks in
     # nodes of 1 (half the start-up of 8): step 0's SP2 parent spans two nodes and is repacked
     # --timers: the phases and exchanges timed (results unchanged)
@@ -63,12 +63,6 @@ def test_three_modes_same_losses_results_parse_and_resume_matches(tmp_path):
         assert r["exchange_a2a_s"] <= exchanges <= r["forward_s"] + r["backward_s"], r
         assert (r["exchange_a2a_s"] > 0) == (r["widest_parent"] > 1), r  # a plan of single ranks exchanges nothing
 
-    # training with updates, checkpointed every 2 steps; then resumed from the step-2 checkpoint
-    # (as after an interruption there): exactly the uninterrupted losses of steps 3 and 4 on CPU.
-    # 2 ranks in nodes of 1 (a parent of both spans the emulated nodes) with a budget that holds
-    # the tiny workload, the experts split over both (EP2 across the nodes, FSDP2)
-    _resume_matches(tmp_path / "ep2-inter", 2, ("--gpus-per-node", "1", "--ep", "2", "--ep-placement", "inter"))
-
 
 def _resume_matches(root, ranks, layout, resumed_layout=None):
     """Train 4 steps checkpointed every 2, resume from step 2: the resumed steps' losses equal the
@@ -96,10 +90,13 @@ def _resume_matches(root, ranks, layout, resumed_layout=None):
 
 @pytest.mark.slow
 def test_resume_under_expert_parallelism_inside_a_node_is_exact_and_resumes_at_another_degree(tmp_path):
+    # training with updates, checkpointed every 2 steps, then resumed from the step-2 checkpoint (as
+    # after an interruption there): exactly the uninterrupted losses of steps 3 and 4 on CPU.
     # 2 ranks in a node of 2: the default EP degree is a node's (EP2 inside the node), with
     # replicated parameters (the experts' gradients summed over their replicas); resumed exactly,
-    # then at EP1 under FSDP2 (every expert read from the whole layer's tensors; EP4 and the other
-    # pairs of degrees: tests/test_checkpoints.py, bit for bit)
+    # then at EP1 under FSDP2 (every expert read from the whole layer's tensors). Writing and
+    # reading under FSDP2 at EP2 and EP4, and every pair of degrees: tests/test_checkpoints.py, bit
+    # for bit; the experts across nodes: tests/test_experts_distributed.py
     _resume_matches(tmp_path, 2, ("--gpus-per-node", "2", "--shard", "none"), ("--gpus-per-node", "2", "--ep", "1", "--shard", "fsdp"))
 
 

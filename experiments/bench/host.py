@@ -7,7 +7,7 @@
 A benchmark, not a test: for each cluster size and mode it plans one default step and times,
 for a spread of ranks, the host work of model.distributed.run_step before the forward: the
 RankPlacement (the rank's four exchanges - full-layer entry and exit, sparse-layer entry and
-exit - with their device index tensors, both attention sites' cu_seqlens, the rotary tables; a
+exit - with their device index tensors, both layer types' attention cu_seqlens, the rotary tables; a
 halo child's transfers, key rows and key segments; a redistribute plan's all-to-all of the hidden
 states) and the rank's tokens and labels (local_batch). Targets, every mode: < 10 ms at 1024
 ranks and < 40 ms at 4096 (the worst rank). Writes results/host_bench.csv.

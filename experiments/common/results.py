@@ -62,7 +62,7 @@ STEP_COLUMN_TYPES = {
     "host_s": float,  # the plan's checks, the rank's context and its local batch
     "forward_s": float,  # forward pass, exchanges and FSDP2's gathers included
     "backward_s": float,  # backward pass (recompute and FSDP2's reductions included)
-    # full-attention sites' exchanges (pack + all-to-all + unpack), both passes; the simulator fills
+    # the full site's exchanges (pack + all-to-all + unpack), both passes; the simulator fills
     # this and the next with its all-to-alls' time from a rank's arrival to their end (waits included)
     "exchange_full_s": float,
     "exchange_sparse_s": float,  # sparse sites' exchanges, both passes
