@@ -16,10 +16,12 @@ PAPER_SHARE = "about 10% of steps with SP16/32 parents on the default cluster, a
 class WorkloadConfig(Section):
     """Documents drawn i.i.d. from a two-part mixture and streamed whole into steps: a log-normal
     body (web and code documents) and, with a small probability, a long document log-uniform in
-    [long_min, long_max] (books, repositories). `trace` replaces the generator with real lengths."""
+    [long_min, long_max] (books, repositories). `lengths` draws them from a published or a user's
+    length distribution instead; `trace` replaces the generator with real steps."""
 
     SECTION = "workload"
-    EXCLUSIVE = (("fill", "tokens_per_step"),)  # two spellings of one batch size: give one
+    # two spellings of one batch size, two replacements of the generator: give one
+    EXCLUSIVE = (("fill", "tokens_per_step"), ("lengths", "trace"))
 
     name: str = setting("default", "the preset this workload came from (results carry it)", cli=False)
     steps: int = setting(200, "steps of the workload: scanned by the simulated experiments, trained by the driver", POSITIVE_INT)
@@ -41,6 +43,13 @@ class WorkloadConfig(Section):
     seed: int = setting(0, "the workload's seed (the driver also seeds the model's initialization with it)", NON_NEGATIVE_INT)
     clip_to_cluster: bool = setting(
         False, "documents longer than the widest group holds are clipped to it, so the workload runs on any world size"
+    )
+    lengths: str = setting(
+        None,
+        "draw the documents from these lengths instead of the mixture (the body and long settings unused): a shipped "
+        "distribution's name (flexsp-wikipedia) or a file of lengths, one a line (.txt, .txt.gz)",
+        optional(Check("a name or a path", bool)),
+        type_=str,
     )
     trace: str = setting(
         None, "a length trace (.csv step,length rows / .jsonl / .npy) instead of the generator", optional(Check("a path", bool)), type_=str
@@ -75,7 +84,8 @@ class WorkloadConfig(Section):
         return self.replace(tokens_per_step=self.batch_tokens(cluster))
 
     def clipped(self, longest: int) -> WorkloadConfig:
-        """This workload with no document longer than `longest` (the widest group's tokens)."""
+        """This workload with no document longer than `longest` (the widest group's tokens; drawn
+        `lengths` are clipped at long_max)."""
         long_max = min(self.long_max, longest)
         body_max = min(self.body_max, long_max)
         return self.replace(
@@ -98,4 +108,7 @@ WorkloadConfig.PRESETS = {
         long_max=120,
         clip_to_cluster=True,
     ),
+    # FlexSP's Wikipedia workload (experiments/common/data/README.md): median 347 tokens, mean 1,014,
+    # 0.13% of documents (7.6% of tokens) above 32K, the longest 1,823,777
+    "flexsp-wikipedia": WorkloadConfig(name="flexsp-wikipedia", lengths="flexsp-wikipedia"),
 }

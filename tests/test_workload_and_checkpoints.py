@@ -1,5 +1,6 @@
 """Workload generator and traces; the cross-rank plan-hash check."""
 
+import gzip
 import json
 
 import numpy as np
@@ -7,10 +8,11 @@ import pytest
 
 from config import Cluster, HardwareConfig, ModelConfig, SettingError, WorkloadConfig
 from experiments.common.errors import InputError
+from experiments.common.lengths import distribution, read_lengths
 from experiments.common.workload import generate_steps, load_trace
 from experiments.train.driver import agree_across_ranks
 from model.distributed import LayoutInvariantError, check_same_plan, validate
-from solver import CostModel, make_plan, samples_from_lengths
+from solver import CostModel, PlanError, make_plan, samples_from_lengths
 from tests.dist_utils import run_distributed
 
 
@@ -21,6 +23,63 @@ def test_generator_is_seeded_streams_whole_documents_and_has_long_ones():
     assert a != generate_steps(cfg.replace(steps=50, seed=4))
     assert all(sum(s) <= cfg.tokens_per_step or len(s) == 1 for s in a)
     assert max(max(s) for s in generate_steps(cfg.replace(steps=200, seed=0))) >= cfg.long_min
+
+
+def test_the_shipped_wikipedia_lengths_hold_flexsps_published_statistics():
+    """The shipped histogram against the figures published with the data (1,000,000 documents,
+    median 347, mean 1,014, longest 1,823,777; above 32K: 0.13% of documents, 7.6% of tokens;
+    above 128K: 0.0049% and 1.1%): the conversion kept every length."""
+    values, cumulative = distribution("flexsp-wikipedia")
+    lengths = np.repeat(values, np.diff(cumulative, prepend=0))
+    assert len(lengths) == 1_000_000 and np.median(lengths) == 347 and round(lengths.mean()) == 1014 and lengths.max() == 1_823_777
+    # the published percentages to the digits given: within half a unit of their last digit
+    for above, docs, tokens in ((32768, (0.13, 0.005), (7.6, 0.05)), (131072, (0.0049, 0.00005), (1.1, 0.05))):
+        assert 100 * (lengths > above).mean() == pytest.approx(docs[0], abs=docs[1])
+        assert 100 * lengths[lengths > above].sum() / lengths.sum() == pytest.approx(tokens[0], abs=tokens[1])
+
+
+def test_a_length_distribution_is_drawn_seeded_and_streamed_whole(tmp_path):
+    """A user's file (gzipped here) and the shipped preset: the same seed the same steps; every
+    document one of the file's lengths, whole; the draws follow the file's frequencies."""
+    path = tmp_path / "l.txt.gz"
+    with gzip.open(path, "wt") as f:
+        f.write("5\n\n9\n5\n2000\n")
+    cfg = WorkloadConfig(lengths=str(path), tokens_per_step=100, steps=400)
+    a = generate_steps(cfg.replace(seed=1))
+    assert a == generate_steps(cfg.replace(seed=1)) and a != generate_steps(cfg.replace(seed=2))
+    docs = [n for s in a for n in s]
+    assert set(docs) == {5, 9, 2000}
+    assert all(sum(s) <= 100 or len(s) == 1 for s in a)  # a document that would overflow a step opens the next, whole
+    assert docs.count(5) / len(docs) == pytest.approx(0.5, abs=0.05)  # two of the file's four lengths
+    wiki = WorkloadConfig.from_name("flexsp-wikipedia", steps=20).for_cluster(Cluster())
+    steps = generate_steps(wiki)
+    assert len(steps) == 20 and steps == generate_steps(wiki)
+    assert set(n for s in steps for n in s) <= set(distribution("flexsp-wikipedia")[0].tolist())
+
+
+def test_a_document_longer_than_the_widest_group_is_an_error_naming_it_unless_clipped(tmp_path):
+    path = tmp_path / "l.txt"
+    path.write_text("10\n5000\n")
+    cluster = Cluster(8, 2, 100)  # the widest group holds 800 tokens
+    cfg = WorkloadConfig(lengths=str(path), tokens_per_step=700, steps=5, seed=0).for_cluster(cluster)
+    cost = CostModel(ModelConfig.from_name("tiny"), HardwareConfig())
+    step = next(s for s in generate_steps(cfg) if 5000 in s)
+    with pytest.raises(PlanError, match=r"length=5000 .*tokens_per_rank=100"):
+        make_plan(samples_from_lengths(step), cluster, cost, "baseline")
+    widest = cost.for_cluster(cluster).widest_group(cluster) * cluster.tokens_per_rank
+    clipped = generate_steps(cfg.replace(clip_to_cluster=True).clipped(widest))
+    assert max(n for s in clipped for n in s) == widest
+
+
+@pytest.mark.parametrize(
+    "text, match",
+    [("5\n7.5\n", r"line 2: '7\.5' is not a length"), ("5\n\n0\n", r"line 3: '0' is not a length"), ("\n\n", "holds no length")],
+)
+def test_a_malformed_lengths_file_is_an_error_naming_the_line(tmp_path, text, match):
+    path = tmp_path / "bad.txt"
+    path.write_text(text)
+    with pytest.raises(InputError, match=match):
+        read_lengths(str(path))
 
 
 def test_traces_in_every_format(tmp_path):

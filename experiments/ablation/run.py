@@ -15,6 +15,7 @@ from tqdm import tqdm
 from config import Cluster, CostsConfig, HardwareConfig, ModelConfig, PlannerConfig, WorkloadConfig
 from config.cli import Command, Settings
 from config.entries import AblationOptions
+from experiments.common.lengths import describe
 from experiments.common.provenance import provenance
 from experiments.common.results import PAPER, summarize, summarize_seeds
 from experiments.common.settings import MODEL_CHOICES, cost_model
@@ -233,6 +234,14 @@ def print_tables(rows, summary, out=None):
         f"{cfg['fill']:.2f}, model {cfg['model']['name']} ({cfg['model']['sparse_kind']} {cfg['model']['sparse_params']}), "
         f"assignment pricing {cfg['planner']['assignment_pricing']}"
     )
+    wl = cfg["workload"]
+    if wl.get("trace"):
+        source = f"the steps of the trace {wl['trace']}"
+    elif wl.get("lengths"):
+        source = f"documents drawn from {describe(wl['lengths'])}"
+    else:
+        source = "documents drawn from the synthetic mixture (a log-normal body, rare long documents)"
+    p(f"workload {wl['name']}: {source}" + (", clipped to the widest group" if wl.get("clip_to_cluster") else ""))
     ratios = ", ".join(f"{k} {v:.2f}x" for k, v in cfg["group_rate_ratios"].items())
     crossing = f", +{1e6 * hw['a2a_inter_latency']:.0f} us per call across nodes" if hw.get("a2a_inter_latency") else ""
     p(f"inter/intra ratio {hw['inter_intra_ratio']} read per {hw['ratio_reading']}: group all-to-all rates {ratios}{crossing}")

@@ -21,7 +21,10 @@ import numpy as np
 
 from config import SettingError, WorkloadConfig
 
+from . import lengths as length_files
 from .errors import InputError
+
+DRAWS = 65536  # documents drawn at once from a length distribution (the same draws whatever the batch)
 
 
 def iter_steps(cfg: WorkloadConfig) -> Iterator[list[int]]:
@@ -33,17 +36,31 @@ def iter_steps(cfg: WorkloadConfig) -> Iterator[list[int]]:
     made = 0
     cur: list[int] = []
     total = 0
-    while made < cfg.steps:
-        if rng.random() < cfg.long_prob:
-            n = int(np.exp(rng.uniform(np.log(cfg.long_min), np.log(cfg.long_max))))
-        else:
-            n = int(np.clip(rng.lognormal(np.log(cfg.body_median), cfg.body_sigma), cfg.body_min, cfg.body_max))
+    for n in _documents(cfg, rng):
+        if made >= cfg.steps:
+            return
         if cur and total + n > cfg.tokens_per_step:
             yield cur
             made += 1
             cur, total = [], 0
         cur.append(n)
         total += n
+
+
+def _documents(cfg: WorkloadConfig, rng: np.random.Generator) -> Iterator[int]:
+    """The workload's documents' lengths, endlessly: the mixture's draws, or a length
+    distribution's (clipped at long_max only under clip_to_cluster, where WorkloadConfig.clipped
+    set it to the widest group's tokens)."""
+    if cfg.lengths is None:
+        while True:
+            if rng.random() < cfg.long_prob:
+                yield int(np.exp(rng.uniform(np.log(cfg.long_min), np.log(cfg.long_max))))
+            else:
+                yield int(np.clip(rng.lognormal(np.log(cfg.body_median), cfg.body_sigma), cfg.body_min, cfg.body_max))
+    clip = cfg.long_max if cfg.clip_to_cluster else None
+    while True:
+        block = length_files.draw(cfg.lengths, rng, DRAWS)
+        yield from (block if clip is None else np.minimum(block, clip)).tolist()
 
 
 def generate_steps(cfg: WorkloadConfig) -> list[list[int]]:
@@ -63,6 +80,11 @@ def mean_document(cfg: WorkloadConfig) -> float:
     milliseconds; the same figure every call)."""
     rng = np.random.default_rng(0)
     n = 200_000
+    if cfg.lengths is not None:
+        values, cumulative = length_files.distribution(cfg.lengths)
+        counts = np.diff(cumulative, prepend=0)
+        clipped = np.minimum(values, cfg.long_max) if cfg.clip_to_cluster else values
+        return float((clipped * counts).sum() / cumulative[-1])
     long = rng.random(n) < cfg.long_prob
     body = np.clip(rng.lognormal(np.log(cfg.body_median), cfg.body_sigma, n), cfg.body_min, cfg.body_max).astype(np.int64)
     far = np.exp(rng.uniform(np.log(cfg.long_min), np.log(cfg.long_max), n)).astype(np.int64)
@@ -94,7 +116,11 @@ def random_tokens(lengths, vocab: int, seed: int, step: int) -> dict[int, np.nda
 def longest_step(cfg: WorkloadConfig) -> tuple[int, int]:
     """(the longest document, the most tokens of a step) the generator can make, from its settings
     alone: a step holds at most tokens_per_step unless one document is longer, alone."""
-    longest = max(cfg.body_max, cfg.long_max) if cfg.long_prob > 0 else cfg.body_max
+    if cfg.lengths is not None:
+        longest = int(length_files.distribution(cfg.lengths)[0][-1])
+        longest = min(longest, cfg.long_max) if cfg.clip_to_cluster else longest
+    else:
+        longest = max(cfg.body_max, cfg.long_max) if cfg.long_prob > 0 else cfg.body_max
     return longest, max(cfg.tokens_per_step, longest)
 
 

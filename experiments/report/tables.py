@@ -146,6 +146,22 @@ def ablation_variants(*folders: str) -> tuple[str, list[dict]]:
     return table(header, out), prov
 
 
+def workloads(*folders: str) -> tuple[str, list[dict]]:
+    """The same ablation on each run's workload, side by side: per mode, the change of step time
+    and of MFU vs baseline (mean over seeds [min, max]); under each workload, the steps with a
+    parent wider than a node per seed and the baseline's MFU."""
+    runs = [_read(folder)[1] for folder in folders]
+    header = ["mode"] + [f"{s['config']['workload']['name']}: step time, MFU vs baseline" for s in runs]
+    out = [[m.name] + [f"{_range(s['over_seeds'][m.name]['time_change_pct'], unit='%')}, "
+                       f"{_range(s['over_seeds'][m.name]['mfu_change_pp'], unit=' pp')}" for s in runs]
+           for m in COMPARED if all(m.name in s["over_seeds"] for s in runs)]  # fmt: skip
+    out.append(["steps with SP16/32 parents, per seed"] + [
+        f"{', '.join(str(len(v)) for v in s['selected_steps'].values())} of {s['config']['workload']['steps']}" for s in runs
+    ])  # fmt: skip
+    out.append(["baseline MFU (causal)"] + [_range(s["over_seeds"][REFERENCE]["mean_mfu"], 100, ".1f", "%") for s in runs])
+    return table(header, out), [run_provenance(s, folder) for s, folder in zip(runs, folders)]
+
+
 BREAKDOWN_COLUMNS = (
     ("compute", "compute_s"),
     ("intra-node exchanges", "intra_comm_s"),
@@ -528,6 +544,7 @@ RENDERERS: dict[str, Callable[..., tuple[str, list[dict]]]] = {
     "ablation": ablation,
     "headline": headline,
     "ablation-variants": ablation_variants,
+    "workloads": workloads,
     "breakdown": breakdown,
     "sweep": sweep,
     "sweep-strategies": sweep_strategies,
