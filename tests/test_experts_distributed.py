@@ -1,9 +1,9 @@
 """Expert parallelism over gloo: 8 forked ranks in nodes of 2, EP 2 (inside a node) and EP 4
-(across two), FSDP2 (the experts sharded over their replicas): with MHA, a mode of every layout
-the experts can see a rank's tokens in (the parent's, Ulysses children, halo children, the
+(across two), FSDP2 (the experts sharded over their replicas): with MHA at EP2, a mode of every
+layout the experts can see a rank's tokens in (the parent's, Ulysses children, halo children, the
 parent's with halos, children reached by a redistribution, the per-parent mix: the solvers' stages
 only move samples between groups of these layouts, which tests/test_model_distributed.py runs in
-every mode), repack+solver and choose with GQA; replicated parameters (the experts' gradients
+every mode), repack+solver and choose at EP4 and with GQA; replicated parameters (the experts' gradients
 summed over their replicas): repack+solver with MHA.
 
 - the loss and every gradient equal the single-process run's (fp64), each rank's expert slice
@@ -52,8 +52,10 @@ def _body(rank, world, refs):
         for ep in EPS:
             per = cfg.n_experts // ep
             mine = slice((rank % ep) * per, (rank % ep + 1) * per)
-            # a mode of every layout for MHA; for GQA the paper's best and the per-parent choice
-            wanted = set(LAYOUTS.values()) if name == "mha" else {"repack+solver", "choose"}
+            # a mode of every layout for MHA inside a node (EP2); across nodes (EP4), and for GQA,
+            # the paper's best and the per-parent choice (the dispatch is the same code at every
+            # degree: the degree changes where the slots go, which the byte checks below hold)
+            wanted = set(LAYOUTS.values()) if name == "mha" and ep == 2 else {"repack+solver", "choose"}
             for plan in [p for p in solver_plans(cfg) if p.mode in wanted]:
                 model = shard_model(make_model(cfg).expert_parallel(ep, rank), torch.device("cpu"))
                 stats = CommStats(gpus_per_node=NODE)
