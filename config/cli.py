@@ -286,9 +286,10 @@ class Command:
         choices = self.choices_of(key)
         if choices is None:
             return
-        for item in value.split(",") if _listed(f) else [value]:
+        listed = _listed(f)
+        for item in value.split(",") if listed else [value]:
             if item not in choices:
-                what = f"{item!r} is not one of {list(choices)}" if _listed(f) else f"it must be one of {list(choices)}"
+                what = f"{item!r} is not one of {list(choices)}" if listed else f"it must be one of {list(choices)}"
                 raise SettingError(f"{route}={value!r} is invalid: {what}")
 
 

@@ -14,7 +14,7 @@ import numpy as np
 
 import config
 from config import Section
-from config.base import flag_of
+from config.base import flag_of, profile_section
 from experiments.common.errors import InputError
 from experiments.common.memory import GIB, estimate
 from experiments.common.results import PAPER, read_ablation
@@ -506,8 +506,7 @@ def emulated(folder: str) -> tuple[str, list[dict]]:
     text += f"\n\n{c['nodes']} emulated nodes x {c['ranks_per_node']} gloo ranks, {c['inter_mbit']:g} Mbit/s between nodes."
     profile = os.path.join(folder, "calibrate", "profile.json")
     if os.path.exists(profile):  # the fixed costs and the ratio the predictions were priced with
-        with open(profile) as f:
-            hw = json.load(f)["hardware"]
+        hw = profile_section(profile, "hardware")
         halo = hw.get("halo_latency")
         text += (
             f" Calibrated there: an all-to-all call costs {1e3 * hw['a2a_latency']:.1f} ms whatever its bytes, a halo call "
