@@ -10,6 +10,9 @@ rank holding more tokens than the parent's average slows the parent's entry and 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from itertools import chain
+
 import numpy as np
 
 from .cluster import Cluster
@@ -27,11 +30,30 @@ class PlanEstimate:
         lens = np.array([length_of[s] for s in ids], dtype=np.float64)
         # per-sample terms as arrays (parent_times) and by id (parent_time)
         self._row = {s: k for k, s in enumerate(ids)}
+        # ids -> rows as an array lookup where the ids are not much sparser than the samples
+        # (every planner's step: ids 0..n-1), else through the dict (rows_of)
+        id_arr = np.fromiter(ids, dtype=np.int64, count=len(ids))
+        self._pos = None
+        if len(ids) and 0 <= int(id_arr.min()) and int(id_arr.max()) < 4 * len(ids) + 1024:
+            self._pos = np.full(int(id_arr.max()) + 1, -1, dtype=np.int64)
+            self._pos[id_arr] = np.arange(len(ids))
         self._len = lens
         self._lin = np.asarray(cost.linear_cost(lens), dtype=np.float64)
         self._full = np.asarray(cost.full_cost(lens), dtype=np.float64)
         self.linear = dict(zip(ids, self._lin.tolist()))
         self.full = dict(zip(ids, self._full.tolist()))
+
+    def rows_of(self, ids: Iterable[int], count: int = -1) -> np.ndarray:
+        """The rows of sample ids (in the per-sample arrays), in order; KeyError naming an id not in the step."""
+        flat = np.fromiter(ids, dtype=np.int64, count=count)
+        if self._pos is None:
+            return np.fromiter(map(self._row.__getitem__, flat.tolist()), dtype=np.int64, count=len(flat))
+        inside = (flat >= 0) & (flat < len(self._pos))
+        rows = self._pos[np.where(inside, flat, 0)]
+        bad = ~inside | (rows < 0)
+        if bad.any():
+            raise KeyError(f"sample id {int(flat[np.argmax(bad)])} is not in this step")
+        return rows
 
     @staticmethod
     def _refuse_halo(parents) -> None:
@@ -67,9 +89,8 @@ class PlanEstimate:
         self._refuse_halo(parents)
         kids = [(j, c) for j, pp in enumerate(parents) for c in pp.children]
         nk = len(kids)
-        row = self._row.__getitem__
-        rows = np.fromiter((row(s) for _, c in kids for s in c.samples), dtype=np.int64)
         counts = np.fromiter((len(c.samples) for _, c in kids), dtype=np.int64, count=nk)
+        rows = self.rows_of(chain.from_iterable(c.samples for _, c in kids), int(counts.sum()))
         of = np.repeat(np.arange(nk), counts)
         parent_size = [pp.group.size for pp in parents]
         line, fixed_of = self.cost.child_line, self.cost.parent_fixed

@@ -48,6 +48,10 @@ class _BinFill:
         self.bin_parent, self.bin_size, self.bin_line, self.bin_linear, self.bin_tokens, self.bin_own = [], [], [], [], [], []
         self.bin_rank_tokens, self.bin_members = [], []
         self.fill = LeastLoaded(self.time, self.room)
+        self._entries: list[tuple] = []  # per shape: what place reads (_shapes)
+        self._last = 0  # the shape of the last placement, looked at first
+        self._lines: dict[tuple[int, int], tuple] = {}  # (bin size, parent size) -> (its cost line, an empty bin's rank time)
+        self._orders: list[list[int]] = []
 
     def add_parent(self, size: int, child_sizes: list[int] | None) -> list[int]:
         """A parent of `size` ranks with children of `child_sizes` (None: its own layout, one
@@ -60,18 +64,22 @@ class _BinFill:
         self.parent_rank_tokens.append(0)
         self.parent_members.append([])
         bins = []
-        for c in child_sizes or [size]:
+        own = child_sizes is None
+        for c in child_sizes or (size,):
             b = len(self.bin_size)
+            line = self._lines.get((c, size))
+            if line is None:
+                line = self._lines[(c, size)] = (self.cost.child_line(c, size), rank_time(0.0, 0, c, self.cost.child_line(c, size)))
             self.bin_parent.append(p)
             self.bin_size.append(c)
-            self.bin_line.append(self.cost.child_line(c, size))
+            self.bin_line.append(line[0])
             self.bin_linear.append(0.0)
             self.bin_tokens.append(0)
-            self.bin_own.append(rank_time(0.0, 0, c, self.bin_line[b]))
+            self.bin_own.append(line[1])
             self.bin_rank_tokens.append(0)
             self.bin_members.append([])
             bins.append(b)
-            self.fill.add((size, c, child_sizes is None), b)
+            self.fill.add((size, c, own), b)
         return bins
 
     def room(self, b: int) -> int:
@@ -99,12 +107,40 @@ class _BinFill:
         self.bin_rank_tokens[b] += -(-n // c)
         self.bin_members[b].append(i)
 
+    def _shapes(self) -> tuple[list[tuple], list[list[int]]]:
+        """Per shape of bin, in the order the shapes were added: (shape, open heap, parked heap,
+        parent size, bin size, the cost line's slope); and per shape, the order to look at the
+        shapes in after it won (itself first, then the rest in order). Rebuilt when a parent adds
+        a shape."""
+        if len(self._entries) != len(self.fill.heaps):
+            self._entries = [
+                (shape, heap, self.fill.parked[shape], shape[0], shape[1], self.cost.child_line(shape[1], shape[0])[0])
+                for shape, heap in self.fill.heaps.items()
+            ]
+            k = len(self._entries)
+            self._orders = [[last, *(j for j in range(k) if j != last)] for last in range(k)]
+        return self._entries, self._orders
+
     def place(self, i: int) -> int:
-        """Put sample i where the bin it joins finishes earliest; -1 if no bin has room.
+        """Put sample i where the bin it joins finishes earliest; -1 if no bin has room."""
+        return self.place_all((i,))[1]
+
+    def place_all(self, items) -> tuple[int, int]:
+        """Place `items` in order, each where the bin it joins finishes earliest (ties: the shape
+        added first, then the lowest bin, solver.fill). Returns (the first item no bin has room
+        for, or -1; the last bin chosen, or -1); it stops at an item that does not fit.
 
         Per shape of bin, the heap's top is the answer when its key is fresh and it has room (the
-        common case, checked inline); otherwise LeastLoaded.least_loaded re-keys and skips."""
-        n, lin, full = self.lengths[i], self.linear[i], self.full[i]
+        common case, checked inline); otherwise LeastLoaded.least_loaded re-keys and skips.
+
+        Most shapes cannot win, and a bound says so without looking at their bins: an open heap's
+        top key is at most every open bin's time (keys only lag loads that grew), so no bin of a
+        shape finishes before top key + the sample's own increment (its full-attention share on
+        the parent, its linear work and tokens on the bin), unless a parked bin may fit it (then
+        the full query runs). The shape that won the last sample is looked at first, which makes
+        the bound bite (at 4,096 ranks and fill 0.95, one shape in ten past the first is looked
+        at); a shape is skipped only when its bound exceeds the best time so far by more than
+        rounding (PRUNE_MARGIN), so the answer is the one a look at every shape gives."""
         budget, bin_rank_tokens, bin_parent, parent_rank_tokens = (
             self.budget,
             self.bin_rank_tokens,
@@ -120,39 +156,66 @@ class _BinFill:
             self.bin_line,
             self.bin_own,
         )
-        best, best_t, best_shape = -1, float("inf"), None
-        parked = self.fill.parked
-        for shape, heap in self.fill.heaps.items():
-            size, c = shape[0], shape[1]
-            need = -(-n // c)
-            if need > budget:
-                continue
-            need_parent = -(-n // size)
-            b = heap[0][1] if heap else -1
-            p = bin_parent[b]
-            held = parked[shape]
-            if (
-                b < 0
-                or (held and -held[0][0] >= n)  # a parked bin may fit this sample: the full query
-                or heap[0][0] != parent_shared[p] + bin_own[b]
-                or bin_rank_tokens[b] + need > budget
-                or parent_rank_tokens[p] + need_parent > budget
-            ):
-                b = self.fill.least_loaded(shape, n)
-                if b < 0:
+        lengths, linears, fulls, least_loaded = self.lengths, self.linear, self.full, self.fill.least_loaded
+        parent_size, bin_size, parent_members, bin_members = self.parent_size, self.bin_size, self.parent_members, self.bin_members
+        entries, orders = self._shapes()
+        last, best = self._last if self._last < len(entries) else 0, -1
+        for i in items:
+            n, lin, full = lengths[i], linears[i], fulls[i]
+            best, best_t, best_k, bound = -1, float("inf"), -1, float("inf")
+            for k in orders[last]:
+                shape, heap, held, size, c, slope = entries[k]
+                may_open = held and -held[0][0] >= n  # a parked bin may fit this sample: the full query
+                if not may_open and (not heap or heap[0][0] + full / size + (lin + slope * n) / c > bound):
+                    continue  # nothing open, or no bin of the shape can beat the best so far
+                need = -(-n // c)
+                if need > budget:
                     continue
+                b = heap[0][1] if heap else -1
                 p = bin_parent[b]
-            # the bin's time with the sample: cost.shared_time + cost.rank_time, inlined (the fill's innermost loop)
-            a, fixed = bin_line[b]
-            t = ((parent_full[p] + full) / size + parent_fixed[p]) + ((bin_linear[b] + lin + a * (bin_tokens[b] + n)) / c + fixed)
-            if t < best_t:
-                best, best_t, best_shape = b, t, shape
-        if best >= 0:
-            self.add(best, i)
-            heap = self.fill.heaps[best_shape]
+                if (
+                    b < 0
+                    or may_open
+                    or heap[0][0] != parent_shared[p] + bin_own[b]
+                    or bin_rank_tokens[b] + need > budget
+                    or parent_rank_tokens[p] + -(-n // size) > budget
+                ):
+                    b = least_loaded(shape, n)
+                    if b < 0:
+                        continue
+                    p = bin_parent[b]
+                # the bin's time with the sample: cost.shared_time + cost.rank_time, inlined (the fill's innermost loop)
+                a, fixed = bin_line[b]
+                t = ((parent_full[p] + full) / size + parent_fixed[p]) + ((bin_linear[b] + lin + a * (bin_tokens[b] + n)) / c + fixed)
+                if t < best_t or (t == best_t and k < best_k):
+                    best, best_t, best_k, bound = b, t, k, t * PRUNE_MARGIN
+            if best < 0:
+                self._last = last
+                return i, -1
+            last = best_k
+            # self.add(best, i), inlined
+            p, c = bin_parent[best], bin_size[best]
+            size = parent_size[p]
+            pf = parent_full[p] = parent_full[p] + full
+            parent_shared[p] = pf / size + parent_fixed[p]  # cost.shared_time
+            parent_rank_tokens[p] += -(-n // size)
+            parent_members[p].append(i)
+            bl = bin_linear[best] = bin_linear[best] + lin
+            bt = bin_tokens[best] = bin_tokens[best] + n
+            a, fixed = bin_line[best]
+            bin_own[best] = (bl + a * bt) / c + fixed  # cost.rank_time
+            bin_rank_tokens[best] += -(-n // c)
+            bin_members[best].append(i)
+            heap = entries[best_k][1]
             if heap[0][1] == best:  # re-keyed at once (solver.fill); its siblings' entries when they surface
                 heapq.heapreplace(heap, (parent_shared[bin_parent[best]] + bin_own[best], best))
-        return best
+        self._last = last
+        return -1, best
+
+
+# a shape is skipped when its bound exceeds the best time by more than this factor: float sums
+# in another order differ by a few ulps (1e-16 relative), far inside it
+PRUNE_MARGIN = 1 + 1e-9
 
 
 def _child_pays(n: int, linear: float, full: float, parent_size: int, node: int, cost: CostModel, target: float) -> bool:
@@ -211,14 +274,15 @@ def assign_with_children(
         parent_bins.append(bins)
         if k < len(anchors):
             fill.add(bins[0], int(anchors[k]))
-    for i in rest:
-        if fill.place(int(i)) < 0:
-            raise unplaceable(samples, i, lengths, cluster)
+    failed, _ = fill.place_all(rest)  # a list of ints, costliest first
+    if failed >= 0:
+        raise unplaceable(samples, failed, lengths, cluster)
+    sid = [s.id for s in samples]
     out = []
     for k, (start, w) in enumerate(groups):
-        ids = tuple(samples[i].id for i in fill.parent_members[k])
+        ids = tuple(map(sid.__getitem__, fill.parent_members[k]))
         bins = parent_bins[k]
-        kids = None if len(bins) == 1 else tuple((fill.bin_size[b], tuple(samples[i].id for i in fill.bin_members[b])) for b in bins)
+        kids = None if len(bins) == 1 else tuple((fill.bin_size[b], tuple(map(sid.__getitem__, fill.bin_members[b]))) for b in bins)
         out.append((Group(start, w, ids), kids))
     return tuple(out)
 
@@ -243,11 +307,11 @@ def joint_parents(
         return None
     if not repack:
         node = cluster.gpus_per_node
-        polished = rebalance(start, length_of, cluster, cost, repack=False)
+        polished = rebalance(start, length_of, cluster, cost, repack=False, est=est)
         parents = tuple(ParentPlan(g, (g,), NODE_LOCAL if g.size <= node else DISABLED) for g, _ in polished)
         return parents, est.parent_times(parents).tolist()
     parents = []
-    for g, kids in rebalance(start, length_of, cluster, cost):
+    for g, kids in rebalance(start, length_of, cluster, cost, est=est):
         if kids is None:
             pp = ParentPlan(g, *solve_children(g, length_of, cluster, cost))
         else:

@@ -11,13 +11,16 @@ below the old slowest time, so the step estimate (the max over groups) never ris
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
+from itertools import chain
 
 import numpy as np
 
 from .children import ChildProblem, child_problem, solve_sorted
 from .cluster import Cluster, ceil_div
 from .cost import CostModel, rank_time
+from .estimate import PlanEstimate
 from .layout import Group
 from .plan import Kids
 
@@ -43,13 +46,18 @@ class _Membership:
 class _GroupState:
     """One parent: its current configuration and estimated time, with O(children) trial moves."""
 
-    def __init__(self, group: Group, ids: list[int], prices: _StepPrices, kids: Kids | None = None):
+    def __init__(self, group: Group, ids: list[int], prices: _StepPrices, kids: Kids | None = None, config: _Membership | None = None):
+        """`config`: the parent's members, sorted, with their sums (_StepPrices.own_layouts), for a
+        parent that keeps its own layout."""
         self.group, self.prices = group, prices
         self.size = group.size
         self.wide = prices.repack and group.size > prices.cluster.gpus_per_node  # may have children
         self.children_problem = prices.children_problem(group.size)  # prices a child inside this parent
         self.own_line = prices.cost.child_line(group.size, group.size)
-        if kids is not None and self.wide:  # a start that comes with its children (the joint fill)
+        if config is not None and not self.wide:
+            self.config = config
+            self.time = self.price(config)
+        elif kids is not None and self.wide:  # a start that comes with its children (the joint fill)
             self.config = self._config(ids, kids)
             self.time = self.price(self.config)
         else:
@@ -139,21 +147,65 @@ class _GroupState:
 
 
 class _StepPrices:
-    """Per-sample prices of one step (linear, full-attention and whole-sample seconds), its child
-    problems by parent size, and the samples' longest-first order: what every _GroupState reads."""
+    """Per-sample prices of one step (linear and full-attention seconds: the step's PlanEstimate
+    holds them), its child problems by parent size, and the samples' longest-first order: what
+    every _GroupState reads."""
 
-    def __init__(self, length_of, cluster: Cluster, cost: CostModel, repack: bool = True):
+    def __init__(self, length_of, cluster: Cluster, cost: CostModel, repack: bool = True, est: PlanEstimate | None = None):
         self.length_of, self.cluster, self.cost, self.repack = length_of, cluster, cost, repack
         self.node_cap = cluster.gpus_per_node * cluster.tokens_per_rank
-        ids = list(length_of)
-        lens = np.array([length_of[s] for s in ids], dtype=np.float64)
-        self.linear = dict(zip(ids, np.asarray(cost.linear_cost(lens), dtype=np.float64).tolist()))
-        self.full = dict(zip(ids, np.asarray(cost.full_cost(lens), dtype=np.float64).tolist()))
-        self.sample_cost = dict(zip(ids, np.asarray(cost.sample_cost(lens), dtype=np.float64).tolist()))
+        if est is None or est.length_of is not length_of:
+            est = PlanEstimate(length_of, cluster, cost)
+        self.est = est
+        self.linear, self.full = est.linear, est.full
         self._children_problems: dict[int, ChildProblem] = {}
-        # each sample's place in (longest first, then by id) order: a sort key without a tuple per sample
-        by_length = np.lexsort((np.array(ids, dtype=np.int64), -lens))
-        self.order = dict(zip((ids[i] for i in by_length.tolist()), range(len(ids))))
+        # each sample's place in (longest first, then by id) order, by its row in the estimate
+        ids = np.fromiter(length_of, dtype=np.int64, count=len(length_of))
+        self._rank = np.empty(len(ids), dtype=np.int64)
+        self._rank[np.lexsort((ids, -est._len))] = np.arange(len(ids))
+
+    @functools.cached_property
+    def order(self) -> dict[int, int]:
+        """Each sample's place in (longest first, then by id) order: a sort key without a tuple per sample."""
+        return dict(zip(self.length_of, self._rank.tolist()))
+
+    def sample_cost(self, s: int) -> float:
+        """A sample's seconds on one rank (cost.sample_cost: its linear plus its full-attention seconds)."""
+        return self.linear[s] + self.full[s]
+
+    def own_layouts(self, groups: Sequence[Sequence[int]], sizes: Sequence[int]) -> list[_Membership]:
+        """The configuration of parents in their own layout, each with its members sorted (longest
+        first, then by id) and their sums, as _GroupState.set and sums make them, for many parents
+        at once. Every parent's members are sorted in one lexsort; the members of parents with as
+        many members stand in the columns of one array, summed row by row (each column a sum in
+        its members' order, each addition the one Python's sum makes, so every float is the same),
+        where one sum per parent costs a Python loop over every sample of the step."""
+        est = self.est
+        counts = np.fromiter(map(len, groups), dtype=np.int64, count=len(groups))
+        rows = est.rows_of(chain.from_iterable(groups), int(counts.sum()))
+        owner = np.repeat(np.arange(len(groups)), counts)
+        rows = rows[np.lexsort((self._rank[rows], owner))]  # each parent's members, longest first, then by id
+        starts = np.concatenate(([0], np.cumsum(counts)[:-1])).astype(np.int64)
+        ids = np.fromiter(self.length_of, dtype=np.int64, count=len(self.length_of))[rows].tolist()
+        full, linear, lens = est._full, est._lin, est._len.astype(np.int64)
+        size_of = np.asarray(sizes, dtype=np.int64)
+        out: list[_Membership | None] = [None] * len(groups)
+        for m in np.unique(counts).tolist():
+            js = np.nonzero(counts == m)[0]
+            if m == 0:
+                for j in js.tolist():
+                    out[j] = _Membership([], 0, 0.0, 0.0, 0, None)
+                continue
+            pos = rows[starts[js][None, :] + np.arange(m)[:, None]]  # [m, parents]: row r is each parent's r-th member
+            f, lin = full[pos[0]].copy(), linear[pos[0]].copy()
+            for r in range(1, m):  # row by row: the order Python's sum adds in
+                f += full[pos[r]]
+                lin += linear[pos[r]]
+            n = lens[pos]
+            tokens, rank_tokens = n.sum(axis=0), (-(-n // size_of[js])).sum(axis=0)
+            for k, (j, a) in enumerate(zip(js.tolist(), starts[js].tolist())):
+                out[j] = _Membership(ids[a : a + m], int(tokens[k]), float(lin[k]), float(f[k]), int(rank_tokens[k]), None)
+        return out
 
     def sums(self, ids, size: int) -> tuple[float, float, int, int]:
         """Full-attention and linear seconds, tokens, and tokens per rank (chunks of ceil(L / size))
@@ -192,6 +244,7 @@ def rebalance(
     window: int = 16,
     min_gain: float = 3e-4,
     repack: bool = True,
+    est: PlanEstimate | None = None,
 ) -> tuple[tuple[Group, Kids | None], ...]:
     # Tuning, chosen with experiments.solver_bench (quality flat, time bounded): each move tries
     # `n_samples` of the slowest parent's samples, spread over its sizes, against the
@@ -204,8 +257,11 @@ def rebalance(
     MOVES_PER_PARENT per parent plus MOVES_BASE, capped at MAX_MOVES), and it stops once the last
     `window` moves together gained less than `min_gain` of the step time. repack=False: every
     parent keeps its own layout (the parent solver without repacking, a control)."""
-    prices = _StepPrices(length_of, cluster, cost.for_cluster(cluster), repack)
-    states = [_GroupState(g, list(g.samples), prices, kids) for g, kids in start]
+    prices = _StepPrices(length_of, cluster, cost.for_cluster(cluster), repack, est)
+    node = cluster.gpus_per_node
+    own = [j for j, (g, _) in enumerate(start) if not (repack and g.size > node)]  # parents that keep their own layout
+    configs = dict(zip(own, prices.own_layouts([start[j][0].samples for j in own], [start[j][0].size for j in own])))
+    states = [_GroupState(g, list(g.samples), prices, kids, configs.get(j)) for j, (g, kids) in enumerate(start)]
     max_moves = min(MOVES_PER_PARENT * len(states) + MOVES_BASE, MAX_MOVES) if max_moves is None else max_moves
     times = np.array([s.time for s in states])
     history = []  # the step time before each move
@@ -216,21 +272,21 @@ def rebalance(
         if len(history) > window and history[-window - 1] - cur < min_gain * cur:
             break
         src = states[worst]
-        by_cost = sorted(src.config.ids, key=lambda s: -prices.sample_cost[s])
+        by_cost = sorted(src.config.ids, key=lambda s: -prices.sample_cost(s))
         # a spread of sizes: large samples move much load, small ones fine-tune
         picks = sorted(set(np.linspace(0, len(by_cost) - 1, min(n_samples, len(by_cost))).round().astype(int)))
         cands = [by_cost[i] for i in picks]
         near = np.argpartition(times, min(n_targets, len(times) - 1))[: n_targets + 1]
         targets = [int(k) for k in sorted(near, key=lambda k: (times[k], k)) if k != worst][:n_targets]
         # swap partners come from each target's members, costliest first
-        ranked = {k: sorted(states[k].config.ids, key=lambda b: -prices.sample_cost[b]) for k in targets}
+        ranked = {k: sorted(states[k].config.ids, key=lambda b: -prices.sample_cost(b)) for k in targets}
         best = None
         for a in cands:
             out_w = src.removing(a)
             t_worst = src.price(out_w)
             if t_worst >= cur:
                 continue
-            cost_a = prices.sample_cost[a]
+            cost_a = prices.sample_cost(a)
             for k in targets:
                 dst = states[k]
                 moved = dst.adding(a)
@@ -238,7 +294,7 @@ def rebalance(
                     t = max(t_worst, dst.price(moved))
                     if t < cur * (1 - 1e-9) and (best is None or t < best[0]):
                         best = (t, k, out_w, moved)
-                for b in [b for b in ranked[k] if prices.sample_cost[b] < cost_a][:SWAP_PARTNERS]:
+                for b in [b for b in ranked[k] if prices.sample_cost(b) < cost_a][:SWAP_PARTNERS]:
                     into_k = dst.adding(a, dst.removing(b))
                     into_w = src.adding(b, out_w)
                     if into_k is None or into_w is None:
