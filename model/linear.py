@@ -1,0 +1,258 @@
+"""Linear attention by the gated delta rule (the cheap layers of Gated DeltaNet hybrids): the
+recurrence, its chunked form with an initial state, the affine map a span applies to the state
+(what sequence parallelism by state passing needs), and the short causal convolution with the
+halo a rank receives from the rank before.
+
+One head's state S is a [K, V] matrix carried along the sequence. At token t, with decay
+alpha_t = exp(g_t) (g_t <= 0), strength beta_t in (0, 1), key k_t, value v_t and query q_t:
+
+    w_t = beta_t * (v_t - (alpha_t S_{t-1})^T k_t)      the delta: what the decayed state misses
+    S_t = alpha_t S_{t-1} + k_t w_t^T
+    o_t = scale * S_t^T q_t
+
+so S_t = alpha_t (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T: the state a span of tokens
+ends with is an affine function of the state it starts with, S_out = A S_in + B, with A [K, K]
+the product of the span's transitions and B the state the span ends with from zero. Ranks that
+hold consecutive pieces of a sample therefore obtain their incoming states from every rank's
+(A, B) (`incoming_states`: the chain, or the log-depth scan an all-gather allows), moving
+heads x K x (K + V) numbers per rank instead of the hidden states an all-to-all moves.
+
+The chunked form (`chunked`) is exact, not an approximation: within a chunk of C tokens with
+cumulative log decay c_i = g_1 + ... + g_i and incoming state S, the deltas W [C, V] solve the
+unit lower-triangular system
+
+    (I + L) W = beta * V - (beta * exp(c)) * (K S),   L_ij = beta_i exp(c_i - c_j) k_i.k_j  (j < i)
+
+and the outputs and the outgoing state follow in matrix products:
+
+    O = scale * (exp(c) * (Q S) + ((Q K^T) * D) W),   D_ij = exp(c_i - c_j) (j <= i), else 0
+    S_C = exp(c_C) S + K^T (exp(c_C - c) * W)
+
+`recurrent` is the token-by-token reference the tests hold `chunked` to. Shapes: one sequence
+as q, k [T, H, K], v [T, H, V], g, beta [T, H], states [H, K, V]; `varlen` runs a packed batch
+(cu_seqlens, as the attention layers take it), each sample from its own initial state. Every
+function is differentiable, the initial state included, and runs in any float dtype (the tests
+run float64).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, state: torch.Tensor | None) -> None:
+    """Shapes of one sequence; ValueError naming the tensor that does not fit."""
+    if q.dim() != 3 or k.shape != q.shape:
+        raise ValueError(f"q and k must be [T, H, K] alike; got q {tuple(q.shape)}, k {tuple(k.shape)}")
+    t, h, dk = q.shape
+    if v.dim() != 3 or v.shape[:2] != (t, h):
+        raise ValueError(f"v must be [T={t}, H={h}, V]; got {tuple(v.shape)}")
+    for name, x in (("g", g), ("beta", beta)):
+        if x.shape != (t, h):
+            raise ValueError(f"{name} must be [T={t}, H={h}]; got {tuple(x.shape)}")
+    if state is not None and state.shape != (h, dk, v.shape[2]):
+        raise ValueError(f"the initial state must be [H={h}, K={dk}, V={v.shape[2]}]; got {tuple(state.shape)}")
+
+
+def _scale(q: torch.Tensor, scale: float | None) -> float:
+    return q.shape[-1] ** -0.5 if scale is None else scale
+
+
+def recurrent(q, k, v, g, beta, initial_state=None, scale: float | None = None):
+    """Token by token (the reference): (o [T, H, V], final state [H, K, V])."""
+    _check(q, k, v, g, beta, initial_state)
+    t, h, dk = q.shape
+    s = q.new_zeros(h, dk, v.shape[2]) if initial_state is None else initial_state
+    scale = _scale(q, scale)
+    out = []
+    for i in range(t):
+        s = s * g[i].exp()[:, None, None]  # alpha_t S_{t-1}
+        w = beta[i][:, None] * (v[i] - torch.einsum("hkv,hk->hv", s, k[i]))
+        s = s + k[i][:, :, None] * w[:, None, :]
+        out.append(scale * torch.einsum("hkv,hk->hv", s, q[i]))
+    return (torch.stack(out) if out else v.new_zeros(0, h, v.shape[2])), s
+
+
+def _chunk(q, k, v, g, beta, s, scale: float):
+    """One chunk, heads first: q, k [H, C, K], v [H, C, V], g, beta [H, C], s [H, K, V] -> (o [H, C, V], s_out)."""
+    c = g.cumsum(-1)  # [H, C]
+    n = q.shape[1]
+    upto = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
+    # D_ij = exp(c_i - c_j) for j <= i, else 0 (exp(-inf) = 0, and no exp of the unused upper part)
+    decay = torch.where(upto, c[:, :, None] - c[:, None, :], torch.tensor(float("-inf"), dtype=c.dtype, device=c.device)).exp()
+    below = beta[:, :, None] * (k @ k.transpose(-1, -2)) * decay.tril(-1)  # L
+    system = below + torch.eye(n, dtype=q.dtype, device=q.device)
+    rhs = beta[:, :, None] * v - (beta * c.exp())[:, :, None] * (k @ s)
+    w = torch.linalg.solve_triangular(system, rhs, upper=False, unitriangular=True)
+    o = scale * (c.exp()[:, :, None] * (q @ s) + ((q @ k.transpose(-1, -2)) * decay) @ w)
+    last = c[:, -1:]  # [H, 1]
+    s_out = last.exp()[:, :, None] * s + k.transpose(-1, -2) @ ((last - c).exp()[:, :, None] * w)
+    return o, s_out
+
+
+def chunked(q, k, v, g, beta, initial_state=None, scale: float | None = None, chunk: int = 64):
+    """Chunks of `chunk` tokens (the last may be shorter): (o [T, H, V], final state [H, K, V])."""
+    _check(q, k, v, g, beta, initial_state)
+    if chunk < 1:
+        raise ValueError(f"chunk={chunk}: a chunk holds at least one token")
+    t, h, dk = q.shape
+    s = q.new_zeros(h, dk, v.shape[2]) if initial_state is None else initial_state
+    scale = _scale(q, scale)
+    heads_first = [x.transpose(0, 1) for x in (q, k, v, g, beta)]
+    out = []
+    for a in range(0, t, chunk):
+        o, s = _chunk(*(x[:, a : a + chunk] for x in heads_first), s, scale)
+        out.append(o)
+    o = torch.cat(out, dim=1).transpose(0, 1) if out else v.new_zeros(0, h, v.shape[2])
+    return o, s
+
+
+def transition(k, g, beta, chunk: int = 64) -> torch.Tensor:
+    """A [H, K, K]: the linear part of the map a span applies to its incoming state (S_out = A S_in
+    + B). It is the state the span ends with from S_in = I when every value is zero (then B = 0),
+    so it comes from the same chunked recurrence, with K columns for V: the extra work state
+    passing pays, about K / V times a pass of the span's state updates."""
+    t, h, dk = k.shape
+    eye = torch.eye(dk, dtype=k.dtype, device=k.device).expand(h, dk, dk)
+    return chunked(k, k, k.new_zeros(t, h, dk), g, beta, initial_state=eye, chunk=chunk)[1]
+
+
+def compose(first: tuple[torch.Tensor, torch.Tensor], then: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The affine map of two spans in a row: S -> A2 (A1 S + B1) + B2."""
+    (a1, b1), (a2, b2) = first, then
+    return a2 @ a1, a2 @ b1 + b2
+
+
+def incoming_states(maps: list[tuple[torch.Tensor, torch.Tensor]], initial=None, how: str = "chain") -> list[torch.Tensor]:
+    """The state each span starts with, for spans in sequence order with maps (A_r, B_r): span 0
+    starts from `initial` (zeros if None), span r from the end of span r - 1.
+
+    how="chain": S_{r+1} = A_r S_r + B_r, one span after another (what point-to-point hops do);
+    how="scan": the prefix maps by doubling (Hillis-Steele: log2(R) rounds of compose), what
+    each rank can do once an all-gather has given it every (A_r, B_r). Both are exact; they
+    differ in rounding only."""
+    if how not in ("chain", "scan"):
+        raise ValueError(f"how={how!r}: use 'chain' or 'scan'")
+    if not maps:
+        return []
+    h, dk, dv = maps[0][1].shape
+    s0 = maps[0][1].new_zeros(h, dk, dv) if initial is None else initial
+    if how == "chain":
+        states = [s0]
+        for a, b in maps[:-1]:
+            states.append(a @ states[-1] + b)
+        return states
+    prefix = list(maps)  # prefix[r]: the map of spans 0..r (after the rounds)
+    step = 1
+    while step < len(prefix):
+        prefix = [p if r < step else compose(prefix[r - step], p) for r, p in enumerate(prefix)]
+        step *= 2
+    return [s0] + [a @ s0 + b for a, b in prefix[:-1]]
+
+
+def varlen(q, k, v, g, beta, cu_seqlens, initial_states=None, scale: float | None = None, chunk: int = 64):
+    """A packed batch: sample i is rows cu_seqlens[i]:cu_seqlens[i+1], run from initial_states[i]
+    ([N, H, K, V]; zeros if None). Returns (o [T, H, V], final states [N, H, K, V])."""
+    bounds = [int(x) for x in cu_seqlens]
+    if not bounds or bounds[0] != 0 or bounds[-1] != q.shape[0] or any(b < a for a, b in zip(bounds, bounds[1:])):
+        raise ValueError(f"cu_seqlens must rise from 0 to T={q.shape[0]}; got {bounds[:8]}{'...' if len(bounds) > 8 else ''}")
+    outs, finals = [], []
+    for i, (a, b) in enumerate(zip(bounds, bounds[1:])):
+        s = None if initial_states is None else initial_states[i]
+        o, s = chunked(q[a:b], k[a:b], v[a:b], g[a:b], beta[a:b], s, scale, chunk)
+        outs.append(o)
+        finals.append(s)
+    return torch.cat(outs), torch.stack(finals)
+
+
+def causal_conv(x: torch.Tensor, weight: torch.Tensor, halo: torch.Tensor | None = None) -> torch.Tensor:
+    """Depthwise causal convolution of one sequence piece x [T, C] with weight [C, W]: y_t = sum_j
+    weight[:, j] * x_{t - W + 1 + j}. Positions before the piece come from `halo` [W - 1, C] (the
+    last W - 1 rows of the piece before it, on the rank before), or are zero at a sample's start."""
+    t, ch = x.shape
+    if weight.dim() != 2 or weight.shape[0] != ch:
+        raise ValueError(f"weight must be [C={ch}, W]; got {tuple(weight.shape)}")
+    reach = weight.shape[1] - 1
+    if halo is None:
+        halo = x.new_zeros(reach, ch)
+    if halo.shape != (reach, ch):
+        raise ValueError(f"the halo must be [W - 1 = {reach}, C={ch}]: the rows before the piece; got {tuple(halo.shape)}")
+    padded = torch.cat([halo, x])  # [T + W - 1, C]
+    return sum(weight[:, j] * padded[j : j + t] for j in range(reach + 1))
+
+
+# ----- state passing between ranks ----------------------------------------------------------
+class _Chain(torch.autograd.Function):
+    """Point-to-point hops along the ranks of `group` in rank order: rank r receives its incoming
+    state S_r from rank r - 1 and sends S_{r+1} = A_r S_r + B_r to rank r + 1. The backward runs
+    the chain in reverse: rank r receives the gradient of S_{r+1} from rank r + 1, adds A_r^T of
+    it to its own, and sends the sum to rank r - 1 (rank 0's sum is the initial state's gradient)."""
+
+    @staticmethod
+    def forward(ctx, a, b, initial, group):
+        import torch.distributed as dist  # noqa: PLC0415
+
+        rank, size = dist.get_rank(group), dist.get_world_size(group)
+        peers = dist.get_process_group_ranks(group) if group is not None else list(range(size))
+        s = initial.detach().clone()
+        if rank > 0:
+            dist.recv(s, src=peers[rank - 1], group=group)
+        if rank < size - 1:
+            dist.send((a @ s + b).contiguous(), dst=peers[rank + 1], group=group)
+        ctx.save_for_backward(a, s)
+        ctx.group, ctx.rank, ctx.size, ctx.peers = group, rank, size, peers
+        return s
+
+    @staticmethod
+    def backward(ctx, grad):
+        import torch.distributed as dist  # noqa: PLC0415
+
+        a, s = ctx.saved_tensors
+        total = grad.clone()
+        grad_a = grad_b = None
+        if ctx.rank < ctx.size - 1:
+            after = torch.empty_like(grad)  # the gradient of S_{r+1}, from rank r + 1
+            dist.recv(after, src=ctx.peers[ctx.rank + 1], group=ctx.group)
+            total = total + a.transpose(-1, -2) @ after
+            grad_a, grad_b = after @ s.transpose(-1, -2), after
+        else:
+            grad_a, grad_b = torch.zeros_like(a), torch.zeros_like(grad)
+        if ctx.rank > 0:
+            dist.send(total.contiguous(), dst=ctx.peers[ctx.rank - 1], group=ctx.group)
+            return grad_a, grad_b, torch.zeros_like(total), None
+        return grad_a, grad_b, total, None
+
+
+def pass_states(a: torch.Tensor, b: torch.Tensor, initial: torch.Tensor | None = None, group=None, how: str = "scan") -> torch.Tensor:
+    """This rank's incoming state for a sample cut into contiguous pieces over the ranks of
+    `group`, in rank order; (a, b): this rank's piece's map (`transition`, and the state its piece
+    ends with from zero). `initial`: the sample's state before the first piece (rank 0's; zeros
+    if None). Differentiable in a, b and initial on every rank.
+
+    how="scan": one all-gather of every rank's (A, B) and rank 0's initial state, then the prefix
+    on each rank (incoming_states: log-depth compose, every rank holds every map);
+    how="chain": point-to-point hops, one rank after another (R - 1 sequential messages of one
+    state each, forward and backward).
+
+    The backward is a collective of the group as well: every rank of it must backpropagate
+    through its incoming state (its piece's outputs reach the loss), so a sample's group is the
+    ranks that hold a non-empty piece of it."""
+    import torch.distributed as dist  # noqa: PLC0415
+
+    if initial is None:
+        initial = b.new_zeros(b.shape)
+    if how == "chain":
+        return _Chain.apply(a, b, initial, group)
+    if how != "scan":
+        raise ValueError(f"how={how!r}: use 'scan' or 'chain'")
+    from torch.distributed.nn.functional import all_gather  # noqa: PLC0415  (differentiable)
+
+    rank = dist.get_rank(group)
+    packed = torch.cat([a.reshape(-1), b.reshape(-1), initial.reshape(-1)])
+    if torch.is_grad_enabled() and not packed.requires_grad:
+        packed = packed.detach().requires_grad_()  # every rank's backward joins the collective
+    gathered = all_gather(packed, group=group or dist.group.WORLD)
+    na, nb = a.numel(), b.numel()
+    maps = [(x[:na].view(a.shape), x[na : na + nb].view(b.shape)) for x in gathered]
+    start = gathered[0][na + nb :].view(b.shape)  # rank 0's initial state reaches every rank
+    return incoming_states(maps, start, "scan")[rank]

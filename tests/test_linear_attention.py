@@ -1,0 +1,247 @@
+"""The gated delta rule (model.linear): the chunked form against the token-by-token recurrence,
+the affine map of a span against running it, state passing over pieces of a sample (in one
+process and over gloo ranks) against the whole sample, gradients against numerical
+differentiation, and flash-linear-attention's own reference recurrence against ours."""
+
+import importlib.util
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from model import linear
+from tests.dist_utils import run_distributed
+
+F64 = torch.float64
+
+
+def _inputs(t: int, h: int, dk: int, dv: int, seed: int, dtype=F64):
+    """A sequence's q, k, v, g, beta as a Gated DeltaNet layer gives them: unit-norm keys and
+    queries, log decays in [-1, 0), strengths in (0, 1)."""
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.nn.functional.normalize(torch.randn(t, h, dk, generator=gen, dtype=dtype), dim=-1)
+    k = torch.nn.functional.normalize(torch.randn(t, h, dk, generator=gen, dtype=dtype), dim=-1)
+    v = torch.randn(t, h, dv, generator=gen, dtype=dtype)
+    g = -torch.rand(t, h, generator=gen, dtype=dtype)
+    beta = torch.rand(t, h, generator=gen, dtype=dtype)
+    return q, k, v, g, beta
+
+
+def _state(h, dk, dv, seed, dtype=F64):
+    return torch.randn(h, dk, dv, generator=torch.Generator().manual_seed(seed + 1), dtype=dtype)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    t=st.integers(1, 70),
+    h=st.integers(1, 3),
+    dk=st.integers(1, 9),
+    dv=st.integers(1, 7),
+    chunk=st.sampled_from([1, 3, 16, 64]),
+    with_state=st.booleans(),
+    seed=st.integers(0, 10**6),
+)
+def test_chunked_form_equals_the_token_by_token_recurrence(t, h, dk, dv, chunk, with_state, seed):
+    q, k, v, g, beta = _inputs(t, h, dk, dv, seed)
+    s0 = _state(h, dk, dv, seed) if with_state else None
+    o_ref, s_ref = linear.recurrent(q, k, v, g, beta, s0)
+    o, s = linear.chunked(q, k, v, g, beta, s0, chunk=chunk)
+    torch.testing.assert_close(o, o_ref, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(s, s_ref, rtol=1e-10, atol=1e-12)
+
+
+@settings(max_examples=20, deadline=None)
+@given(t=st.integers(1, 50), dk=st.integers(1, 8), dv=st.integers(1, 6), seed=st.integers(0, 10**6))
+def test_a_spans_final_state_is_its_transition_of_the_incoming_state_plus_its_own(t, dk, dv, seed):
+    """S_out = A S_in + B for any S_in, with A from `transition` and B the span's state from zero:
+    checked against running the span from S_in."""
+    q, k, v, g, beta = _inputs(t, 2, dk, dv, seed)
+    s_in = _state(2, dk, dv, seed)
+    a = linear.transition(k, g, beta, chunk=8)
+    b = linear.chunked(q, k, v, g, beta, chunk=8)[1]
+    _, s_out = linear.recurrent(q, k, v, g, beta, s_in)
+    torch.testing.assert_close(a @ s_in + b, s_out, rtol=1e-10, atol=1e-12)
+
+
+def _cuts(t: int, pieces: int, seed: int) -> list[int]:
+    """Piece boundaries 0 = c_0 <= ... <= c_pieces = t, empty pieces allowed."""
+    gen = torch.Generator().manual_seed(seed)
+    inner = sorted(torch.randint(0, t + 1, (pieces - 1,), generator=gen).tolist())
+    return [0, *inner, t]
+
+
+@pytest.mark.parametrize("how", ["chain", "scan"])
+def test_pieces_with_passed_states_give_the_whole_samples_outputs_and_gradients(how):
+    """A sample cut into 5 pieces (one of them empty), each run from the incoming state that
+    incoming_states composes from the pieces' maps: the same outputs, final state and gradients
+    (q, k, v, g, beta and the initial state) as the recurrence over the whole sample."""
+    t, h, dk, dv = 41, 2, 6, 4
+    cuts = [0, 9, 9, 20, 33, 41]
+    whole = [x.requires_grad_() for x in (*_inputs(t, h, dk, dv, 3), _state(h, dk, dv, 3))]
+    pieces = [x.detach().clone().requires_grad_() for x in whole]
+    weight = torch.randn(t, h, dv, dtype=F64, generator=torch.Generator().manual_seed(9))
+
+    o_ref, s_ref = linear.recurrent(*whole[:5], whole[5])
+    ((o_ref * weight).sum() + s_ref.square().sum()).backward()
+
+    q, k, v, g, beta, s0 = pieces
+    spans = list(zip(cuts, cuts[1:]))
+    maps = [
+        (linear.transition(k[a:b], g[a:b], beta[a:b], chunk=4), linear.chunked(q[a:b], k[a:b], v[a:b], g[a:b], beta[a:b], chunk=4)[1])
+        for a, b in spans
+    ]
+    states = linear.incoming_states(maps, s0, how)
+    outs = [linear.chunked(q[a:b], k[a:b], v[a:b], g[a:b], beta[a:b], s, chunk=4)[0] for (a, b), s in zip(spans, states)]
+    a_last, b_last = maps[-1]
+    s_end = a_last @ states[-1] + b_last
+    o = torch.cat(outs)
+    ((o * weight).sum() + s_end.square().sum()).backward()
+
+    torch.testing.assert_close(o, o_ref, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(s_end, s_ref, rtol=1e-10, atol=1e-12)
+    for name, x, y in zip(("q", "k", "v", "g", "beta", "initial state"), pieces, whole):
+        torch.testing.assert_close(x.grad, y.grad, rtol=1e-9, atol=1e-11, msg=lambda m, n=name: f"gradient of {n}: {m}")
+
+
+def test_gradients_of_the_chunked_form_match_numerical_differentiation():
+    """torch.autograd.gradcheck (central differences in float64) over every input, the initial
+    state included, with a chunk boundary inside the sequence."""
+    q, k, v, g, beta = _inputs(7, 2, 3, 2, 11)
+    s0 = _state(2, 3, 2, 11)
+    args = [x.requires_grad_() for x in (q, k, v, g, beta, s0)]
+
+    def run(q, k, v, g, beta, s0):
+        o, s = linear.chunked(q, k, v, g, beta, s0, chunk=4)
+        return o, s
+
+    assert torch.autograd.gradcheck(run, args, eps=1e-6, atol=1e-7)
+    assert torch.autograd.gradcheck(lambda k, g, beta: linear.transition(k, g, beta, chunk=3), [k, g, beta], eps=1e-6, atol=1e-7)
+
+
+def test_a_packed_batch_runs_each_sample_from_its_own_state():
+    lengths = [5, 1, 12, 7]
+    t = sum(lengths)
+    q, k, v, g, beta = _inputs(t, 2, 4, 3, 5)
+    states = torch.stack([_state(2, 4, 3, 20 + i) for i in range(len(lengths))])
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+    o, finals = linear.varlen(q, k, v, g, beta, cu, states, chunk=4)
+    for i, (a, b) in enumerate(zip(cu.tolist(), cu.tolist()[1:])):
+        o_i, s_i = linear.recurrent(q[a:b], k[a:b], v[a:b], g[a:b], beta[a:b], states[i])
+        torch.testing.assert_close(o[a:b], o_i, rtol=1e-10, atol=1e-12)
+        torch.testing.assert_close(finals[i], s_i, rtol=1e-10, atol=1e-12)
+
+
+def test_the_convolution_of_pieces_with_their_halos_is_the_convolution_of_the_whole():
+    """Each piece convolved with the last W - 1 rows of the pieces before it (zeros at the sample's
+    start) gives the rows of the whole sequence's convolution, against torch's conv1d."""
+    t, ch, w = 23, 5, 4
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randn(t, ch, dtype=F64, generator=gen)
+    weight = torch.randn(ch, w, dtype=F64, generator=gen)
+    ref = torch.nn.functional.conv1d(x.T[None], weight[:, None, :], padding=w - 1, groups=ch)[0, :, :t].T
+    torch.testing.assert_close(linear.causal_conv(x, weight), ref, rtol=1e-12, atol=1e-12)
+    cuts = [0, 2, 10, 10, 23]
+    padded = torch.cat([x.new_zeros(w - 1, ch), x])
+    pieces = [linear.causal_conv(x[a:b], weight, padded[a : a + w - 1]) for a, b in zip(cuts, cuts[1:])]
+    torch.testing.assert_close(torch.cat(pieces), ref, rtol=1e-12, atol=1e-12)
+
+
+def test_bad_shapes_are_refused_naming_the_tensor():
+    q, k, v, g, beta = _inputs(6, 2, 4, 3, 0)
+    with pytest.raises(ValueError, match=r"v must be \[T=6, H=2, V\]"):
+        linear.chunked(q, k, v[:5], g, beta)
+    with pytest.raises(ValueError, match=r"beta must be \[T=6, H=2\]"):
+        linear.chunked(q, k, v, g, beta[:, :1])
+    with pytest.raises(ValueError, match=r"the initial state must be \[H=2, K=4, V=3\]"):
+        linear.chunked(q, k, v, g, beta, torch.zeros(2, 3, 4, dtype=F64))
+    with pytest.raises(ValueError, match=r"chunk=0"):
+        linear.chunked(q, k, v, g, beta, chunk=0)
+    with pytest.raises(ValueError, match=r"the halo must be \[W - 1 = 3, C=5\]"):
+        linear.causal_conv(torch.zeros(4, 5), torch.zeros(5, 4), torch.zeros(2, 5))
+    with pytest.raises(ValueError, match=r"cu_seqlens must rise from 0 to T=6"):
+        linear.varlen(q, k, v, g, beta, torch.tensor([0, 4, 3, 6]))
+
+
+@pytest.mark.skipif(importlib.util.find_spec("fla") is None, reason="flash-linear-attention (fla-core) is not installed")
+def test_flash_linear_attentions_reference_recurrence_agrees():
+    """fla's naive recurrence (float32 inside) against ours in float64, from an initial state."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # fla warns that Triton falls back to the CPU
+        from fla.ops.gated_delta_rule.naive import naive_recurrent_gated_delta_rule
+
+    q, k, v, g, beta = _inputs(33, 3, 8, 5, 4)
+    s0 = _state(3, 8, 5, 4)
+    o, s = linear.chunked(q, k, v, g, beta, s0, chunk=16)
+    o_fla, s_fla = naive_recurrent_gated_delta_rule(
+        *(x[None].float() for x in (q, k, v, beta, g)), initial_state=s0[None].float(), output_final_state=True
+    )
+    torch.testing.assert_close(o_fla[0].double(), o, rtol=2e-5, atol=2e-6)
+    torch.testing.assert_close(s_fla[0].double(), s, rtol=2e-5, atol=2e-6)
+
+
+# ----- over gloo ranks ------------------------------------------------------------------------
+T, H, DK, DV = 29, 2, 5, 3
+CUTS = [0, 4, 5, 17, 29]  # rank r holds tokens CUTS[r]:CUTS[r+1]
+
+
+def _pass_states_body(rank, world, how, ref):
+    whole = [x.detach() for x in (*_inputs(T, H, DK, DV, 7), _state(H, DK, DV, 7))]
+    a, b = CUTS[rank], CUTS[rank + 1]
+    q, k, v, g, beta = (x[a:b].clone().requires_grad_() for x in whole[:5])
+    s0 = whole[5].clone().requires_grad_()
+    weight = torch.randn(T, H, DV, dtype=F64, generator=torch.Generator().manual_seed(9))[a:b]
+    m_a = linear.transition(k, g, beta, chunk=4)
+    m_b = linear.chunked(q, k, v, g, beta, chunk=4)[1]
+    s_in = linear.pass_states(m_a, m_b, s0 if rank == 0 else None, how=how)
+    s_in.retain_grad()
+    o, s_out = linear.chunked(q, k, v, g, beta, s_in, chunk=4)
+    loss = (o * weight).sum() + (s_out.square().sum() if rank == world - 1 else 0.0)
+    loss.backward()
+    o_ref, grads_ref, state_ref, state_grad_ref = ref
+    torch.testing.assert_close(o, o_ref[a:b], rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(s_in, state_ref[rank], rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(
+        s_in.grad, state_grad_ref[rank], rtol=1e-9, atol=1e-11, msg=lambda m: f"rank {rank}, its loss's gradient of its incoming state: {m}"
+    )
+    for name, x, y in zip(("q", "k", "v", "g", "beta"), (q, k, v, g, beta), grads_ref):
+        torch.testing.assert_close(x.grad, y[a:b], rtol=1e-9, atol=1e-11, msg=lambda m, n=name: f"rank {rank}, gradient of {n}: {m}")
+    if rank == 0:
+        torch.testing.assert_close(s0.grad, grads_ref[5], rtol=1e-9, atol=1e-11)
+
+
+def _single_process_reference():
+    """One process, the token-by-token recurrence piece after piece (autograd carries the state):
+    outputs, the gradients of every input, each piece's incoming state, and the gradient its
+    piece's own loss gives it."""
+    whole = [x.detach().clone().requires_grad_() for x in (*_inputs(T, H, DK, DV, 7), _state(H, DK, DV, 7))]
+    q, k, v, g, beta, s = whole
+    weight = torch.randn(T, H, DV, dtype=F64, generator=torch.Generator().manual_seed(9))
+    outs, states = [], []
+    for a, b in zip(CUTS, CUTS[1:]):
+        states.append(s.detach())
+        o, s = linear.recurrent(q[a:b], k[a:b], v[a:b], g[a:b], beta[a:b], s)
+        outs.append(o)
+    o = torch.cat(outs)
+    ((o * weight).sum() + s.square().sum()).backward()
+    # what each piece's own loss sends back into its incoming state (a rank's share; the pieces
+    # after it reach the state through the piece's map, whose inputs' gradients are checked)
+    local = []
+    last = len(CUTS) - 2
+    for r, (a, b) in enumerate(zip(CUTS, CUTS[1:])):
+        s_in = states[r].clone().requires_grad_()
+        o_r, s_end = linear.recurrent(*(x.detach()[a:b] for x in (q, k, v, g, beta)), s_in)
+        ((o_r * weight[a:b]).sum() + (s_end.square().sum() if r == last else 0.0)).backward()
+        local.append(s_in.grad)
+    return o.detach(), [x.grad for x in whole], states, local
+
+
+@pytest.mark.parametrize("how", ["scan", "chain"])
+def test_state_passing_over_gloo_ranks_gives_the_single_process_outputs_and_gradients(how):
+    """4 ranks hold consecutive pieces of one sample (one of a single token) and obtain their incoming
+    states by pass_states: every rank's outputs, incoming state, the gradient its loss sends into
+    that state, the gradients of its inputs (through the later ranks' maps) and the initial
+    state's gradient equal one process's recurrence over the whole sample."""
+    run_distributed(_pass_states_body, len(CUTS) - 1, how, _single_process_reference())
