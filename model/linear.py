@@ -256,3 +256,125 @@ def pass_states(a: torch.Tensor, b: torch.Tensor, initial: torch.Tensor | None =
     maps = [(x[:na].view(a.shape), x[na : na + nb].view(b.shape)) for x in gathered]
     start = gathered[0][na + nb :].view(b.shape)  # rank 0's initial state reaches every rank
     return incoming_states(maps, start, "scan")[rank]
+
+
+# ----- the layer ------------------------------------------------------------------------------
+def _fla_chunk():
+    """flash-linear-attention's chunked gated delta rule (CUDA), or None where it is not installed."""
+    try:
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule  # noqa: PLC0415
+    except ImportError:
+        return None
+    return chunk_gated_delta_rule
+
+
+class GatedDeltaNet(torch.nn.Module):
+    """A Gated DeltaNet layer on a packed batch, as the public GDN hybrids build it: projections of
+    q, k (n_k_heads x head_k_dim), v and an output gate z (n_v_heads x head_v_dim), a decay input a
+    and a strength input b (one per value head); a short depthwise causal convolution over the q,
+    k, v channels, then SiLU; q and k L2-normalized per head, each value head reading key head
+    j // (n_v_heads / n_k_heads) (grouped values); g = -exp(A_log) softplus(a + dt_bias), beta =
+    sigmoid(b); the gated delta rule from each sample's incoming state; the output normalized per
+    head (RMS), times SiLU(z), projected back to the hidden size.
+
+    forward(x [n, hidden], cu_seqlens, states=None [N, Hv, Dk, Dv], halos=None [N, W - 1, C]) ->
+    (out [n, hidden], final states, tails [N, W - 1, C]): a sample's piece continues from its
+    incoming state and from the convolution's halo (its previous piece's last W - 1 pre-conv
+    rows; zeros at a sample's start), and hands on its final state and its own tail, so pieces of
+    a sample on consecutive ranks give what the whole sample gives. CUDA with fla-core installed:
+    flash-linear-attention's chunked kernel; elsewhere this module's `chunked`."""
+
+    def __init__(
+        self,
+        hidden: int,
+        n_k_heads: int,
+        n_v_heads: int,
+        head_k_dim: int,
+        head_v_dim: int,
+        conv_kernel: int = 4,
+        norm_eps: float = 1e-6,
+        chunk: int = 64,
+    ):
+        super().__init__()
+        if n_k_heads < 1 or n_v_heads % n_k_heads:
+            raise ValueError(f"n_v_heads={n_v_heads} must be a multiple of n_k_heads={n_k_heads} (each value head reads one key head)")
+        if conv_kernel < 1:
+            raise ValueError(f"conv_kernel={conv_kernel}: the convolution reads at least the token itself")
+        if conv_kernel - 1 > chunk:
+            raise ValueError(f"conv_kernel={conv_kernel} reaches past a chunk of {chunk} tokens; use a kernel of at most {chunk + 1}")
+        self.hk, self.hv, self.dk, self.dv = n_k_heads, n_v_heads, head_k_dim, head_v_dim
+        self.kernel, self.eps, self.chunk = conv_kernel, norm_eps, chunk
+        self.channels = 2 * n_k_heads * head_k_dim + n_v_heads * head_v_dim  # what the convolution reads
+        self.w_in = torch.nn.Linear(hidden, self.channels + n_v_heads * head_v_dim + 2 * n_v_heads, bias=False)
+        self.conv = torch.nn.Parameter(torch.randn(self.channels, conv_kernel) / conv_kernel**0.5)
+        self.A_log = torch.nn.Parameter(torch.empty(n_v_heads).uniform_(1, 16).log())
+        self.dt_bias = torch.nn.Parameter(torch.ones(n_v_heads))
+        self.norm = torch.nn.Parameter(torch.ones(head_v_dim))
+        self.w_out = torch.nn.Linear(n_v_heads * head_v_dim, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor, cu_seqlens, states: torch.Tensor | None = None, halos: torch.Tensor | None = None):
+        n = x.shape[0]
+        bounds = [int(c) for c in cu_seqlens]
+        reach, ch = self.kernel - 1, self.channels
+        proj = self.w_in(x)
+        mixed, z, a, b = proj.split([ch, self.hv * self.dv, self.hv, self.hv], dim=-1)
+        conv_out, tails = [], []
+        for i, (lo, hi) in enumerate(zip(bounds, bounds[1:])):
+            halo = None if halos is None else halos[i]
+            conv_out.append(causal_conv(mixed[lo:hi], self.conv, halo))
+            before = mixed.new_zeros(reach, ch) if halo is None else halo
+            tails.append(torch.cat([before, mixed[lo:hi]])[-reach:] if reach else mixed.new_zeros(0, ch))
+        mixed = torch.nn.functional.silu(torch.cat(conv_out)) if conv_out else mixed
+        q, k, v = mixed.split([self.hk * self.dk, self.hk * self.dk, self.hv * self.dv], dim=-1)
+        q = torch.nn.functional.normalize(q.view(n, self.hk, self.dk), dim=-1)
+        k = torch.nn.functional.normalize(k.view(n, self.hk, self.dk), dim=-1)
+        v = v.view(n, self.hv, self.dv)
+        g = -self.A_log.exp() * torch.nn.functional.softplus(a + self.dt_bias)
+        beta = torch.sigmoid(b)
+        fla = _fla_chunk() if x.is_cuda else None
+        if fla is not None:
+            cu = torch.as_tensor(bounds, dtype=torch.long, device=x.device)
+            o, finals = fla(q[None], k[None], v[None], g[None], beta[None], initial_state=states, output_final_state=True, cu_seqlens=cu)
+            o = o[0]
+        else:
+            group = self.hv // self.hk  # value head j reads key head j // group
+            q, k = q.repeat_interleave(group, dim=1), k.repeat_interleave(group, dim=1)
+            o, finals = varlen(q, k, v, g, beta, bounds, states, chunk=self.chunk)
+        o = o * torch.rsqrt(o.square().mean(-1, keepdim=True) + self.eps) * self.norm
+        o = o.reshape(n, self.hv * self.dv) * torch.nn.functional.silu(z)
+        tails = torch.stack(tails) if tails else mixed.new_zeros(0, reach, ch)
+        return self.w_out(o), finals, tails
+
+
+def gated_delta_flops(
+    lengths,
+    hidden: int,
+    n_k_heads: int,
+    n_v_heads: int,
+    head_k_dim: int,
+    head_v_dim: int,
+    conv_kernel: int = 4,
+    chunk: int = 64,
+    parts: bool = False,
+):
+    """Forward FLOPs of one GatedDeltaNet layer per sample (a multiply-add counts 2): the input and
+    output projections, the convolution, and per value head the chunked recurrence. Per chunk of C
+    tokens with key size K and value size V (`chunked`'s work): the products K K^T and Q K^T (2 C^2 K
+    each), the masked scores times the deltas (2 C^2 V), the state's three products with the
+    chunk (K S, Q S, K^T W: 2 C K V each), and the triangular solve for the deltas (C^2 V). Linear in
+    the length for samples longer than a chunk: a sample costs about the same whoever holds it.
+    What state passing adds (each piece's map A, the same chunk work with K columns for V, and the
+    scan over ranks) is priced where the pieces are known. parts=True: a dict of the terms
+    (projections, convolution, matmuls of the recurrence, its solve), each per sample."""
+    import numpy as np  # noqa: PLC0415
+
+    n = np.asarray(lengths, dtype=np.float64)
+    qk, vd = n_k_heads * head_k_dim, n_v_heads * head_v_dim
+    c = np.minimum(n, chunk)  # tokens of a (full) chunk: a sample shorter than a chunk is one chunk
+    out = {
+        "projections": n * (2 * hidden * (2 * qk + 2 * vd + 2 * n_v_heads) + 2 * vd * hidden),
+        "convolution": n * 2 * conv_kernel * (2 * qk + vd),
+        "recurrence_matmuls": n * n_v_heads * (4 * c * head_k_dim + 2 * c * head_v_dim + 6 * head_k_dim * head_v_dim),
+        "recurrence_solve": n * n_v_heads * c * head_v_dim,
+    }
+    return out if parts else sum(out.values())

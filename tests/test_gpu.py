@@ -12,7 +12,10 @@ collected and skipped.
 - the driver trains the tiny model on one GPU under torchrun (NCCL) in bf16 and in fp32, the
   losses within the tolerance the CPU runs keep (tests/test_train_e2e.py);
 - the experts' grouped GEMM (torch._grouped_mm) within twice the error of the loop over experts
-  in bf16, forward and backward.
+  in bf16, forward and backward;
+- the Gated DeltaNet layer on flash-linear-attention's chunked kernel (fla-core) against the same
+  layer on the CPU in float64 (model.linear's chunked form), from incoming states, forward and
+  backward.
 """
 
 import numpy as np
@@ -143,3 +146,28 @@ def test_grouped_gemm_error_at_most_twice_the_expert_loops():
         grad = max(float((p.grad.float() - q.grad).abs().max()) for p, q in zip(experts.parameters(), exact.parameters()))
         errors[name] = (float((out.float() - want).abs().max()), grad)
     assert errors["grouped"][0] <= 2 * errors["loop"][0] + 1e-3 and errors["grouped"][1] <= 2 * errors["loop"][1] + 1e-3, errors
+
+
+def test_the_gated_deltanet_layer_on_flas_kernel_matches_the_cpu_path():
+    """fp32 on the device (fla's chunked Triton kernel) against float64 on the CPU: outputs, final
+    states and every parameter's gradient, two samples from random incoming states."""
+    pytest.importorskip("fla.ops.gated_delta_rule", reason="fla-core is not installed")
+    from model.linear import GatedDeltaNet
+
+    torch.manual_seed(0)
+    cpu = GatedDeltaNet(128, 2, 4, 64, 64, chunk=64).double()
+    dev = GatedDeltaNet(128, 2, 4, 64, 64, chunk=64).cuda()
+    dev.load_state_dict({k: v.float() for k, v in cpu.state_dict().items()})
+    x = torch.randn(300, 128, dtype=torch.float64)
+    states = torch.randn(2, 4, 64, 64, dtype=torch.float64) * 0.1
+    cu = [0, 170, 300]
+    results = []
+    for layer, xx, st in ((cpu, x, states), (dev, x.float().cuda(), states.float().cuda())):
+        out, finals, _ = layer(xx, cu, st)
+        (out.square().sum() + finals.square().sum()).backward()
+        results.append((out.double().cpu(), finals.double().cpu(), {n: p.grad.double().cpu() for n, p in layer.named_parameters()}))
+    (o_ref, s_ref, g_ref), (o, s, g) = results
+    torch.testing.assert_close(o, o_ref, rtol=2e-2, atol=2e-3)
+    torch.testing.assert_close(s, s_ref, rtol=2e-2, atol=2e-3)
+    for name in g_ref:
+        torch.testing.assert_close(g[name], g_ref[name], rtol=5e-2, atol=5e-3, msg=lambda m, n=name: f"gradient of {n}: {m}")

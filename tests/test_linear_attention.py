@@ -245,3 +245,97 @@ def test_state_passing_over_gloo_ranks_gives_the_single_process_outputs_and_grad
     that state, the gradients of its inputs (through the later ranks' maps) and the initial
     state's gradient equal one process's recurrence over the whole sample."""
     run_distributed(_pass_states_body, len(CUTS) - 1, how, _single_process_reference())
+
+
+# ----- the layer ------------------------------------------------------------------------------
+def _layer(hk=2, hv=4, dk=5, dv=3, kernel=4, chunk=4, hidden=12, seed=0):
+    torch.manual_seed(seed)
+    return linear.GatedDeltaNet(hidden, hk, hv, dk, dv, conv_kernel=kernel, chunk=chunk).double()
+
+
+def _by_hand(layer: linear.GatedDeltaNet, x: torch.Tensor, lengths: list[int]) -> torch.Tensor:
+    """The layer written out for one sample at a time: torch's conv1d, the token-by-token
+    recurrence per value head with its key head picked by index."""
+    outs = []
+    a = 0
+    for n in lengths:
+        xs = x[a : a + n]
+        a += n
+        ch, vd = layer.channels, layer.hv * layer.dv
+        mixed, z, dec, stren = (xs @ layer.w_in.weight.T).split([ch, vd, layer.hv, layer.hv], dim=-1)
+        mixed = torch.nn.functional.conv1d(mixed.T[None], layer.conv[:, None, :], padding=layer.kernel - 1, groups=ch)[0, :, :n].T
+        mixed = torch.nn.functional.silu(mixed)
+        q, k, v = mixed.split([layer.hk * layer.dk, layer.hk * layer.dk, vd], dim=-1)
+        q = torch.nn.functional.normalize(q.reshape(n, layer.hk, layer.dk), dim=-1)
+        k = torch.nn.functional.normalize(k.reshape(n, layer.hk, layer.dk), dim=-1)
+        v = v.reshape(n, layer.hv, layer.dv)
+        g = -layer.A_log.exp() * torch.nn.functional.softplus(dec + layer.dt_bias)
+        beta = torch.sigmoid(stren)
+        heads = []
+        for j in range(layer.hv):
+            kh = j // (layer.hv // layer.hk)
+            o, _ = linear.recurrent(q[:, kh : kh + 1], k[:, kh : kh + 1], v[:, j : j + 1], g[:, j : j + 1], beta[:, j : j + 1])
+            heads.append(o)
+        o = torch.cat(heads, dim=1)
+        o = o / torch.sqrt(o.square().mean(-1, keepdim=True) + layer.eps) * layer.norm
+        outs.append((o.reshape(n, vd) * torch.nn.functional.silu(z)) @ layer.w_out.weight.T)
+    return torch.cat(outs)
+
+
+def test_the_layer_equals_its_written_out_form_with_grouped_values():
+    layer = _layer()
+    lengths = [9, 1, 14]
+    x = torch.randn(sum(lengths), 12, dtype=F64)
+    cu = [0, 9, 10, 24]
+    out, finals, tails = layer(x, cu)
+    torch.testing.assert_close(out, _by_hand(layer, x, lengths), rtol=1e-10, atol=1e-12)
+    assert finals.shape == (3, 4, 5, 3) and tails.shape == (3, 3, layer.channels)
+
+
+def test_a_sample_cut_over_ranks_with_passed_states_and_halos_is_the_whole_sample():
+    """Each sample cut into pieces, each piece run as a rank would (its own call), from the state
+    and the convolution halo its previous piece hands on: the same outputs, final states and
+    gradients of every parameter as one call over the whole batch."""
+    layer = _layer(kernel=4)
+    lengths = [11, 2]
+    cuts = [[0, 2, 2, 7, 11], [0, 1, 2]]  # a piece shorter than the kernel's reach, and an empty one
+    x = torch.randn(sum(lengths), 12, dtype=F64, generator=torch.Generator().manual_seed(4))
+    whole, finals, _ = layer(x, [0, 11, 13])
+    (whole.square().sum() + finals.square().sum()).backward()
+    expected = {name: p.grad.clone() for name, p in layer.named_parameters()}
+    layer.zero_grad()
+
+    outs, loss, base = [], 0.0, 0
+    for n, c in zip(lengths, cuts):
+        state, halo = None, None
+        for lo, hi in zip(c, c[1:]):
+            o, state, halo = layer(x[base + lo : base + hi], [0, hi - lo], state, halo)
+            outs.append(o)
+        loss = loss + state.square().sum()
+        base += n
+    out = torch.cat(outs)
+    (out.square().sum() + loss).backward()
+    torch.testing.assert_close(out, whole, rtol=1e-10, atol=1e-12)
+    for name, p in layer.named_parameters():
+        torch.testing.assert_close(p.grad, expected[name], rtol=1e-9, atol=1e-11, msg=lambda m, n=name: f"gradient of {n}: {m}")
+
+
+def test_the_layers_flops_count_what_its_matmuls_do():
+    """torch's FLOP counter over one forward of the layer (samples a whole number of chunks long)
+    sees the projections and the recurrence's matmuls: exactly those terms of gated_delta_flops."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    layer = _layer(chunk=8)
+    lengths = [16, 8]
+    x = torch.randn(sum(lengths), 12, dtype=F64)
+    with FlopCounterMode(display=False) as counter:
+        layer(x, [0, 16, 24])
+    parts = linear.gated_delta_flops(lengths, 12, 2, 4, 5, 3, conv_kernel=4, chunk=8, parts=True)
+    assert counter.get_total_flops() == pytest.approx(float(sum(parts["projections"]) + sum(parts["recurrence_matmuls"])), rel=1e-12)
+
+
+def test_bad_layer_settings_are_refused_naming_the_setting():
+    with pytest.raises(ValueError, match=r"n_v_heads=3 must be a multiple of n_k_heads=2"):
+        linear.GatedDeltaNet(8, 2, 3, 4, 4)
+    with pytest.raises(ValueError, match=r"conv_kernel=10 reaches past a chunk of 8 tokens"):
+        linear.GatedDeltaNet(8, 2, 2, 4, 4, conv_kernel=10, chunk=8)
