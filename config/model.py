@@ -9,13 +9,16 @@ from .base import NON_EMPTY, NON_NEGATIVE, POSITIVE, POSITIVE_INT, Check, Sectio
 
 LAYER_TYPES = ("F", "S")  # F: full causal attention; S: sparse attention of the model's sparse kind
 QWEN3 = "attention and MoE shapes of Qwen3-235B-A22B (2025)"
+QWEN3_NEXT = "Qwen3-Next-80B-A3B (2025)"  # its config: docs/cost-model.md lists each shape the paper-gdn preset takes
 
 
 @dataclass(frozen=True)
 class ModelConfig(Section):
     """The model's shapes. The `paper` preset takes the attention and MoE shapes of a public 2025
     MoE with 48 layers in the paper's 1F3S pattern; `small` trains on a GPU cluster; `tiny` and
-    `tiny-gqa` run a step on a CPU in well under a second."""
+    `tiny-gqa` run a step on a CPU in well under a second. `paper-gdn` and `tiny-gdn`: hybrids
+    whose S layers are Gated DeltaNet (the linear kind `gated_delta`), the first with the shapes of
+    a public 2025 GDN hybrid; they run on one rank so far."""
 
     SECTION = "model"
 
@@ -121,3 +124,30 @@ ModelConfig.PRESETS = {
 # tiny with grouped-query attention, 8 query / 2 key-value heads: SP4 and SP8 groups replicate
 # each key/value head over 2 and 4 ranks
 ModelConfig.PRESETS["tiny-gqa"] = ModelConfig.PRESETS["tiny"].replace(name="tiny-gqa", n_kv_heads=2)
+
+# Gated DeltaNet hybrids: three linear layers, then one full-attention layer (SSSF, as Qwen3-Next
+# orders them). paper-gdn: Qwen3-Next-80B-A3B's shapes (docs/cost-model.md lists each with its
+# source; its shared expert and partial rotary are left out, as the paper preset leaves out what
+# the hybrid MoE here does not model); tiny-gdn: tiny's shapes with small linear layers
+ModelConfig.PRESETS["paper-gdn"] = ModelConfig(
+    name="paper-gdn",
+    n_layers=48,
+    layer_pattern="SSSF",
+    hidden=2048,
+    n_heads=16,
+    n_kv_heads=2,
+    head_dim=256,
+    n_experts=512,
+    top_k=10,
+    expert_ffn=512,
+    vocab=151936,
+    sparse_kind="gated_delta",
+    sparse_params={"k_heads": 16, "v_heads": 32, "head_k_dim": 128, "head_v_dim": 128, "conv_kernel": 4, "chunk": 64},
+    rope_theta=1e7,
+)
+ModelConfig.PRESETS["tiny-gdn"] = ModelConfig.PRESETS["tiny"].replace(
+    name="tiny-gdn",
+    layer_pattern="SSSF",
+    sparse_kind="gated_delta",
+    sparse_params={"k_heads": 4, "v_heads": 8, "head_k_dim": 8, "head_v_dim": 8, "conv_kernel": 4, "chunk": 16},
+)

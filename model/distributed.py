@@ -228,6 +228,17 @@ class RankPlacement:
             start = rank - rank % ep
             self.dispatch = ExpertDispatch(start, ep, rank, cfg.n_experts, groups.get(start, ep), pack_backend, stats)
 
+    def linear_segments(self, layer_type: str) -> list[int]:
+        """cu_seqlens of the samples a linear layer (model.hybrid.LinearBlock) runs here: a child of
+        one rank holds each of its samples whole; a wider one cuts them over its ranks, which
+        needs state passing between them (model.linear.pass_states), not built into a step yet."""
+        if self.child_group.size > 1:
+            raise ValueError(
+                f"rank {self.rank}: the linear layers' samples are cut over a group of {self.child_group.size} ranks, and a step "
+                f"runs linear layers on samples held whole by one rank so far"
+            )
+        return np.concatenate([[0], np.cumsum([b - a for _, a, b in self.chunks])]).astype(np.int64).tolist()
+
     def _heads(self, y: torch.Tensor, p: int):
         h, hkv = self.cfg.n_heads // p, max(self.cfg.n_kv_heads // p, 1)  # one replicated KV head when p > n_kv_heads
         return y[:, :h], y[:, h : h + hkv], y[:, h + hkv :]

@@ -16,9 +16,11 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from config import RECOMPUTE, ModelConfig
+from solver.cost import sparse_cost
 
 from .attention import KeySegments, chunked_key_inputs, kernel_inputs, sparse_kind, varlen_attention
 from .layers import MoE, Reduce, RMSNorm, Rotary
+from .linear import GatedDeltaNet
 
 IGNORE = -100
 
@@ -57,6 +59,11 @@ class LocalPlacement:
         self.reduce = None
         self.total_tokens = int(sum(lengths))
         self.dispatch, self.pack_backend = None, "auto"
+        self.cu_seqlens = cu.tolist()
+
+    def linear_segments(self, layer_type: str) -> list[int]:
+        """cu_seqlens of the samples a linear layer runs whole here: every sample, from its start."""
+        return self.cu_seqlens
 
     def enter(self, x, layer_type):
         return x
@@ -103,10 +110,10 @@ def layer_attention(
 ) -> dict[str, LayerAttention]:
     """Layer type ('F', 'S') -> how its attention runs this step, built once per step (keys: the
     sparse layers' key segments in a halo child)."""
-    return {
-        "F": LayerAttention(full_cu, "full", None, device),
-        "S": LayerAttention(sparse_cu, cfg.sparse_kind, cfg.sparse_params, device, keys),
-    }
+    out = {"F": LayerAttention(full_cu, "full", None, device)}
+    if not sparse_cost(cfg.sparse_kind).linear:  # a linear kind's S layers run their own mixer (LinearBlock)
+        out["S"] = LayerAttention(sparse_cu, cfg.sparse_kind, cfg.sparse_params, device, keys)
+    return out
 
 
 class Block(nn.Module):
@@ -135,6 +142,38 @@ class Block(nn.Module):
         return place.leave(x + m, layer_type), aux
 
 
+class LinearBlock(nn.Module):
+    """A block whose S layer is linear attention (the model's linear kind: model.linear's Gated
+    DeltaNet) in place of attention, then the same MoE. It runs every sample whole, from a zero
+    state, on a placement that says where its samples start and end (linear_segments); the ways to
+    run it across ranks are not built yet (solver.planner.check_linear refuses a cluster of more
+    than one rank before any step)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        p = cfg.sparse_params
+        self.cfg = cfg
+        self.attn_norm = RMSNorm(cfg.hidden, cfg.norm_eps)
+        self.mixer = GatedDeltaNet(
+            cfg.hidden, p["k_heads"], p["v_heads"], p["head_k_dim"], p["head_v_dim"], p["conv_kernel"], cfg.norm_eps, p["chunk"]
+        )
+        self.moe_norm = RMSNorm(cfg.hidden, cfg.norm_eps)
+        self.moe = MoE(cfg.hidden, cfg.expert_ffn, cfg.n_experts, cfg.top_k)
+
+    def forward(self, x: torch.Tensor, place: Placement, layer_type: str, layer: int):
+        segments = getattr(place, "linear_segments", None)
+        if segments is None:
+            raise ValueError(
+                f"layer {layer} is a {self.cfg.sparse_kind} layer (linear attention), which runs on one process so far; "
+                f"{type(place).__name__} runs a step across ranks"
+            )
+        x = place.enter(x, layer_type)
+        y, _, _ = self.mixer(self.attn_norm(x), segments(layer_type))
+        x = x + y
+        m, aux = self.moe(self.moe_norm(x), place.reduce, place.total_tokens, place.dispatch, place.pack_backend)
+        return place.leave(x + m, layer_type), aux
+
+
 class HybridMoE(nn.Module):
     """>>> from config import ModelConfig
     >>> cfg = ModelConfig.from_name("tiny")
@@ -154,7 +193,8 @@ class HybridMoE(nn.Module):
         self.cfg, self.recompute = cfg, recompute
         self.ep = 1  # expert-parallel degree (expert_parallel)
         self.embed = nn.Embedding(cfg.vocab, cfg.hidden)
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        linear = sparse_cost(cfg.sparse_kind).linear  # S layers of a linear kind: LinearBlock
+        self.blocks = nn.ModuleList(LinearBlock(cfg) if linear and t == "S" else Block(cfg) for t in cfg.layer_types)
         self.norm = RMSNorm(cfg.hidden, cfg.norm_eps)
         self.lm_head = None if cfg.tie_embeddings else nn.Linear(cfg.hidden, cfg.vocab, bias=False)
 

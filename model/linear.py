@@ -39,6 +39,8 @@ from __future__ import annotations
 
 import torch
 
+from solver.cost import gated_delta_flops  # noqa: F401  (the layer's FLOPs: the cost model's, which the solvers read without torch)
+
 
 def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, state: torch.Tensor | None) -> None:
     """Shapes of one sequence; ValueError naming the tensor that does not fit."""
@@ -344,37 +346,3 @@ class GatedDeltaNet(torch.nn.Module):
         o = o.reshape(n, self.hv * self.dv) * torch.nn.functional.silu(z)
         tails = torch.stack(tails) if tails else mixed.new_zeros(0, reach, ch)
         return self.w_out(o), finals, tails
-
-
-def gated_delta_flops(
-    lengths,
-    hidden: int,
-    n_k_heads: int,
-    n_v_heads: int,
-    head_k_dim: int,
-    head_v_dim: int,
-    conv_kernel: int = 4,
-    chunk: int = 64,
-    parts: bool = False,
-):
-    """Forward FLOPs of one GatedDeltaNet layer per sample (a multiply-add counts 2): the input and
-    output projections, the convolution, and per value head the chunked recurrence. Per chunk of C
-    tokens with key size K and value size V (`chunked`'s work): the products K K^T and Q K^T (2 C^2 K
-    each), the masked scores times the deltas (2 C^2 V), the state's three products with the
-    chunk (K S, Q S, K^T W: 2 C K V each), and the triangular solve for the deltas (C^2 V). Linear in
-    the length for samples longer than a chunk: a sample costs about the same whoever holds it.
-    What state passing adds (each piece's map A, the same chunk work with K columns for V, and the
-    scan over ranks) is priced where the pieces are known. parts=True: a dict of the terms
-    (projections, convolution, matmuls of the recurrence, its solve), each per sample."""
-    import numpy as np  # noqa: PLC0415
-
-    n = np.asarray(lengths, dtype=np.float64)
-    qk, vd = n_k_heads * head_k_dim, n_v_heads * head_v_dim
-    c = np.minimum(n, chunk)  # tokens of a (full) chunk: a sample shorter than a chunk is one chunk
-    out = {
-        "projections": n * (2 * hidden * (2 * qk + 2 * vd + 2 * n_v_heads) + 2 * vd * hidden),
-        "convolution": n * 2 * conv_kernel * (2 * qk + vd),
-        "recurrence_matmuls": n * n_v_heads * (4 * c * head_k_dim + 2 * c * head_v_dim + 6 * head_k_dim * head_v_dim),
-        "recurrence_solve": n * n_v_heads * c * head_v_dim,
-    }
-    return out if parts else sum(out.values())

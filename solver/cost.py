@@ -71,6 +71,13 @@ class SparseCost:
     # a local kind's reach: the first key a query at a position may see (monotone in the position);
     # None: not local, a query may see keys anywhere before it (no halo exchange can serve it)
     first_key: FirstKey | None = None
+    # a linear kind (linear attention): its S layers carry a state along the sequence and have
+    # projections of their own, projections(cfg) parameters in place of the attention's q, k, v, o
+    projections: Callable[[ModelConfig], int] | None = None
+
+    @property
+    def linear(self) -> bool:
+        return self.projections is not None
 
     def check_local(self, what: str = "halo children") -> FirstKey:
         """The kind's reach, or SettingError naming the kind and what it lacks."""
@@ -104,14 +111,22 @@ _SPARSE_COSTS: dict[str, SparseCost] = {}
 
 
 def register_sparse_cost(
-    name: str, flops: SparseFlops, params: dict | None = None, overwrite: bool = False, first_key: FirstKey | None = None
+    name: str,
+    flops: SparseFlops,
+    params: dict | None = None,
+    overwrite: bool = False,
+    first_key: FirstKey | None = None,
+    projections: Callable[[ModelConfig], int] | None = None,
 ) -> None:
     """Register the forward FLOPs of a sparse-attention kind, with its parameters and their
     defaults, and, for a local kind, its reach (first_key(query positions, params): the first key
-    each may see). model.attention.register_sparse_attention calls this together with the kernel."""
+    each may see). model.attention.register_sparse_attention calls this together with the kernel.
+    projections(cfg): a linear kind's S-layer projection parameters (priced as token-wise work, in
+    place of the attention's); its `flops` then count the rest of the layer (priced at the
+    attention's rate)."""
     if name in _SPARSE_COSTS and not overwrite:
         raise ValueError(f"sparse kind {name!r} is already registered; pass overwrite=True to replace it")
-    _SPARSE_COSTS[name] = SparseCost(name, flops, dict(params or {}), first_key)
+    _SPARSE_COSTS[name] = SparseCost(name, flops, dict(params or {}), first_key, projections)
 
 
 def sparse_kinds() -> list[str]:
@@ -139,6 +154,71 @@ register_sparse_cost(
     lambda n, cfg: attention_flops(chunked_keys(n, cfg.sparse_params["chunk"]), cfg),
     {"chunk": 8192},
     first_key=lambda q, p: np.asarray(q) - np.asarray(q) % p["chunk"],  # back to its chunk's start
+)
+
+
+def gated_delta_flops(
+    lengths,
+    hidden: int,
+    k_heads: int,
+    v_heads: int,
+    head_k_dim: int,
+    head_v_dim: int,
+    conv_kernel: int = 4,
+    chunk: int = 64,
+    parts: bool = False,
+):
+    """Forward FLOPs of one Gated DeltaNet layer (model.linear.GatedDeltaNet) per sample (a
+    multiply-add counts 2): the input and output projections, the convolution, and per value head
+    the chunked recurrence. Per chunk of C tokens with key size K and value size V (the work of
+    model.linear.chunked): the products K K^T and Q K^T (2 C^2 K each), the masked scores times the
+    deltas (2 C^2 V), the state's three products with the chunk (K S, Q S, K^T W: 2 C K V each),
+    and the triangular solve for the deltas (C^2 V). Linear in the length for samples longer than a
+    chunk. What state passing adds (each piece's map, the same chunk work with K columns for V, and
+    the scan over ranks) is priced where the pieces are known. parts=True: a dict of the terms
+    (projections, convolution, the recurrence's matmuls, its solve), each per sample."""
+    n = np.asarray(lengths, dtype=np.float64)
+    qk, vd = k_heads * head_k_dim, v_heads * head_v_dim
+    c = np.minimum(n, chunk)  # tokens of a (full) chunk: a sample shorter than a chunk is one chunk
+    out = {
+        "projections": n * FLOPS_PER_MAC * gated_delta_projections(hidden, k_heads, v_heads, head_k_dim, head_v_dim),
+        "convolution": n * FLOPS_PER_MAC * conv_kernel * (2 * qk + vd),
+        "recurrence_matmuls": n * v_heads * (4 * c * head_k_dim + 2 * c * head_v_dim + 6 * head_k_dim * head_v_dim),
+        "recurrence_solve": n * v_heads * c * head_v_dim,
+    }
+    return out if parts else sum(out.values())
+
+
+def gated_delta_projections(hidden: int, k_heads: int, v_heads: int, head_k_dim: int, head_v_dim: int) -> int:
+    """Parameters of a Gated DeltaNet layer's projections: in, to q and k (k_heads x head_k_dim
+    each), v and the output gate (v_heads x head_v_dim each), the decay and strength inputs (one
+    per value head); out, from the values back to the hidden size."""
+    qk, vd = k_heads * head_k_dim, v_heads * head_v_dim
+    return hidden * (2 * qk + 2 * vd + 2 * v_heads) + vd * hidden
+
+
+def _gated_delta_args(cfg: ModelConfig) -> dict:
+    p = cfg.sparse_params
+    return {"k_heads": p["k_heads"], "v_heads": p["v_heads"], "head_k_dim": p["head_k_dim"], "head_v_dim": p["head_v_dim"]}
+
+
+# Gated DeltaNet (a linear kind): the defaults are Qwen3-Next-80B-A3B's linear layers (2025: 16 key
+# heads and 32 value heads of 128, a convolution of 4); fla's chunk of 64 tokens. Its FLOPs here are
+# the layer less its projections (those are token-wise work, `projections`).
+register_sparse_cost(
+    "gated_delta",
+    lambda n, cfg: (lambda t: t["convolution"] + t["recurrence_matmuls"] + t["recurrence_solve"])(
+        gated_delta_flops(
+            n,
+            cfg.hidden,
+            **_gated_delta_args(cfg),
+            conv_kernel=cfg.sparse_params["conv_kernel"],
+            chunk=cfg.sparse_params["chunk"],
+            parts=True,
+        )
+    ),
+    {"k_heads": 16, "v_heads": 32, "head_k_dim": 128, "head_v_dim": 128, "conv_kernel": 4, "chunk": 64},
+    projections=lambda cfg: gated_delta_projections(cfg.hidden, **_gated_delta_args(cfg)),
 )
 
 
@@ -181,11 +261,16 @@ class CostModel:
         self.attn_proj_params = m.hidden * (q + 2 * kv) + q * m.hidden
         self.moe_active_params = m.top_k * 3 * m.hidden * m.expert_ffn + m.hidden * m.n_experts
         self.layer_params_active = self.attn_proj_params + self.moe_active_params
+        # the S layers' projections: a linear kind's own, else the attention's
+        self.sparse_proj_params = self.sparse.projections(m) if self.sparse.linear else self.attn_proj_params
+        self.sparse_layer_params_active = self.sparse_proj_params + self.moe_active_params
         self.lm_head_params = m.vocab * m.hidden
         gemm_rate = hw.peak_flops * hw.gemm_efficiency
         self.attn_rate = hw.peak_flops * hw.attention_efficiency
-        # forward seconds per token of one layer's token-wise work, and of the LM head
+        # forward seconds per token of one layer's token-wise work (an F layer's; an S layer's where
+        # a linear kind's projections differ), and of the LM head
         self.layer_token_time = FLOPS_PER_MAC * self.layer_params_active / gemm_rate
+        self.sparse_layer_token_time = FLOPS_PER_MAC * self.sparse_layer_params_active / gemm_rate
         self.head_token_time = FLOPS_PER_MAC * self.lm_head_params / gemm_rate
         # passes of a training step in units of the forward: recompute re-runs a layer's forward
         # (exchanges included) in backward; selective recompute re-runs only attention
@@ -220,7 +305,14 @@ class CostModel:
 
     # --- FLOPs (model FLOPs, for MFU) ---
     def active_params(self) -> float:
-        return self.model.n_layers * self.layer_params_active + self.lm_head_params
+        m = self.model
+        if self.sparse.linear:
+            return m.n_full * self.layer_params_active + m.n_sparse * self.sparse_layer_params_active + self.lm_head_params
+        return m.n_layers * self.layer_params_active + self.lm_head_params
+
+    def layer_time_of(self, layer_type: str) -> float:
+        """Forward seconds per token of one layer of `layer_type`'s token-wise work."""
+        return self.sparse_layer_token_time if layer_type == "S" else self.layer_token_time
 
     def model_flops(self, lengths, causal: bool = True) -> float:
         """Training FLOPs of a step: 6 x active params x tokens + 3 x attention forward FLOPs
@@ -240,7 +332,12 @@ class CostModel:
     def total_params(self) -> float:
         m = self.model
         embed = 0 if m.tie_embeddings else m.vocab * m.hidden
-        dense = m.n_layers * (self.attn_proj_params + m.hidden * m.n_experts) + self.lm_head_params + embed
+        proj = (
+            m.n_full * self.attn_proj_params + m.n_sparse * self.sparse_proj_params
+            if self.sparse.linear
+            else m.n_layers * self.attn_proj_params
+        )
+        dense = proj + m.n_layers * m.hidden * m.n_experts + self.lm_head_params + embed
         return dense + self.expert_params()
 
     def grad_sync_time(self, world_size: int) -> float:
@@ -362,11 +459,12 @@ class CostModel:
     def token_cost(self, tokens):
         """Training seconds of all token-wise work for `tokens` tokens on one rank: every layer's
         projections and experts (with recompute) and their expert all-to-all, and the LM head."""
-        per_token = (
-            self.layer_compute_passes * self.model.n_layers * self.layer_token_time
-            + FWD_BWD_COMPUTE * self.head_token_time
-            + self.model.n_layers * self.moe_token_time
-        )
+        m = self.model
+        if self.sparse.linear:
+            layers = self.layer_compute_passes * (m.n_full * self.layer_token_time + m.n_sparse * self.sparse_layer_token_time)
+        else:
+            layers = self.layer_compute_passes * m.n_layers * self.layer_token_time
+        per_token = layers + FWD_BWD_COMPUTE * self.head_token_time + m.n_layers * self.moe_token_time
         return np.asarray(tokens, dtype=np.float64) * per_token
 
     def sample_cost(self, lengths):

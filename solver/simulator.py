@@ -27,6 +27,7 @@ from .cluster import ceil_pow2
 from .cost import BWD_COMPUTE, FWD_BWD_COMPUTE, FWD_COMPUTE, CostModel
 from .layout import halo_pair_rows, relayout_rows
 from .plan import StepPlan
+from .planner import check_linear
 
 
 @dataclass
@@ -312,6 +313,7 @@ def simulate(plan: StepPlan, cost: CostModel) -> StepResult:
     cost = cost.for_cluster(plan.cluster)
     world, g = plan.cluster.world_size, plan.cluster.gpus_per_node
     m = cost.model
+    check_linear(plan.cluster, cost)
     if world % cost.ep_degree:
         raise SettingError(
             f"costs.ep_degree (--ep)={cost.ep_degree} does not divide the cluster's {world} ranks: the runtime's expert-parallel "
@@ -330,6 +332,8 @@ def simulate(plan: StepPlan, cost: CostModel) -> StepResult:
     pre_share = qkv / cost.layer_params_active
     t_pre = {k: t * cost.layer_token_time * pre_share for k, t in tokens.items()}
     t_post = {k: t * cost.layer_token_time * (1 - pre_share) for k, t in tokens.items()}
+    if cost.sparse.linear:  # a linear kind's S layers: its own projections (one rank: no exchange between pre and post)
+        t_pre["S"], t_post["S"] = tokens["S"] * cost.layer_time_of("S"), tokens["S"] * 0.0
     t_head = child.tokens * cost.head_token_time
 
     full_x = _layer_exchanges(cost, parent, tokens["F"], g)

@@ -330,7 +330,7 @@ def test_the_layers_flops_count_what_its_matmuls_do():
     x = torch.randn(sum(lengths), 12, dtype=F64)
     with FlopCounterMode(display=False) as counter:
         layer(x, [0, 16, 24])
-    parts = linear.gated_delta_flops(lengths, 12, 2, 4, 5, 3, conv_kernel=4, chunk=8, parts=True)
+    parts = linear.gated_delta_flops(lengths, 12, k_heads=2, v_heads=4, head_k_dim=5, head_v_dim=3, conv_kernel=4, chunk=8, parts=True)
     assert counter.get_total_flops() == pytest.approx(float(sum(parts["projections"]) + sum(parts["recurrence_matmuls"])), rel=1e-12)
 
 
@@ -339,3 +339,67 @@ def test_bad_layer_settings_are_refused_naming_the_setting():
         linear.GatedDeltaNet(8, 2, 3, 4, 4)
     with pytest.raises(ValueError, match=r"conv_kernel=10 reaches past a chunk of 8 tokens"):
         linear.GatedDeltaNet(8, 2, 2, 4, 4, conv_kernel=10, chunk=8)
+
+
+# ----- a Gated DeltaNet hybrid ----------------------------------------------------------------
+def test_a_gdn_hybrids_packed_samples_share_no_state_and_every_layer_learns():
+    """tiny-gdn on one process in float64: the final hidden states of two samples packed into one
+    batch equal each sample run alone (a linear layer starts every sample from a zero state and
+    its convolution from zeros), and a loss reaches every parameter of every linear layer."""
+    from config import ModelConfig
+    from model.hybrid import HybridMoE, LinearBlock, LocalPlacement
+
+    cfg = ModelConfig.from_name("tiny-gdn")
+    torch.manual_seed(0)
+    model = HybridMoE(cfg).double()
+    assert [type(b) is LinearBlock for b in model.blocks] == [t == "S" for t in cfg.layer_types]
+    a, b = torch.randint(0, cfg.vocab, (19,)), torch.randint(0, cfg.vocab, (7,))
+    packed, _ = model(torch.cat([a, b]), LocalPlacement([19, 7], cfg, "torch"))
+    alone = torch.cat([model(a, LocalPlacement([19], cfg, "torch"))[0], model(b, LocalPlacement([7], cfg, "torch"))[0]])
+    torch.testing.assert_close(packed, alone, rtol=1e-10, atol=1e-12)
+
+    tokens = torch.cat([a, b])
+    model.loss(tokens, torch.roll(tokens, -1), LocalPlacement([19, 7], cfg, "torch"), len(tokens)).backward()
+    for i, blk in enumerate(model.blocks):
+        if isinstance(blk, LinearBlock):
+            for name, p in blk.mixer.named_parameters():
+                assert p.grad is not None and p.grad.abs().sum() > 0, f"block {i}: {name} has no gradient"
+
+
+def test_the_cost_model_counts_a_gdn_hybrids_parameters_as_the_model_has_them():
+    """CostModel.total_params for tiny-gdn and paper-gdn's shapes (built small: 2 layers of its
+    widths) against the parameters of the model built from them, less what the cost model leaves
+    out by design (norm weights, the convolution, the per-head decay and bias)."""
+    from config import HardwareConfig, ModelConfig
+    from model.hybrid import HybridMoE, LinearBlock
+    from solver import CostModel
+
+    paper = ModelConfig.from_name("paper-gdn")
+    small_paper = paper.replace(n_layers=4, n_experts=8, top_k=2, vocab=1000)
+    for cfg in (ModelConfig.from_name("tiny-gdn"), small_paper):
+        model = HybridMoE(cfg)
+        left_out = sum(p.numel() for n, p in model.named_parameters() if "norm" in n or n.endswith(("conv", "A_log", "dt_bias")))
+        counted = sum(p.numel() for p in model.parameters()) - left_out
+        assert counted == CostModel(cfg, HardwareConfig()).total_params(), cfg.name
+        assert any(isinstance(b, LinearBlock) for b in model.blocks)
+
+
+def test_a_gdn_hybrid_plans_and_simulates_on_one_rank_and_is_refused_on_two():
+    from config import Cluster, HardwareConfig, ModelConfig, SettingError
+    from solver import CostModel, make_plan, samples_from_lengths
+    from solver.simulator import simulate
+
+    cost = CostModel(ModelConfig.from_name("tiny-gdn"), HardwareConfig())
+    plan = make_plan(samples_from_lengths([20, 9]), Cluster(1, 1, 32), cost, "baseline")
+    r = simulate(plan, cost)
+    assert r.step_time > 0 and r.model_flops == pytest.approx(cost.model_flops([20, 9]))
+    with pytest.raises(SettingError, match=r"model.sparse_kind='gated_delta' is a linear-attention kind.*a cluster of 2 ranks"):
+        make_plan(samples_from_lengths([20, 9]), Cluster(2, 2, 32), cost, "baseline")
+
+
+def test_the_driver_trains_a_gdn_hybrid_on_one_rank(tmp_path):
+    from tests.dist_utils import single_rank
+
+    r = single_rank("--model", "tiny-gdn", "--steps", "2", "--out", str(tmp_path / "run"))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "step     1" in r.stdout, r.stdout[-2000:]
