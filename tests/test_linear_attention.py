@@ -238,6 +238,7 @@ def _single_process_reference():
     return o.detach(), [x.grad for x in whole], states, local
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["scan", "chain"])
 def test_state_passing_over_gloo_ranks_gives_the_single_process_outputs_and_gradients(how):
     """4 ranks hold consecutive pieces of one sample (one of a single token) and obtain their incoming
@@ -397,6 +398,7 @@ def test_a_gdn_hybrid_plans_and_simulates_on_one_rank_and_is_refused_on_two():
         make_plan(samples_from_lengths([20, 9]), Cluster(2, 2, 32), cost, "baseline")
 
 
+@pytest.mark.slow
 def test_the_driver_trains_a_gdn_hybrid_on_one_rank(tmp_path):
     from tests.dist_utils import single_rank
 
