@@ -315,34 +315,112 @@ class GatedDeltaNet(torch.nn.Module):
         self.w_out = torch.nn.Linear(n_v_heads * head_v_dim, hidden, bias=False)
 
     def forward(self, x: torch.Tensor, cu_seqlens, states: torch.Tensor | None = None, halos: torch.Tensor | None = None):
-        n = x.shape[0]
         bounds = [int(c) for c in cu_seqlens]
-        reach, ch = self.kernel - 1, self.channels
-        proj = self.w_in(x)
-        mixed, z, a, b = proj.split([ch, self.hv * self.dv, self.hv, self.hv], dim=-1)
-        conv_out, tails = [], []
-        for i, (lo, hi) in enumerate(zip(bounds, bounds[1:])):
-            halo = None if halos is None else halos[i]
-            conv_out.append(causal_conv(mixed[lo:hi], self.conv, halo))
-            before = mixed.new_zeros(reach, ch) if halo is None else halo
-            tails.append(torch.cat([before, mixed[lo:hi]])[-reach:] if reach else mixed.new_zeros(0, ch))
-        mixed = torch.nn.functional.silu(torch.cat(conv_out)) if conv_out else mixed
-        q, k, v = mixed.split([self.hk * self.dk, self.hk * self.dk, self.hv * self.dv], dim=-1)
-        q = torch.nn.functional.normalize(q.view(n, self.hk, self.dk), dim=-1)
-        k = torch.nn.functional.normalize(k.view(n, self.hk, self.dk), dim=-1)
-        v = v.view(n, self.hv, self.dv)
-        g = -self.A_log.exp() * torch.nn.functional.softplus(a + self.dt_bias)
-        beta = torch.sigmoid(b)
+        mixed, z, a, b = self._project(x)
+        q, k, v, g, beta, tails = self._inputs(mixed, a, b, bounds, halos)
         fla = _fla_chunk() if x.is_cuda else None
         if fla is not None:
             cu = torch.as_tensor(bounds, dtype=torch.long, device=x.device)
             o, finals = fla(q[None], k[None], v[None], g[None], beta[None], initial_state=states, output_final_state=True, cu_seqlens=cu)
             o = o[0]
         else:
-            group = self.hv // self.hk  # value head j reads key head j // group
-            q, k = q.repeat_interleave(group, dim=1), k.repeat_interleave(group, dim=1)
+            q, k = self._grouped(q), self._grouped(k)
             o, finals = varlen(q, k, v, g, beta, bounds, states, chunk=self.chunk)
+        return self._output(o, z), finals, tails
+
+    def _project(self, x):
+        """x [n, hidden] -> (the convolution's channels [n, C], the output gate, the decay and strength inputs)."""
+        return self.w_in(x).split([self.channels, self.hv * self.dv, self.hv, self.hv], dim=-1)
+
+    def _tail(self, rows: torch.Tensor, halo: torch.Tensor | None) -> torch.Tensor:
+        """The last W - 1 pre-conv rows up to a piece's end (its halo's where the piece is shorter)."""
+        reach = self.kernel - 1
+        before = rows.new_zeros(reach, self.channels) if halo is None else halo
+        return torch.cat([before, rows])[-reach:] if reach else rows.new_zeros(0, self.channels)
+
+    def _inputs(self, mixed, a, b, bounds, halos):
+        """The recurrence's q, k [n, Hk, Dk], v [n, Hv, Dv], g, beta [n, Hv] from the projections:
+        each sample's piece convolved from its halo; and each piece's tail."""
+        n = mixed.shape[0]
+        conv_out, tails = [], []
+        for i, (lo, hi) in enumerate(zip(bounds, bounds[1:])):
+            halo = None if halos is None else halos[i]
+            conv_out.append(causal_conv(mixed[lo:hi], self.conv, halo))
+            tails.append(self._tail(mixed[lo:hi], halo))
+        mixed = torch.nn.functional.silu(torch.cat(conv_out)) if conv_out else mixed
+        q, k, v = mixed.split([self.hk * self.dk, self.hk * self.dk, self.hv * self.dv], dim=-1)
+        q = torch.nn.functional.normalize(q.view(n, self.hk, self.dk), dim=-1)
+        k = torch.nn.functional.normalize(k.view(n, self.hk, self.dk), dim=-1)
+        g = -self.A_log.exp() * torch.nn.functional.softplus(a + self.dt_bias)
+        tails = torch.stack(tails) if tails else mixed.new_zeros(0, self.kernel - 1, self.channels)
+        return q, k, v.view(n, self.hv, self.dv), g, torch.sigmoid(b), tails
+
+    def _grouped(self, x):
+        """Key heads [n, Hk, Dk] repeated for the value heads: value head j reads key head j // (Hv / Hk)."""
+        return x.repeat_interleave(self.hv // self.hk, dim=1)
+
+    def _output(self, o, z):
         o = o * torch.rsqrt(o.square().mean(-1, keepdim=True) + self.eps) * self.norm
-        o = o.reshape(n, self.hv * self.dv) * torch.nn.functional.silu(z)
-        tails = torch.stack(tails) if tails else mixed.new_zeros(0, reach, ch)
-        return self.w_out(o), finals, tails
+        return self.w_out(o.reshape(o.shape[0], self.hv * self.dv) * torch.nn.functional.silu(z))
+
+    def forward_over_group(self, x: torch.Tensor, piece_lengths: list[int], group=None) -> torch.Tensor:
+        """This rank's share of the layer when every sample of a batch is cut into contiguous pieces
+        over the ranks of `group`, in rank order (a group's own token layout: no all-to-all). x [n,
+        hidden]: this rank's pieces, one per sample in the batch's order (`piece_lengths`, zeros
+        allowed; every rank lists the same samples). Two all-gathers over the group make it exact:
+
+        1. each rank's pre-conv tail of each piece (its last W - 1 rows, with how many are real): a
+           piece's convolution halo is the rows of the ranks before it, last W - 1 of them;
+        2. each piece's map (A, B) from a zero state (`transition`, and the chunked state): a
+           piece's incoming state composes the maps of the ranks before it (the scan).
+
+        Then every piece runs from its incoming state. The work state passing adds is the maps: the
+        state updates once more with K columns for V, and once from zero. Every rank's output
+        depends on both gathers (with weight zero where nothing flows), so every rank joins their
+        backward, which is a collective of the group too."""
+        import torch.distributed as dist  # noqa: PLC0415
+        from torch.distributed.nn.functional import all_gather  # noqa: PLC0415
+
+        grp = group or dist.group.WORLD
+        rank, size = dist.get_rank(group), dist.get_world_size(group)
+        reach, ch, h = self.kernel - 1, self.channels, self.hv
+        bounds = [0, *torch.tensor(piece_lengths, dtype=torch.long).cumsum(0).tolist()]
+        if bounds[-1] != x.shape[0]:
+            raise ValueError(f"piece_lengths add up to {bounds[-1]} tokens, but this rank holds {x.shape[0]}")
+        mixed, z, a, b = self._project(x)
+        # 1. the convolution's halos: every rank's last (up to) W - 1 rows of each piece, right-aligned
+        own = [mixed[lo:hi][-reach:] if reach else mixed[lo:lo] for lo, hi in zip(bounds, bounds[1:])]
+        padded = torch.stack([torch.cat([r.new_zeros(reach - len(r), ch), r]) for r in own]) if own else mixed.new_zeros(0, reach, ch)
+        counts = torch.tensor([len(r) for r in own], dtype=torch.long)
+        every_count = [torch.empty_like(counts) for _ in range(size)]
+        dist.all_gather(every_count, counts, group=group)
+        every_tail = all_gather(padded.contiguous(), group=grp)
+        halos = []
+        for i in range(len(own)):
+            rows = [every_tail[r][i][reach - int(every_count[r][i]) :] for r in range(rank)]
+            before = torch.cat([mixed.new_zeros(reach, ch), *rows])[-reach:] if reach else mixed.new_zeros(0, ch)
+            halos.append(before)
+        q, k, v, g, beta, _ = self._inputs(mixed, a, b, bounds, torch.stack(halos) if halos else None)
+        q, k = self._grouped(q), self._grouped(k)
+        # 2. the incoming states: each piece's map from zero, gathered, composed over the ranks before
+        spans = list(zip(bounds, bounds[1:]))
+        maps = [
+            torch.cat(
+                [
+                    transition(k[lo:hi], g[lo:hi], beta[lo:hi], self.chunk),
+                    chunked(q[lo:hi], k[lo:hi], v[lo:hi], g[lo:hi], beta[lo:hi], chunk=self.chunk)[1],
+                ],
+                dim=-1,
+            )
+            for lo, hi in spans
+        ]
+        packed = torch.stack(maps) if maps else x.new_zeros(0, h, self.dk, self.dk + self.dv)
+        every_map = all_gather(packed.contiguous(), group=grp)  # [size] x [samples, H, K, K + V]
+        outs = []
+        for i, (lo, hi) in enumerate(spans):
+            pieces = [(m[i][..., : self.dk], m[i][..., self.dk :]) for m in every_map]
+            state = incoming_states(pieces, None, "scan")[rank]
+            outs.append(chunked(q[lo:hi], k[lo:hi], v[lo:hi], g[lo:hi], beta[lo:hi], state, chunk=self.chunk)[0])
+        o = torch.cat(outs) if outs else v.new_zeros(0, h, self.dv)
+        keep = 0.0 * (sum(t.sum() for t in every_tail) + sum(m.sum() for m in every_map))  # joins both backwards
+        return self._output(o, z) + keep

@@ -405,3 +405,47 @@ def test_the_driver_trains_a_gdn_hybrid_on_one_rank(tmp_path):
     r = single_rank("--model", "tiny-gdn", "--steps", "2", "--out", str(tmp_path / "run"))
     assert r.returncode == 0, r.stderr[-2000:]
     assert "step     1" in r.stdout, r.stdout[-2000:]
+
+
+# samples cut over 4 ranks in rank order (each rank one piece of each; some pieces empty, some
+# shorter than the convolution's reach of 3)
+GROUP_PIECES = [[6, 1, 0], [9, 0, 4], [2, 1, 3], [6, 0, 2]]  # GROUP_PIECES[rank][sample]
+
+
+def _group_layer():
+    torch.manual_seed(3)
+    return linear.GatedDeltaNet(12, 2, 4, 5, 3, conv_kernel=4, chunk=4).double()
+
+
+def _group_body(rank, world, ref):
+    import torch.distributed as dist
+
+    layer = _group_layer()
+    lengths = [sum(p[i] for p in GROUP_PIECES) for i in range(3)]
+    x = torch.randn(sum(lengths), 12, dtype=F64, generator=torch.Generator().manual_seed(5))
+    weight = torch.randn(sum(lengths), 12, dtype=F64, generator=torch.Generator().manual_seed(6))
+    starts = [sum(lengths[:i]) + sum(GROUP_PIECES[r][i] for r in range(rank)) for i in range(3)]
+    rows = torch.cat([torch.arange(s, s + n) for s, n in zip(starts, GROUP_PIECES[rank])])
+    out = layer.forward_over_group(x[rows], GROUP_PIECES[rank])
+    (out * weight[rows]).sum().backward()
+    whole_out, grads = ref
+    torch.testing.assert_close(out, whole_out[rows], rtol=1e-10, atol=1e-12, msg=lambda m: f"rank {rank}'s outputs: {m}")
+    for name, p in layer.named_parameters():
+        dist.all_reduce(p.grad)  # the ranks' shares of each parameter's gradient
+        torch.testing.assert_close(p.grad, grads[name], rtol=1e-9, atol=1e-11, msg=lambda m, n=name: f"rank {rank}, gradient of {n}: {m}")
+
+
+@pytest.mark.slow
+def test_a_layer_over_a_group_with_gathered_halos_and_states_gives_the_single_process_layer():
+    """The parent's own layout for linear layers: 4 gloo ranks each hold one piece of each of 3
+    samples (pieces empty, or shorter than the convolution's reach); forward_over_group's outputs
+    on every rank and the sum over ranks of every parameter's gradient equal one process's layer
+    over the whole batch."""
+    layer = _group_layer()
+    lengths = [sum(p[i] for p in GROUP_PIECES) for i in range(3)]
+    x = torch.randn(sum(lengths), 12, dtype=F64, generator=torch.Generator().manual_seed(5))
+    weight = torch.randn(sum(lengths), 12, dtype=F64, generator=torch.Generator().manual_seed(6))
+    cu = [0, *torch.tensor(lengths).cumsum(0).tolist()]
+    out, _, _ = layer(x, cu)
+    (out * weight).sum().backward()
+    run_distributed(_group_body, 4, (out.detach(), {n: p.grad for n, p in layer.named_parameters()}))
