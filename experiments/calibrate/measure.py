@@ -49,6 +49,7 @@ from experiments.common.provenance import provenance
 from kernels.exchange import ExchangeGroups
 from model import HybridMoE, varlen_attention
 from model.attention import resolve_backend
+from model.hybrid import LinearBlock
 from solver import CostModel
 from solver.cost import FLOPS_PER_MAC, FWD_BWD_COMPUTE, attention_flops, causal_keys, sparse_cost
 
@@ -248,7 +249,14 @@ def measure_token_work(cfg: ModelConfig, tokens: int, device, dtype, repeats: in
     on 1 token and on `tokens` tokens (the difference is the per-token rate, the rest a fixed
     cost); its model FLOPs as the cost model counts them."""
     torch.manual_seed(0)
-    block = HybridMoE(cfg).blocks[0].to(device=device, dtype=dtype)
+    # an attention block: its projections are the ones layer_params_active counts (a linear kind's
+    # S layers have their own)
+    block = next((b for b in HybridMoE(cfg).blocks if not isinstance(b, LinearBlock)), None)
+    if block is None:
+        raise SettingError(
+            f"model {cfg.name}: every layer is linear attention; the calibration measures an attention layer's token-wise work"
+        )
+    block = block.to(device=device, dtype=dtype)
     hq = cfg.n_heads * cfg.head_dim
     cost = CostModel(cfg, HardwareConfig())
     rows = []
