@@ -155,7 +155,7 @@ class LinearBlock(nn.Module):
         self.cfg = cfg
         self.attn_norm = RMSNorm(cfg.hidden, cfg.norm_eps)
         self.mixer = GatedDeltaNet(
-            cfg.hidden, p["k_heads"], p["v_heads"], p["head_k_dim"], p["head_v_dim"], p["conv_kernel"], cfg.norm_eps, p["chunk"]
+            cfg.hidden, p["k_heads"], p["v_heads"], p["head_k_dim"], p["head_v_dim"], p["conv_kernel"], cfg.norm_eps, p["block"]
         )
         self.moe_norm = RMSNorm(cfg.hidden, cfg.norm_eps)
         self.moe = MoE(cfg.hidden, cfg.expert_ffn, cfg.n_experts, cfg.top_k)

@@ -1,5 +1,5 @@
 """Linear attention by the gated delta rule (the cheap layers of Gated DeltaNet hybrids): the
-recurrence, its chunked form with an initial state, the affine map a span applies to the state
+recurrence, its blockwise form with an initial state, the affine map a span applies to the state
 (what sequence parallelism by state passing needs), and the short causal convolution with the
 halo a rank receives from the rank before.
 
@@ -13,13 +13,14 @@ alpha_t = exp(g_t) (g_t <= 0), strength beta_t in (0, 1), key k_t, value v_t and
 so S_t = alpha_t (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T: the state a span of tokens
 ends with is an affine function of the state it starts with, S_out = A S_in + B, with A [K, K]
 the product of the span's transitions and B the state the span ends with from zero. Ranks that
-hold consecutive pieces of a sample therefore obtain their incoming states from every rank's
+hold consecutive chunks of a sample therefore obtain their incoming states from every rank's
 (A, B) (`incoming_states`: the chain, or the log-depth scan an all-gather allows), moving
 heads x K x (K + V) numbers per rank instead of the hidden states an all-to-all moves.
 
-The chunked form (`chunked`) is exact, not an approximation: within a chunk of C tokens with
-cumulative log decay c_i = g_1 + ... + g_i and incoming state S, the deltas W [C, V] solve the
-unit lower-triangular system
+The blockwise form (`blockwise`; flash-linear-attention calls its blocks chunks, a word that here
+means a rank's part of a sample, docs/design.md) is exact, not an approximation: within a block
+of C tokens with cumulative log decay c_i = g_1 + ... + g_i and incoming state S, the deltas W
+[C, V] solve the unit lower-triangular system
 
     (I + L) W = beta * V - (beta * exp(c)) * (K S),   L_ij = beta_i exp(c_i - c_j) k_i.k_j  (j < i)
 
@@ -28,7 +29,7 @@ and the outputs and the outgoing state follow in matrix products:
     O = scale * (exp(c) * (Q S) + ((Q K^T) * D) W),   D_ij = exp(c_i - c_j) (j <= i), else 0
     S_C = exp(c_C) S + K^T (exp(c_C - c) * W)
 
-`recurrent` is the token-by-token reference the tests hold `chunked` to. Shapes: one sequence
+`recurrent` is the token-by-token reference the tests hold `blockwise` to. Shapes: one sequence
 as q, k [T, H, K], v [T, H, V], g, beta [T, H], states [H, K, V]; `varlen` runs a packed batch
 (cu_seqlens, as the attention layers take it), each sample from its own initial state. Every
 function is differentiable, the initial state included, and runs in any float dtype (the tests
@@ -75,8 +76,8 @@ def recurrent(q, k, v, g, beta, initial_state=None, scale: float | None = None):
     return (torch.stack(out) if out else v.new_zeros(0, h, v.shape[2])), s
 
 
-def _chunk(q, k, v, g, beta, s, scale: float):
-    """One chunk, heads first: q, k [H, C, K], v [H, C, V], g, beta [H, C], s [H, K, V] -> (o [H, C, V], s_out)."""
+def _block(q, k, v, g, beta, s, scale: float):
+    """One block, heads first: q, k [H, C, K], v [H, C, V], g, beta [H, C], s [H, K, V] -> (o [H, C, V], s_out)."""
     c = g.cumsum(-1)  # [H, C]
     n = q.shape[1]
     upto = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
@@ -92,31 +93,31 @@ def _chunk(q, k, v, g, beta, s, scale: float):
     return o, s_out
 
 
-def chunked(q, k, v, g, beta, initial_state=None, scale: float | None = None, chunk: int = 64):
-    """Chunks of `chunk` tokens (the last may be shorter): (o [T, H, V], final state [H, K, V])."""
+def blockwise(q, k, v, g, beta, initial_state=None, scale: float | None = None, block: int = 64):
+    """Blocks of `block` tokens (the last may be shorter): (o [T, H, V], final state [H, K, V])."""
     _check(q, k, v, g, beta, initial_state)
-    if chunk < 1:
-        raise ValueError(f"chunk={chunk}: a chunk holds at least one token")
+    if block < 1:
+        raise ValueError(f"block={block}: a block holds at least one token")
     t, h, dk = q.shape
     s = q.new_zeros(h, dk, v.shape[2]) if initial_state is None else initial_state
     scale = _scale(q, scale)
     heads_first = [x.transpose(0, 1) for x in (q, k, v, g, beta)]
     out = []
-    for a in range(0, t, chunk):
-        o, s = _chunk(*(x[:, a : a + chunk] for x in heads_first), s, scale)
+    for a in range(0, t, block):
+        o, s = _block(*(x[:, a : a + block] for x in heads_first), s, scale)
         out.append(o)
     o = torch.cat(out, dim=1).transpose(0, 1) if out else v.new_zeros(0, h, v.shape[2])
     return o, s
 
 
-def transition(k, g, beta, chunk: int = 64) -> torch.Tensor:
+def transition(k, g, beta, block: int = 64) -> torch.Tensor:
     """A [H, K, K]: the linear part of the map a span applies to its incoming state (S_out = A S_in
     + B). It is the state the span ends with from S_in = I when every value is zero (then B = 0),
-    so it comes from the same chunked recurrence, with K columns for V: the extra work state
+    so it comes from the same blockwise recurrence, with K columns for V: the extra work state
     passing pays, about K / V times a pass of the span's state updates."""
     t, h, dk = k.shape
     eye = torch.eye(dk, dtype=k.dtype, device=k.device).expand(h, dk, dk)
-    return chunked(k, k, k.new_zeros(t, h, dk), g, beta, initial_state=eye, chunk=chunk)[1]
+    return blockwise(k, k, k.new_zeros(t, h, dk), g, beta, initial_state=eye, block=block)[1]
 
 
 def compose(first: tuple[torch.Tensor, torch.Tensor], then: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -152,7 +153,7 @@ def incoming_states(maps: list[tuple[torch.Tensor, torch.Tensor]], initial=None,
     return [s0] + [a @ s0 + b for a, b in prefix[:-1]]
 
 
-def varlen(q, k, v, g, beta, cu_seqlens, initial_states=None, scale: float | None = None, chunk: int = 64):
+def varlen(q, k, v, g, beta, cu_seqlens, initial_states=None, scale: float | None = None, block: int = 64):
     """A packed batch: sample i is rows cu_seqlens[i]:cu_seqlens[i+1], run from initial_states[i]
     ([N, H, K, V]; zeros if None). Returns (o [T, H, V], final states [N, H, K, V])."""
     bounds = [int(x) for x in cu_seqlens]
@@ -161,16 +162,16 @@ def varlen(q, k, v, g, beta, cu_seqlens, initial_states=None, scale: float | Non
     outs, finals = [], []
     for i, (a, b) in enumerate(zip(bounds, bounds[1:])):
         s = None if initial_states is None else initial_states[i]
-        o, s = chunked(q[a:b], k[a:b], v[a:b], g[a:b], beta[a:b], s, scale, chunk)
+        o, s = blockwise(q[a:b], k[a:b], v[a:b], g[a:b], beta[a:b], s, scale, block)
         outs.append(o)
         finals.append(s)
     return torch.cat(outs), torch.stack(finals)
 
 
 def causal_conv(x: torch.Tensor, weight: torch.Tensor, halo: torch.Tensor | None = None) -> torch.Tensor:
-    """Depthwise causal convolution of one sequence piece x [T, C] with weight [C, W]: y_t = sum_j
-    weight[:, j] * x_{t - W + 1 + j}. Positions before the piece come from `halo` [W - 1, C] (the
-    last W - 1 rows of the piece before it, on the rank before), or are zero at a sample's start."""
+    """Depthwise causal convolution of one sequence chunk x [T, C] with weight [C, W]: y_t = sum_j
+    weight[:, j] * x_{t - W + 1 + j}. Positions before the chunk come from `halo` [W - 1, C] (the
+    last W - 1 rows of the chunk before it, on the rank before), or are zero at a sample's start."""
     t, ch = x.shape
     if weight.dim() != 2 or weight.shape[0] != ch:
         raise ValueError(f"weight must be [C={ch}, W]; got {tuple(weight.shape)}")
@@ -178,7 +179,7 @@ def causal_conv(x: torch.Tensor, weight: torch.Tensor, halo: torch.Tensor | None
     if halo is None:
         halo = x.new_zeros(reach, ch)
     if halo.shape != (reach, ch):
-        raise ValueError(f"the halo must be [W - 1 = {reach}, C={ch}]: the rows before the piece; got {tuple(halo.shape)}")
+        raise ValueError(f"the halo must be [W - 1 = {reach}, C={ch}]: the rows before the chunk; got {tuple(halo.shape)}")
     padded = torch.cat([halo, x])  # [T + W - 1, C]
     return sum(weight[:, j] * padded[j : j + t] for j in range(reach + 1))
 
@@ -226,9 +227,9 @@ class _Chain(torch.autograd.Function):
 
 
 def pass_states(a: torch.Tensor, b: torch.Tensor, initial: torch.Tensor | None = None, group=None, how: str = "scan") -> torch.Tensor:
-    """This rank's incoming state for a sample cut into contiguous pieces over the ranks of
-    `group`, in rank order; (a, b): this rank's piece's map (`transition`, and the state its piece
-    ends with from zero). `initial`: the sample's state before the first piece (rank 0's; zeros
+    """This rank's incoming state for a sample cut into contiguous chunks over the ranks of
+    `group`, in rank order; (a, b): this rank's chunk's map (`transition`, and the state its chunk
+    ends with from zero). `initial`: the sample's state before the first chunk (rank 0's; zeros
     if None). Differentiable in a, b and initial on every rank.
 
     how="scan": one all-gather of every rank's (A, B) and rank 0's initial state, then the prefix
@@ -237,8 +238,8 @@ def pass_states(a: torch.Tensor, b: torch.Tensor, initial: torch.Tensor | None =
     state each, forward and backward).
 
     The backward is a collective of the group as well: every rank of it must backpropagate
-    through its incoming state (its piece's outputs reach the loss), so a sample's group is the
-    ranks that hold a non-empty piece of it."""
+    through its incoming state (its chunk's outputs reach the loss), so a sample's group is the
+    ranks that hold a non-empty chunk of it."""
     import torch.distributed as dist  # noqa: PLC0415
 
     if initial is None:
@@ -280,11 +281,11 @@ class GatedDeltaNet(torch.nn.Module):
     head (RMS), times SiLU(z), projected back to the hidden size.
 
     forward(x [n, hidden], cu_seqlens, states=None [N, Hv, Dk, Dv], halos=None [N, W - 1, C]) ->
-    (out [n, hidden], final states, tails [N, W - 1, C]): a sample's piece continues from its
-    incoming state and from the convolution's halo (its previous piece's last W - 1 pre-conv
-    rows; zeros at a sample's start), and hands on its final state and its own tail, so pieces of
+    (out [n, hidden], final states, tails [N, W - 1, C]): a sample's chunk continues from its
+    incoming state and from the convolution's halo (its previous chunk's last W - 1 pre-conv
+    rows; zeros at a sample's start), and hands on its final state and its own tail, so chunks of
     a sample on consecutive ranks give what the whole sample gives. CUDA with fla-core installed:
-    flash-linear-attention's chunked kernel; elsewhere this module's `chunked`."""
+    flash-linear-attention's chunked kernel; elsewhere this module's `blockwise`."""
 
     def __init__(
         self,
@@ -295,17 +296,17 @@ class GatedDeltaNet(torch.nn.Module):
         head_v_dim: int,
         conv_kernel: int = 4,
         norm_eps: float = 1e-6,
-        chunk: int = 64,
+        block: int = 64,
     ):
         super().__init__()
         if n_k_heads < 1 or n_v_heads % n_k_heads:
             raise ValueError(f"n_v_heads={n_v_heads} must be a multiple of n_k_heads={n_k_heads} (each value head reads one key head)")
         if conv_kernel < 1:
             raise ValueError(f"conv_kernel={conv_kernel}: the convolution reads at least the token itself")
-        if conv_kernel - 1 > chunk:
-            raise ValueError(f"conv_kernel={conv_kernel} reaches past a chunk of {chunk} tokens; use a kernel of at most {chunk + 1}")
+        if conv_kernel - 1 > block:
+            raise ValueError(f"conv_kernel={conv_kernel} reaches past a block of {block} tokens; use a kernel of at most {block + 1}")
         self.hk, self.hv, self.dk, self.dv = n_k_heads, n_v_heads, head_k_dim, head_v_dim
-        self.kernel, self.eps, self.chunk = conv_kernel, norm_eps, chunk
+        self.kernel, self.eps, self.block = conv_kernel, norm_eps, block
         self.channels = 2 * n_k_heads * head_k_dim + n_v_heads * head_v_dim  # what the convolution reads
         self.w_in = torch.nn.Linear(hidden, self.channels + n_v_heads * head_v_dim + 2 * n_v_heads, bias=False)
         self.conv = torch.nn.Parameter(torch.randn(self.channels, conv_kernel) / conv_kernel**0.5)
@@ -325,7 +326,7 @@ class GatedDeltaNet(torch.nn.Module):
             o = o[0]
         else:
             q, k = self._grouped(q), self._grouped(k)
-            o, finals = varlen(q, k, v, g, beta, bounds, states, chunk=self.chunk)
+            o, finals = varlen(q, k, v, g, beta, bounds, states, block=self.block)
         return self._output(o, z), finals, tails
 
     def _project(self, x):
@@ -333,14 +334,14 @@ class GatedDeltaNet(torch.nn.Module):
         return self.w_in(x).split([self.channels, self.hv * self.dv, self.hv, self.hv], dim=-1)
 
     def _tail(self, rows: torch.Tensor, halo: torch.Tensor | None) -> torch.Tensor:
-        """The last W - 1 pre-conv rows up to a piece's end (its halo's where the piece is shorter)."""
+        """The last W - 1 pre-conv rows up to a chunk's end (its halo's where the chunk is shorter)."""
         reach = self.kernel - 1
         before = rows.new_zeros(reach, self.channels) if halo is None else halo
         return torch.cat([before, rows])[-reach:] if reach else rows.new_zeros(0, self.channels)
 
     def _inputs(self, mixed, a, b, bounds, halos):
         """The recurrence's q, k [n, Hk, Dk], v [n, Hv, Dv], g, beta [n, Hv] from the projections:
-        each sample's piece convolved from its halo; and each piece's tail."""
+        each sample's chunk convolved from its halo; and each chunk's tail."""
         n = mixed.shape[0]
         conv_out, tails = [], []
         for i, (lo, hi) in enumerate(zip(bounds, bounds[1:])):
@@ -363,18 +364,18 @@ class GatedDeltaNet(torch.nn.Module):
         o = o * torch.rsqrt(o.square().mean(-1, keepdim=True) + self.eps) * self.norm
         return self.w_out(o.reshape(o.shape[0], self.hv * self.dv) * torch.nn.functional.silu(z))
 
-    def forward_over_group(self, x: torch.Tensor, piece_lengths: list[int], group=None) -> torch.Tensor:
-        """This rank's share of the layer when every sample of a batch is cut into contiguous pieces
+    def forward_over_group(self, x: torch.Tensor, chunk_lengths: list[int], group=None) -> torch.Tensor:
+        """This rank's share of the layer when every sample of a batch is cut into contiguous chunks
         over the ranks of `group`, in rank order (a group's own token layout: no all-to-all). x [n,
-        hidden]: this rank's pieces, one per sample in the batch's order (`piece_lengths`, zeros
+        hidden]: this rank's chunks, one per sample in the batch's order (`chunk_lengths`, zeros
         allowed; every rank lists the same samples). Two all-gathers over the group make it exact:
 
-        1. each rank's pre-conv tail of each piece (its last W - 1 rows, with how many are real): a
-           piece's convolution halo is the rows of the ranks before it, last W - 1 of them;
-        2. each piece's map (A, B) from a zero state (`transition`, and the chunked state): a
-           piece's incoming state composes the maps of the ranks before it (the scan).
+        1. each rank's pre-conv tail of each chunk (its last W - 1 rows, with how many are real): a
+           chunk's convolution halo is the rows of the ranks before it, last W - 1 of them;
+        2. each chunk's map (A, B) from a zero state (`transition`, and the blockwise state): a
+           chunk's incoming state composes the maps of the ranks before it (the scan).
 
-        Then every piece runs from its incoming state. The work state passing adds is the maps: the
+        Then every chunk runs from its incoming state. The work state passing adds is the maps: the
         state updates once more with K columns for V, and once from zero. Every rank's output
         depends on both gathers (with weight zero where nothing flows), so every rank joins their
         backward, which is a collective of the group too."""
@@ -384,11 +385,11 @@ class GatedDeltaNet(torch.nn.Module):
         grp = group or dist.group.WORLD
         rank, size = dist.get_rank(group), dist.get_world_size(group)
         reach, ch, h = self.kernel - 1, self.channels, self.hv
-        bounds = [0, *torch.tensor(piece_lengths, dtype=torch.long).cumsum(0).tolist()]
+        bounds = [0, *torch.tensor(chunk_lengths, dtype=torch.long).cumsum(0).tolist()]
         if bounds[-1] != x.shape[0]:
-            raise ValueError(f"piece_lengths add up to {bounds[-1]} tokens, but this rank holds {x.shape[0]}")
+            raise ValueError(f"chunk_lengths add up to {bounds[-1]} tokens, but this rank holds {x.shape[0]}")
         mixed, z, a, b = self._project(x)
-        # 1. the convolution's halos: every rank's last (up to) W - 1 rows of each piece, right-aligned
+        # 1. the convolution's halos: every rank's last (up to) W - 1 rows of each chunk, right-aligned
         own = [mixed[lo:hi][-reach:] if reach else mixed[lo:lo] for lo, hi in zip(bounds, bounds[1:])]
         padded = torch.stack([torch.cat([r.new_zeros(reach - len(r), ch), r]) for r in own]) if own else mixed.new_zeros(0, reach, ch)
         counts = torch.tensor([len(r) for r in own], dtype=torch.long)
@@ -402,13 +403,13 @@ class GatedDeltaNet(torch.nn.Module):
             halos.append(before)
         q, k, v, g, beta, _ = self._inputs(mixed, a, b, bounds, torch.stack(halos) if halos else None)
         q, k = self._grouped(q), self._grouped(k)
-        # 2. the incoming states: each piece's map from zero, gathered, composed over the ranks before
+        # 2. the incoming states: each chunk's map from zero, gathered, composed over the ranks before
         spans = list(zip(bounds, bounds[1:]))
         maps = [
             torch.cat(
                 [
-                    transition(k[lo:hi], g[lo:hi], beta[lo:hi], self.chunk),
-                    chunked(q[lo:hi], k[lo:hi], v[lo:hi], g[lo:hi], beta[lo:hi], chunk=self.chunk)[1],
+                    transition(k[lo:hi], g[lo:hi], beta[lo:hi], self.block),
+                    blockwise(q[lo:hi], k[lo:hi], v[lo:hi], g[lo:hi], beta[lo:hi], block=self.block)[1],
                 ],
                 dim=-1,
             )
@@ -418,9 +419,9 @@ class GatedDeltaNet(torch.nn.Module):
         every_map = all_gather(packed.contiguous(), group=grp)  # [size] x [samples, H, K, K + V]
         outs = []
         for i, (lo, hi) in enumerate(spans):
-            pieces = [(m[i][..., : self.dk], m[i][..., self.dk :]) for m in every_map]
-            state = incoming_states(pieces, None, "scan")[rank]
-            outs.append(chunked(q[lo:hi], k[lo:hi], v[lo:hi], g[lo:hi], beta[lo:hi], state, chunk=self.chunk)[0])
+            chunks = [(m[i][..., : self.dk], m[i][..., self.dk :]) for m in every_map]
+            state = incoming_states(chunks, None, "scan")[rank]
+            outs.append(blockwise(q[lo:hi], k[lo:hi], v[lo:hi], g[lo:hi], beta[lo:hi], state, block=self.block)[0])
         o = torch.cat(outs) if outs else v.new_zeros(0, h, self.dv)
         keep = 0.0 * (sum(t.sum() for t in every_tail) + sum(m.sum() for m in every_map))  # joins both backwards
         return self._output(o, z) + keep

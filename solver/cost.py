@@ -165,21 +165,22 @@ def gated_delta_flops(
     head_k_dim: int,
     head_v_dim: int,
     conv_kernel: int = 4,
-    chunk: int = 64,
+    block: int = 64,
     parts: bool = False,
 ):
     """Forward FLOPs of one Gated DeltaNet layer (model.linear.GatedDeltaNet) per sample (a
     multiply-add counts 2): the input and output projections, the convolution, and per value head
-    the chunked recurrence. Per chunk of C tokens with key size K and value size V (the work of
-    model.linear.chunked): the products K K^T and Q K^T (2 C^2 K each), the masked scores times the
-    deltas (2 C^2 V), the state's three products with the chunk (K S, Q S, K^T W: 2 C K V each),
-    and the triangular solve for the deltas (C^2 V). Linear in the length for samples longer than a
-    chunk. What state passing adds (each piece's map, the same chunk work with K columns for V, and
-    the scan over ranks) is priced where the pieces are known. parts=True: a dict of the terms
+    the blockwise recurrence (model.linear.blockwise; flash-linear-attention calls a block a
+    chunk). Per block of C tokens with key size K and value size V: the products K K^T and Q K^T
+    (2 C^2 K each), the masked scores times the deltas (2 C^2 V), the state's three products with
+    the block (K S, Q S, K^T W: 2 C K V each), and the triangular solve for the deltas (C^2 V).
+    Linear in the length for samples longer than a block. What state passing adds (each chunk's
+    map, the same block work with K columns for V, and the scan over ranks) is priced where the
+    chunks are known. parts=True: a dict of the terms
     (projections, convolution, the recurrence's matmuls, its solve), each per sample."""
     n = np.asarray(lengths, dtype=np.float64)
     qk, vd = k_heads * head_k_dim, v_heads * head_v_dim
-    c = np.minimum(n, chunk)  # tokens of a (full) chunk: a sample shorter than a chunk is one chunk
+    c = np.minimum(n, block)  # tokens of a (full) block: a sample shorter than a block is one block
     out = {
         "projections": n * FLOPS_PER_MAC * gated_delta_projections(hidden, k_heads, v_heads, head_k_dim, head_v_dim),
         "convolution": n * FLOPS_PER_MAC * conv_kernel * (2 * qk + vd),
@@ -203,7 +204,7 @@ def _gated_delta_args(cfg: ModelConfig) -> dict:
 
 
 # Gated DeltaNet (a linear kind): the defaults are Qwen3-Next-80B-A3B's linear layers (2025: 16 key
-# heads and 32 value heads of 128, a convolution of 4); fla's chunk of 64 tokens. Its FLOPs here are
+# heads and 32 value heads of 128, a convolution of 4); fla's block (its chunk) of 64 tokens. Its FLOPs here are
 # the layer less its projections (those are token-wise work, `projections`).
 register_sparse_cost(
     "gated_delta",
@@ -213,11 +214,11 @@ register_sparse_cost(
             cfg.hidden,
             **_gated_delta_args(cfg),
             conv_kernel=cfg.sparse_params["conv_kernel"],
-            chunk=cfg.sparse_params["chunk"],
+            block=cfg.sparse_params["block"],
             parts=True,
         )
     ),
-    {"k_heads": 16, "v_heads": 32, "head_k_dim": 128, "head_v_dim": 128, "conv_kernel": 4, "chunk": 64},
+    {"k_heads": 16, "v_heads": 32, "head_k_dim": 128, "head_v_dim": 128, "conv_kernel": 4, "block": 64},
     projections=lambda cfg: gated_delta_projections(cfg.hidden, **_gated_delta_args(cfg)),
 )
 

@@ -14,7 +14,7 @@ collected and skipped.
 - the experts' grouped GEMM (torch._grouped_mm) within twice the error of the loop over experts
   in bf16, forward and backward;
 - the Gated DeltaNet layer on flash-linear-attention's chunked kernel (fla-core) against the same
-  layer on the CPU in float64 (model.linear's chunked form), from incoming states, forward and
+  layer on the CPU in float64 (model.linear's blockwise form), from incoming states, forward and
   backward.
 """
 
@@ -155,8 +155,8 @@ def test_the_gated_deltanet_layer_on_flas_kernel_matches_the_cpu_path():
     from model.linear import GatedDeltaNet
 
     torch.manual_seed(0)
-    cpu = GatedDeltaNet(128, 2, 4, 64, 64, chunk=64).double()
-    dev = GatedDeltaNet(128, 2, 4, 64, 64, chunk=64).cuda()
+    cpu = GatedDeltaNet(128, 2, 4, 64, 64, block=64).double()
+    dev = GatedDeltaNet(128, 2, 4, 64, 64, block=64).cuda()
     dev.load_state_dict({k: v.float() for k, v in cpu.state_dict().items()})
     x = torch.randn(300, 128, dtype=torch.float64)
     states = torch.randn(2, 4, 64, 64, dtype=torch.float64) * 0.1

@@ -1,5 +1,5 @@
-"""The gated delta rule (model.linear): the chunked form against the token-by-token recurrence,
-the affine map of a span against running it, state passing over pieces of a sample (in one
+"""The gated delta rule (model.linear): the blockwise form against the token-by-token recurrence,
+the affine map of a span against running it, state passing over chunks of a sample (in one
 process and over gloo ranks) against the whole sample, gradients against numerical
 differentiation, and flash-linear-attention's own reference recurrence against ours."""
 
@@ -38,15 +38,15 @@ def _state(h, dk, dv, seed, dtype=F64):
     h=st.integers(1, 3),
     dk=st.integers(1, 9),
     dv=st.integers(1, 7),
-    chunk=st.sampled_from([1, 3, 16, 64]),
+    block=st.sampled_from([1, 3, 16, 64]),
     with_state=st.booleans(),
     seed=st.integers(0, 10**6),
 )
-def test_chunked_form_equals_the_token_by_token_recurrence(t, h, dk, dv, chunk, with_state, seed):
+def test_blockwise_form_equals_the_token_by_token_recurrence(t, h, dk, dv, block, with_state, seed):
     q, k, v, g, beta = _inputs(t, h, dk, dv, seed)
     s0 = _state(h, dk, dv, seed) if with_state else None
     o_ref, s_ref = linear.recurrent(q, k, v, g, beta, s0)
-    o, s = linear.chunked(q, k, v, g, beta, s0, chunk=chunk)
+    o, s = linear.blockwise(q, k, v, g, beta, s0, block=block)
     torch.testing.assert_close(o, o_ref, rtol=1e-10, atol=1e-12)
     torch.testing.assert_close(s, s_ref, rtol=1e-10, atol=1e-12)
 
@@ -58,41 +58,34 @@ def test_a_spans_final_state_is_its_transition_of_the_incoming_state_plus_its_ow
     checked against running the span from S_in."""
     q, k, v, g, beta = _inputs(t, 2, dk, dv, seed)
     s_in = _state(2, dk, dv, seed)
-    a = linear.transition(k, g, beta, chunk=8)
-    b = linear.chunked(q, k, v, g, beta, chunk=8)[1]
+    a = linear.transition(k, g, beta, block=8)
+    b = linear.blockwise(q, k, v, g, beta, block=8)[1]
     _, s_out = linear.recurrent(q, k, v, g, beta, s_in)
     torch.testing.assert_close(a @ s_in + b, s_out, rtol=1e-10, atol=1e-12)
 
 
-def _cuts(t: int, pieces: int, seed: int) -> list[int]:
-    """Piece boundaries 0 = c_0 <= ... <= c_pieces = t, empty pieces allowed."""
-    gen = torch.Generator().manual_seed(seed)
-    inner = sorted(torch.randint(0, t + 1, (pieces - 1,), generator=gen).tolist())
-    return [0, *inner, t]
-
-
 @pytest.mark.parametrize("how", ["chain", "scan"])
-def test_pieces_with_passed_states_give_the_whole_samples_outputs_and_gradients(how):
-    """A sample cut into 5 pieces (one of them empty), each run from the incoming state that
-    incoming_states composes from the pieces' maps: the same outputs, final state and gradients
+def test_chunks_with_passed_states_give_the_whole_samples_outputs_and_gradients(how):
+    """A sample cut into 5 chunks (one of them empty), each run from the incoming state that
+    incoming_states composes from the chunks' maps: the same outputs, final state and gradients
     (q, k, v, g, beta and the initial state) as the recurrence over the whole sample."""
     t, h, dk, dv = 41, 2, 6, 4
     cuts = [0, 9, 9, 20, 33, 41]
     whole = [x.requires_grad_() for x in (*_inputs(t, h, dk, dv, 3), _state(h, dk, dv, 3))]
-    pieces = [x.detach().clone().requires_grad_() for x in whole]
+    chunks = [x.detach().clone().requires_grad_() for x in whole]
     weight = torch.randn(t, h, dv, dtype=F64, generator=torch.Generator().manual_seed(9))
 
     o_ref, s_ref = linear.recurrent(*whole[:5], whole[5])
     ((o_ref * weight).sum() + s_ref.square().sum()).backward()
 
-    q, k, v, g, beta, s0 = pieces
+    q, k, v, g, beta, s0 = chunks
     spans = list(zip(cuts, cuts[1:]))
     maps = [
-        (linear.transition(k[a:b], g[a:b], beta[a:b], chunk=4), linear.chunked(q[a:b], k[a:b], v[a:b], g[a:b], beta[a:b], chunk=4)[1])
+        (linear.transition(k[a:b], g[a:b], beta[a:b], block=4), linear.blockwise(q[a:b], k[a:b], v[a:b], g[a:b], beta[a:b], block=4)[1])
         for a, b in spans
     ]
     states = linear.incoming_states(maps, s0, how)
-    outs = [linear.chunked(q[a:b], k[a:b], v[a:b], g[a:b], beta[a:b], s, chunk=4)[0] for (a, b), s in zip(spans, states)]
+    outs = [linear.blockwise(q[a:b], k[a:b], v[a:b], g[a:b], beta[a:b], s, block=4)[0] for (a, b), s in zip(spans, states)]
     a_last, b_last = maps[-1]
     s_end = a_last @ states[-1] + b_last
     o = torch.cat(outs)
@@ -100,23 +93,23 @@ def test_pieces_with_passed_states_give_the_whole_samples_outputs_and_gradients(
 
     torch.testing.assert_close(o, o_ref, rtol=1e-10, atol=1e-12)
     torch.testing.assert_close(s_end, s_ref, rtol=1e-10, atol=1e-12)
-    for name, x, y in zip(("q", "k", "v", "g", "beta", "initial state"), pieces, whole):
+    for name, x, y in zip(("q", "k", "v", "g", "beta", "initial state"), chunks, whole):
         torch.testing.assert_close(x.grad, y.grad, rtol=1e-9, atol=1e-11, msg=lambda m, n=name: f"gradient of {n}: {m}")
 
 
-def test_gradients_of_the_chunked_form_match_numerical_differentiation():
+def test_gradients_of_the_blockwise_form_match_numerical_differentiation():
     """torch.autograd.gradcheck (central differences in float64) over every input, the initial
-    state included, with a chunk boundary inside the sequence."""
+    state included, with a block boundary inside the sequence."""
     q, k, v, g, beta = _inputs(7, 2, 3, 2, 11)
     s0 = _state(2, 3, 2, 11)
     args = [x.requires_grad_() for x in (q, k, v, g, beta, s0)]
 
     def run(q, k, v, g, beta, s0):
-        o, s = linear.chunked(q, k, v, g, beta, s0, chunk=4)
+        o, s = linear.blockwise(q, k, v, g, beta, s0, block=4)
         return o, s
 
     assert torch.autograd.gradcheck(run, args, eps=1e-6, atol=1e-7)
-    assert torch.autograd.gradcheck(lambda k, g, beta: linear.transition(k, g, beta, chunk=3), [k, g, beta], eps=1e-6, atol=1e-7)
+    assert torch.autograd.gradcheck(lambda k, g, beta: linear.transition(k, g, beta, block=3), [k, g, beta], eps=1e-6, atol=1e-7)
 
 
 def test_a_packed_batch_runs_each_sample_from_its_own_state():
@@ -125,15 +118,15 @@ def test_a_packed_batch_runs_each_sample_from_its_own_state():
     q, k, v, g, beta = _inputs(t, 2, 4, 3, 5)
     states = torch.stack([_state(2, 4, 3, 20 + i) for i in range(len(lengths))])
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
-    o, finals = linear.varlen(q, k, v, g, beta, cu, states, chunk=4)
+    o, finals = linear.varlen(q, k, v, g, beta, cu, states, block=4)
     for i, (a, b) in enumerate(zip(cu.tolist(), cu.tolist()[1:])):
         o_i, s_i = linear.recurrent(q[a:b], k[a:b], v[a:b], g[a:b], beta[a:b], states[i])
         torch.testing.assert_close(o[a:b], o_i, rtol=1e-10, atol=1e-12)
         torch.testing.assert_close(finals[i], s_i, rtol=1e-10, atol=1e-12)
 
 
-def test_the_convolution_of_pieces_with_their_halos_is_the_convolution_of_the_whole():
-    """Each piece convolved with the last W - 1 rows of the pieces before it (zeros at the sample's
+def test_the_convolution_of_chunks_with_their_halos_is_the_convolution_of_the_whole():
+    """Each chunk convolved with the last W - 1 rows of the chunks before it (zeros at the sample's
     start) gives the rows of the whole sequence's convolution, against torch's conv1d."""
     t, ch, w = 23, 5, 4
     gen = torch.Generator().manual_seed(2)
@@ -143,20 +136,20 @@ def test_the_convolution_of_pieces_with_their_halos_is_the_convolution_of_the_wh
     torch.testing.assert_close(linear.causal_conv(x, weight), ref, rtol=1e-12, atol=1e-12)
     cuts = [0, 2, 10, 10, 23]
     padded = torch.cat([x.new_zeros(w - 1, ch), x])
-    pieces = [linear.causal_conv(x[a:b], weight, padded[a : a + w - 1]) for a, b in zip(cuts, cuts[1:])]
-    torch.testing.assert_close(torch.cat(pieces), ref, rtol=1e-12, atol=1e-12)
+    chunks = [linear.causal_conv(x[a:b], weight, padded[a : a + w - 1]) for a, b in zip(cuts, cuts[1:])]
+    torch.testing.assert_close(torch.cat(chunks), ref, rtol=1e-12, atol=1e-12)
 
 
 def test_bad_shapes_are_refused_naming_the_tensor():
     q, k, v, g, beta = _inputs(6, 2, 4, 3, 0)
     with pytest.raises(ValueError, match=r"v must be \[T=6, H=2, V\]"):
-        linear.chunked(q, k, v[:5], g, beta)
+        linear.blockwise(q, k, v[:5], g, beta)
     with pytest.raises(ValueError, match=r"beta must be \[T=6, H=2\]"):
-        linear.chunked(q, k, v, g, beta[:, :1])
+        linear.blockwise(q, k, v, g, beta[:, :1])
     with pytest.raises(ValueError, match=r"the initial state must be \[H=2, K=4, V=3\]"):
-        linear.chunked(q, k, v, g, beta, torch.zeros(2, 3, 4, dtype=F64))
-    with pytest.raises(ValueError, match=r"chunk=0"):
-        linear.chunked(q, k, v, g, beta, chunk=0)
+        linear.blockwise(q, k, v, g, beta, torch.zeros(2, 3, 4, dtype=F64))
+    with pytest.raises(ValueError, match=r"block=0"):
+        linear.blockwise(q, k, v, g, beta, block=0)
     with pytest.raises(ValueError, match=r"the halo must be \[W - 1 = 3, C=5\]"):
         linear.causal_conv(torch.zeros(4, 5), torch.zeros(5, 4), torch.zeros(2, 5))
     with pytest.raises(ValueError, match=r"cu_seqlens must rise from 0 to T=6"):
@@ -174,7 +167,7 @@ def test_flash_linear_attentions_reference_recurrence_agrees():
 
     q, k, v, g, beta = _inputs(33, 3, 8, 5, 4)
     s0 = _state(3, 8, 5, 4)
-    o, s = linear.chunked(q, k, v, g, beta, s0, chunk=16)
+    o, s = linear.blockwise(q, k, v, g, beta, s0, block=16)
     o_fla, s_fla = naive_recurrent_gated_delta_rule(
         *(x[None].float() for x in (q, k, v, beta, g)), initial_state=s0[None].float(), output_final_state=True
     )
@@ -193,11 +186,11 @@ def _pass_states_body(rank, world, how, ref):
     q, k, v, g, beta = (x[a:b].clone().requires_grad_() for x in whole[:5])
     s0 = whole[5].clone().requires_grad_()
     weight = torch.randn(T, H, DV, dtype=F64, generator=torch.Generator().manual_seed(9))[a:b]
-    m_a = linear.transition(k, g, beta, chunk=4)
-    m_b = linear.chunked(q, k, v, g, beta, chunk=4)[1]
+    m_a = linear.transition(k, g, beta, block=4)
+    m_b = linear.blockwise(q, k, v, g, beta, block=4)[1]
     s_in = linear.pass_states(m_a, m_b, s0 if rank == 0 else None, how=how)
     s_in.retain_grad()
-    o, s_out = linear.chunked(q, k, v, g, beta, s_in, chunk=4)
+    o, s_out = linear.blockwise(q, k, v, g, beta, s_in, block=4)
     loss = (o * weight).sum() + (s_out.square().sum() if rank == world - 1 else 0.0)
     loss.backward()
     o_ref, grads_ref, state_ref, state_grad_ref = ref
@@ -213,9 +206,9 @@ def _pass_states_body(rank, world, how, ref):
 
 
 def _single_process_reference():
-    """One process, the token-by-token recurrence piece after piece (autograd carries the state):
-    outputs, the gradients of every input, each piece's incoming state, and the gradient its
-    piece's own loss gives it."""
+    """One process, the token-by-token recurrence chunk after chunk (autograd carries the state):
+    outputs, the gradients of every input, each chunk's incoming state, and the gradient its
+    chunk's own loss gives it."""
     whole = [x.detach().clone().requires_grad_() for x in (*_inputs(T, H, DK, DV, 7), _state(H, DK, DV, 7))]
     q, k, v, g, beta, s = whole
     weight = torch.randn(T, H, DV, dtype=F64, generator=torch.Generator().manual_seed(9))
@@ -226,8 +219,8 @@ def _single_process_reference():
         outs.append(o)
     o = torch.cat(outs)
     ((o * weight).sum() + s.square().sum()).backward()
-    # what each piece's own loss sends back into its incoming state (a rank's share; the pieces
-    # after it reach the state through the piece's map, whose inputs' gradients are checked)
+    # what each chunk's own loss sends back into its incoming state (a rank's share; the chunks
+    # after it reach the state through the chunk's map, whose inputs' gradients are checked)
     local = []
     last = len(CUTS) - 2
     for r, (a, b) in enumerate(zip(CUTS, CUTS[1:])):
@@ -241,7 +234,7 @@ def _single_process_reference():
 @pytest.mark.slow
 @pytest.mark.parametrize("how", ["scan", "chain"])
 def test_state_passing_over_gloo_ranks_gives_the_single_process_outputs_and_gradients(how):
-    """4 ranks hold consecutive pieces of one sample (one of a single token) and obtain their incoming
+    """4 ranks hold consecutive chunks of one sample (one of a single token) and obtain their incoming
     states by pass_states: every rank's outputs, incoming state, the gradient its loss sends into
     that state, the gradients of its inputs (through the later ranks' maps) and the initial
     state's gradient equal one process's recurrence over the whole sample."""
@@ -249,9 +242,9 @@ def test_state_passing_over_gloo_ranks_gives_the_single_process_outputs_and_grad
 
 
 # ----- the layer ------------------------------------------------------------------------------
-def _layer(hk=2, hv=4, dk=5, dv=3, kernel=4, chunk=4, hidden=12, seed=0):
+def _layer(hk=2, hv=4, dk=5, dv=3, kernel=4, block=4, hidden=12, seed=0):
     torch.manual_seed(seed)
-    return linear.GatedDeltaNet(hidden, hk, hv, dk, dv, conv_kernel=kernel, chunk=chunk).double()
+    return linear.GatedDeltaNet(hidden, hk, hv, dk, dv, conv_kernel=kernel, block=block).double()
 
 
 def _by_hand(layer: linear.GatedDeltaNet, x: torch.Tensor, lengths: list[int]) -> torch.Tensor:
@@ -294,12 +287,12 @@ def test_the_layer_equals_its_written_out_form_with_grouped_values():
 
 
 def test_a_sample_cut_over_ranks_with_passed_states_and_halos_is_the_whole_sample():
-    """Each sample cut into pieces, each piece run as a rank would (its own call), from the state
-    and the convolution halo its previous piece hands on: the same outputs, final states and
+    """Each sample cut into chunks, each chunk run as a rank would (its own call), from the state
+    and the convolution halo its previous chunk hands on: the same outputs, final states and
     gradients of every parameter as one call over the whole batch."""
     layer = _layer(kernel=4)
     lengths = [11, 2]
-    cuts = [[0, 2, 2, 7, 11], [0, 1, 2]]  # a piece shorter than the kernel's reach, and an empty one
+    cuts = [[0, 2, 2, 7, 11], [0, 1, 2]]  # a chunk shorter than the kernel's reach, and an empty one
     x = torch.randn(sum(lengths), 12, dtype=F64, generator=torch.Generator().manual_seed(4))
     whole, finals, _ = layer(x, [0, 11, 13])
     (whole.square().sum() + finals.square().sum()).backward()
@@ -322,24 +315,24 @@ def test_a_sample_cut_over_ranks_with_passed_states_and_halos_is_the_whole_sampl
 
 
 def test_the_layers_flops_count_what_its_matmuls_do():
-    """torch's FLOP counter over one forward of the layer (samples a whole number of chunks long)
+    """torch's FLOP counter over one forward of the layer (samples a whole number of blocks long)
     sees the projections and the recurrence's matmuls: exactly those terms of gated_delta_flops."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    layer = _layer(chunk=8)
+    layer = _layer(block=8)
     lengths = [16, 8]
     x = torch.randn(sum(lengths), 12, dtype=F64)
     with FlopCounterMode(display=False) as counter:
         layer(x, [0, 16, 24])
-    parts = linear.gated_delta_flops(lengths, 12, k_heads=2, v_heads=4, head_k_dim=5, head_v_dim=3, conv_kernel=4, chunk=8, parts=True)
+    parts = linear.gated_delta_flops(lengths, 12, k_heads=2, v_heads=4, head_k_dim=5, head_v_dim=3, conv_kernel=4, block=8, parts=True)
     assert counter.get_total_flops() == pytest.approx(float(sum(parts["projections"]) + sum(parts["recurrence_matmuls"])), rel=1e-12)
 
 
 def test_bad_layer_settings_are_refused_naming_the_setting():
     with pytest.raises(ValueError, match=r"n_v_heads=3 must be a multiple of n_k_heads=2"):
         linear.GatedDeltaNet(8, 2, 3, 4, 4)
-    with pytest.raises(ValueError, match=r"conv_kernel=10 reaches past a chunk of 8 tokens"):
-        linear.GatedDeltaNet(8, 2, 2, 4, 4, conv_kernel=10, chunk=8)
+    with pytest.raises(ValueError, match=r"conv_kernel=10 reaches past a block of 8 tokens"):
+        linear.GatedDeltaNet(8, 2, 2, 4, 4, conv_kernel=10, block=8)
 
 
 # ----- a Gated DeltaNet hybrid ----------------------------------------------------------------
@@ -407,26 +400,26 @@ def test_the_driver_trains_a_gdn_hybrid_on_one_rank(tmp_path):
     assert "step     1" in r.stdout, r.stdout[-2000:]
 
 
-# samples cut over 4 ranks in rank order (each rank one piece of each; some pieces empty, some
+# samples cut over 4 ranks in rank order (each rank one chunk of each; some chunks empty, some
 # shorter than the convolution's reach of 3)
-GROUP_PIECES = [[6, 1, 0], [9, 0, 4], [2, 1, 3], [6, 0, 2]]  # GROUP_PIECES[rank][sample]
+GROUP_CHUNKS = [[6, 1, 0], [9, 0, 4], [2, 1, 3], [6, 0, 2]]  # GROUP_CHUNKS[rank][sample]
 
 
 def _group_layer():
     torch.manual_seed(3)
-    return linear.GatedDeltaNet(12, 2, 4, 5, 3, conv_kernel=4, chunk=4).double()
+    return linear.GatedDeltaNet(12, 2, 4, 5, 3, conv_kernel=4, block=4).double()
 
 
 def _group_body(rank, world, ref):
     import torch.distributed as dist
 
     layer = _group_layer()
-    lengths = [sum(p[i] for p in GROUP_PIECES) for i in range(3)]
+    lengths = [sum(p[i] for p in GROUP_CHUNKS) for i in range(3)]
     x = torch.randn(sum(lengths), 12, dtype=F64, generator=torch.Generator().manual_seed(5))
     weight = torch.randn(sum(lengths), 12, dtype=F64, generator=torch.Generator().manual_seed(6))
-    starts = [sum(lengths[:i]) + sum(GROUP_PIECES[r][i] for r in range(rank)) for i in range(3)]
-    rows = torch.cat([torch.arange(s, s + n) for s, n in zip(starts, GROUP_PIECES[rank])])
-    out = layer.forward_over_group(x[rows], GROUP_PIECES[rank])
+    starts = [sum(lengths[:i]) + sum(GROUP_CHUNKS[r][i] for r in range(rank)) for i in range(3)]
+    rows = torch.cat([torch.arange(s, s + n) for s, n in zip(starts, GROUP_CHUNKS[rank])])
+    out = layer.forward_over_group(x[rows], GROUP_CHUNKS[rank])
     (out * weight[rows]).sum().backward()
     whole_out, grads = ref
     torch.testing.assert_close(out, whole_out[rows], rtol=1e-10, atol=1e-12, msg=lambda m: f"rank {rank}'s outputs: {m}")
@@ -437,12 +430,12 @@ def _group_body(rank, world, ref):
 
 @pytest.mark.slow
 def test_a_layer_over_a_group_with_gathered_halos_and_states_gives_the_single_process_layer():
-    """The parent's own layout for linear layers: 4 gloo ranks each hold one piece of each of 3
-    samples (pieces empty, or shorter than the convolution's reach); forward_over_group's outputs
+    """The parent's own layout for linear layers: 4 gloo ranks each hold one chunk of each of 3
+    samples (chunks empty, or shorter than the convolution's reach); forward_over_group's outputs
     on every rank and the sum over ranks of every parameter's gradient equal one process's layer
     over the whole batch."""
     layer = _group_layer()
-    lengths = [sum(p[i] for p in GROUP_PIECES) for i in range(3)]
+    lengths = [sum(p[i] for p in GROUP_CHUNKS) for i in range(3)]
     x = torch.randn(sum(lengths), 12, dtype=F64, generator=torch.Generator().manual_seed(5))
     weight = torch.randn(sum(lengths), 12, dtype=F64, generator=torch.Generator().manual_seed(6))
     cu = [0, *torch.tensor(lengths).cumsum(0).tolist()]
