@@ -74,6 +74,8 @@ class SparseCost:
     # a linear kind (linear attention): its S layers carry a state along the sequence and have
     # projections of their own, projections(cfg) parameters in place of the attention's q, k, v, o
     projections: Callable[[ModelConfig], int] | None = None
+    # the kind's own rule over its resolved parameters: a message naming what is wrong, or None
+    check: Callable[[dict], str | None] | None = None
 
     @property
     def linear(self) -> bool:
@@ -104,6 +106,9 @@ class SparseCost:
                     f"sparse kind {self.name!r}: {k}={v!r} is invalid; it takes {article} {want.__name__} > 0 and below 2^62 (a reach "
                     f"in token positions, which numpy holds as int64; default {self.params[k]!r})"
                 )
+        problem = self.check(out) if self.check is not None else None
+        if problem:
+            raise SettingError(f"sparse kind {self.name!r}: {problem}")
         return out
 
 
@@ -117,16 +122,18 @@ def register_sparse_cost(
     overwrite: bool = False,
     first_key: FirstKey | None = None,
     projections: Callable[[ModelConfig], int] | None = None,
+    check: Callable[[dict], str | None] | None = None,
 ) -> None:
     """Register the forward FLOPs of a sparse-attention kind, with its parameters and their
     defaults, and, for a local kind, its reach (first_key(query positions, params): the first key
     each may see). model.attention.register_sparse_attention calls this together with the kernel.
     projections(cfg): a linear kind's S-layer projection parameters (priced as token-wise work, in
     place of the attention's); its `flops` then count the rest of the layer (priced at the
-    attention's rate)."""
+    attention's rate). check(params): the kind's own rule over its parameters, a message naming
+    what is wrong and what is valid, or None."""
     if name in _SPARSE_COSTS and not overwrite:
         raise ValueError(f"sparse kind {name!r} is already registered; pass overwrite=True to replace it")
-    _SPARSE_COSTS[name] = SparseCost(name, flops, dict(params or {}), first_key, projections)
+    _SPARSE_COSTS[name] = SparseCost(name, flops, dict(params or {}), first_key, projections, check)
 
 
 def sparse_kinds() -> list[str]:
@@ -203,6 +210,18 @@ def _gated_delta_args(cfg: ModelConfig) -> dict:
     return {"k_heads": p["k_heads"], "v_heads": p["v_heads"], "head_k_dim": p["head_k_dim"], "head_v_dim": p["head_v_dim"]}
 
 
+def _gated_delta_problem(p: dict) -> str | None:
+    """What is wrong with Gated DeltaNet parameters beyond their types, or None."""
+    if p["v_heads"] % p["k_heads"]:
+        return f"v_heads={p['v_heads']} is not a multiple of k_heads={p['k_heads']} (each value head reads one key head)"
+    if p["conv_kernel"] - 1 > p["block"]:
+        return (
+            f"conv_kernel={p['conv_kernel']} reaches past a recurrence block of block={p['block']} tokens; "
+            f"use conv_kernel <= {p['block'] + 1}"
+        )
+    return None
+
+
 # Gated DeltaNet (a linear kind): the defaults are Qwen3-Next-80B-A3B's linear layers (2025: 16 key
 # heads and 32 value heads of 128, a convolution of 4); fla's block (its chunk) of 64 tokens. Its FLOPs here are
 # the layer less its projections (those are token-wise work, `projections`).
@@ -220,6 +239,7 @@ register_sparse_cost(
     ),
     {"k_heads": 16, "v_heads": 32, "head_k_dim": 128, "head_v_dim": 128, "conv_kernel": 4, "block": 64},
     projections=lambda cfg: gated_delta_projections(cfg.hidden, **_gated_delta_args(cfg)),
+    check=lambda p: _gated_delta_problem(p),
 )
 
 
