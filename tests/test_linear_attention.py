@@ -442,3 +442,20 @@ def test_a_layer_over_a_group_with_gathered_halos_and_states_gives_the_single_pr
     out, _, _ = layer(x, cu)
     (out * weight).sum().backward()
     run_distributed(_group_body, 4, (out.detach(), {n: p.grad for n, p in layer.named_parameters()}))
+
+
+def test_a_linear_kinds_bad_parameters_are_one_line_naming_the_setting():
+    """Before any model is built: the kind's own rules (grouped values, the convolution within a
+    recurrence block) and the generic ones (a positive integer), each naming the parameter."""
+    from config import ModelConfig, SettingError
+    from solver.cost import with_sparse_defaults
+
+    tiny = ModelConfig.from_name("tiny-gdn")
+    for params, message in (
+        ({"v_heads": 6}, r"v_heads=6 is not a multiple of k_heads=4 \(each value head reads one key head\)"),
+        ({"conv_kernel": 40}, r"conv_kernel=40 reaches past a recurrence block of block=16 tokens; use conv_kernel <= 17"),
+        ({"block": 0}, r"block=0 is invalid; it takes an int > 0"),
+        ({"k_heads": 2.5}, r"k_heads=2.5 is invalid; it takes an int > 0"),
+    ):
+        with pytest.raises(SettingError, match=r"sparse kind 'gated_delta': " + message):
+            with_sparse_defaults(tiny.replace(sparse_params={**tiny.sparse_params, **params}))
