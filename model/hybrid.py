@@ -45,6 +45,10 @@ class Placement(Protocol):
     def rotary_for(self, layer_type: str) -> Rotary:
         """The rotary tables of the layout a layer type's token-wise work runs in."""
 
+    def linear_segments(self, layer_type: str) -> list[int]:
+        """cu_seqlens of the samples a linear layer (LinearBlock) runs whole on this process; raises
+        where they are cut over several ranks."""
+
 
 class LocalPlacement:
     """All samples packed on one process: the single-process reference."""
@@ -145,9 +149,9 @@ class Block(nn.Module):
 class LinearBlock(nn.Module):
     """A block whose S layer is linear attention (the model's linear kind: model.linear's Gated
     DeltaNet) in place of attention, then the same MoE. It runs every sample whole, from a zero
-    state, on a placement that says where its samples start and end (linear_segments); the ways to
-    run it across ranks are not built yet (solver.planner.check_linear refuses a cluster of more
-    than one rank before any step)."""
+    state, on a placement that says where its samples start and end (Placement.linear_segments);
+    the ways to run it across ranks are not built yet (solver.planner.check_linear refuses a
+    cluster of more than one rank before any step)."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -161,14 +165,8 @@ class LinearBlock(nn.Module):
         self.moe = MoE(cfg.hidden, cfg.expert_ffn, cfg.n_experts, cfg.top_k)
 
     def forward(self, x: torch.Tensor, place: Placement, layer_type: str, layer: int):
-        segments = getattr(place, "linear_segments", None)
-        if segments is None:
-            raise ValueError(
-                f"layer {layer} is a {self.cfg.sparse_kind} layer (linear attention), which runs on one process so far; "
-                f"{type(place).__name__} runs a step across ranks"
-            )
         x = place.enter(x, layer_type)
-        y, _, _ = self.mixer(self.attn_norm(x), segments(layer_type))
+        y, _, _ = self.mixer(self.attn_norm(x), place.linear_segments(layer_type))
         x = x + y
         m, aux = self.moe(self.moe_norm(x), place.reduce, place.total_tokens, place.dispatch, place.pack_backend)
         return place.leave(x + m, layer_type), aux

@@ -239,7 +239,7 @@ register_sparse_cost(
     ),
     {"k_heads": 16, "v_heads": 32, "head_k_dim": 128, "head_v_dim": 128, "conv_kernel": 4, "block": 64},
     projections=lambda cfg: gated_delta_projections(cfg.hidden, **_gated_delta_args(cfg)),
-    check=lambda p: _gated_delta_problem(p),
+    check=_gated_delta_problem,
 )
 
 
@@ -326,10 +326,9 @@ class CostModel:
 
     # --- FLOPs (model FLOPs, for MFU) ---
     def active_params(self) -> float:
+        # integers: the same sum as n_layers x layer_params_active where the S layers' projections are the attention's
         m = self.model
-        if self.sparse.linear:
-            return m.n_full * self.layer_params_active + m.n_sparse * self.sparse_layer_params_active + self.lm_head_params
-        return m.n_layers * self.layer_params_active + self.lm_head_params
+        return m.n_full * self.layer_params_active + m.n_sparse * self.sparse_layer_params_active + self.lm_head_params
 
     def layer_time_of(self, layer_type: str) -> float:
         """Forward seconds per token of one layer of `layer_type`'s token-wise work."""
@@ -353,11 +352,7 @@ class CostModel:
     def total_params(self) -> float:
         m = self.model
         embed = 0 if m.tie_embeddings else m.vocab * m.hidden
-        proj = (
-            m.n_full * self.attn_proj_params + m.n_sparse * self.sparse_proj_params
-            if self.sparse.linear
-            else m.n_layers * self.attn_proj_params
-        )
+        proj = m.n_full * self.attn_proj_params + m.n_sparse * self.sparse_proj_params  # integers: exact either way
         dense = proj + m.n_layers * m.hidden * m.n_experts + self.lm_head_params + embed
         return dense + self.expert_params()
 

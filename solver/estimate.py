@@ -32,7 +32,7 @@ class PlanEstimate:
         self._row = {s: k for k, s in enumerate(ids)}
         # ids -> rows as an array lookup where the ids are not much sparser than the samples
         # (every planner's step: ids 0..n-1), else through the dict (rows_of)
-        id_arr = np.fromiter(ids, dtype=np.int64, count=len(ids))
+        self._ids = id_arr = np.fromiter(ids, dtype=np.int64, count=len(ids))  # row -> id
         self._pos = None
         if len(ids) and 0 <= int(id_arr.min()) and int(id_arr.max()) < 4 * len(ids) + 1024:
             self._pos = np.full(int(id_arr.max()) + 1, -1, dtype=np.int64)

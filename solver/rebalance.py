@@ -160,9 +160,8 @@ class _StepPrices:
         self.linear, self.full = est.linear, est.full
         self._children_problems: dict[int, ChildProblem] = {}
         # each sample's place in (longest first, then by id) order, by its row in the estimate
-        ids = np.fromiter(length_of, dtype=np.int64, count=len(length_of))
-        self._rank = np.empty(len(ids), dtype=np.int64)
-        self._rank[np.lexsort((ids, -est._len))] = np.arange(len(ids))
+        self._rank = np.empty(len(est._ids), dtype=np.int64)
+        self._rank[np.lexsort((est._ids, -est._len))] = np.arange(len(est._ids))
 
     @functools.cached_property
     def order(self) -> dict[int, int]:
@@ -186,7 +185,7 @@ class _StepPrices:
         owner = np.repeat(np.arange(len(groups)), counts)
         rows = rows[np.lexsort((self._rank[rows], owner))]  # each parent's members, longest first, then by id
         starts = np.concatenate(([0], np.cumsum(counts)[:-1])).astype(np.int64)
-        ids = np.fromiter(self.length_of, dtype=np.int64, count=len(self.length_of))[rows].tolist()
+        ids = est._ids[rows].tolist()
         full, linear, lens = est._full, est._lin, est._len.astype(np.int64)
         size_of = np.asarray(sizes, dtype=np.int64)
         out: list[_Membership | None] = [None] * len(groups)
