@@ -19,7 +19,7 @@ from config import ModelConfig, SettingError
 from kernels.exchange import CommStats, ExchangeGroups, HaloArgs, PhaseClock, dist_transport, exchange, exchange_args, halo_exchange
 from solver import Group, StepPlan, TokenLayout, head_cu_seqlens, token_to_head_rank
 from solver.cluster import InternalError
-from solver.cost import sparse_cost
+from solver.cost import sparse_cost, splits_over, ulysses_parts
 from solver.layout import halo_transfers, token_to_token_rank
 
 from .attention import KeySegments
@@ -54,6 +54,16 @@ def validate(plan: StepPlan, cfg: ModelConfig, world_size: int, ep: int = 1) -> 
             sparse_cost(cfg.sparse_kind).check_local()
         except SettingError as e:
             raise LayoutError(str(e)) from None
+    linear = sparse_cost(cfg.sparse_kind).linear
+    child_sizes = sorted({g.size for g in plan.child_layout.groups if not g.halo and g.size > 1})
+    bad = next((p for p in child_sizes if linear and not splits_over(cfg, "S", p)), None)
+    if bad is not None:
+        hk, hv = cfg.sparse_params["k_heads"], cfg.sparse_params["v_heads"]
+        raise LayoutError(
+            f"the linear layers' heads ({hv} value, {hk} key) do not split over a group of {bad} ranks used by this plan (sparse "
+            f"group sizes {child_sizes}): value heads must be a multiple of every group size, and key heads a multiple or a "
+            f"divisor of it (then replicated)"
+        )
     for p in sizes:
         if cfg.n_heads % p:
             raise LayoutError(
@@ -95,13 +105,14 @@ def rank_exchanges(plan: StepPlan, cfg: ModelConfig, rank: int, device="cpu", re
     redistributing parent's full layers (redistributed: redistributes_at(plan, rank)) run on its
     own token layout."""
     parent, child = plan.parent_layout, plan.child_layout
-    qkv = [cfg.n_heads, cfg.n_kv_heads, cfg.n_kv_heads]
+    (full_in, _), (full_out, _) = ulysses_parts(cfg, "F")
     full = token_to_head_rank(parent if redistributed else child, parent, rank)
-    full_args = (exchange_args(full, qkv, device), exchange_args(full.inverse(), qkv[:1], device))
+    full_args = (exchange_args(full, full_in, device), exchange_args(full.inverse(), full_out, device))
     if child.group_of(rank).halo:  # its sparse layers exchange halos, not heads
         return (*full_args, None, None)
+    (sparse_in, _), (sparse_out, _) = ulysses_parts(cfg, "S")  # a linear kind's S layers move their own parts
     sparse = token_to_head_rank(child, child, rank)
-    return (*full_args, exchange_args(sparse, qkv, device), exchange_args(sparse.inverse(), qkv[:1], device))
+    return (*full_args, exchange_args(sparse, sparse_in, device), exchange_args(sparse.inverse(), sparse_out, device))
 
 
 class _AllReduceSum(torch.autograd.Function):
@@ -212,6 +223,8 @@ class RankPlacement:
         else:
             sparse_cu = head_cu_seqlens(child, self.child_group)
         self.attention_of = layer_attention(head_cu_seqlens(parent, self.parent_group), sparse_cu, cfg, device, keys)
+        self.sparse_cu = [int(c) for c in sparse_cu]  # a linear layer's samples in head layout (run_linear)
+        self._linear_columns: dict[int, torch.Tensor] = {}
         # a redistributing parent (ParentPlan.redistributed): each full layer runs on its own token
         # layout, the hidden states moved there and back by all-to-alls of their own (the pass the
         # paper avoids); a parent that is not repacked makes none
@@ -228,16 +241,28 @@ class RankPlacement:
             start = rank - rank % ep
             self.dispatch = ExpertDispatch(start, ep, rank, cfg.n_experts, groups.get(start, ep), pack_backend, stats)
 
-    def linear_segments(self, layer_type: str) -> list[int]:
-        """cu_seqlens of the samples a linear layer (model.hybrid.LinearBlock) runs here: a child of
-        one rank holds each of its samples whole; a wider one cuts them over its ranks, which
-        needs state passing between them (model.linear.pass_states), not built into a step yet."""
-        if self.child_group.size > 1:
-            raise ValueError(
-                f"rank {self.rank}: the linear layers' samples are cut over a group of {self.child_group.size} ranks, and a step "
-                f"runs linear layers on samples held whole by one rank so far"
-            )
-        return np.concatenate([[0], np.cumsum([b - a for _, a, b in self.chunks])]).astype(np.int64).tolist()
+    def run_linear(self, mixer, x: torch.Tensor, layer_type: str) -> torch.Tensor:
+        """A linear layer (model.linear.GatedDeltaNet) on this rank's tokens x [n, hidden] of the
+        child layout. A child of one rank holds its samples whole and runs them alone; a wider
+        Ulysses child projects its tokens, moves the projections to head layout (each rank: its
+        value heads and the key heads they read, whole samples), runs the convolution and the
+        recurrence there, and brings the outputs back, as attention does (the same exchange
+        kernels, the sites "sparse.entry" and "sparse.exit"); a halo child would pass states,
+        which no plan holds yet (the planner refuses it)."""
+        if self.child_group.size == 1:
+            cu = np.concatenate([[0], np.cumsum([b - a for _, a, b in self.chunks])]).astype(np.int64).tolist()
+            return mixer(x, cu)[0]
+        if self.halo:
+            raise LayoutError(f"rank {self.rank}: a halo child of a linear kind needs state passing, which steps do not run yet")
+        mixed, z, a, b = mixer._project(x)
+        cols = self._linear_columns.get(id(mixer))
+        if cols is None:
+            cols = self._linear_columns[id(mixer)] = mixer.ulysses_columns().to(x.device)
+        sent = torch.cat([mixed, a, b], dim=1).index_select(1, cols)
+        y = exchange(sent[:, :, None].contiguous(), self.sparse_entry, self.transport, self.pack_backend, self.stats, "sparse.entry")
+        o = mixer.forward_heads(y[:, :, 0], self.sparse_cu, self.child_group.size, self.rank - self.child_group.start)
+        o = exchange(o.contiguous(), self.sparse_exit, self.transport, self.pack_backend, self.stats, "sparse.exit")
+        return mixer._output(o, z)
 
     def _heads(self, y: torch.Tensor, p: int):
         h, hkv = self.cfg.n_heads // p, max(self.cfg.n_kv_heads // p, 1)  # one replicated KV head when p > n_kv_heads

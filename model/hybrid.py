@@ -45,9 +45,9 @@ class Placement(Protocol):
     def rotary_for(self, layer_type: str) -> Rotary:
         """The rotary tables of the layout a layer type's token-wise work runs in."""
 
-    def linear_segments(self, layer_type: str) -> list[int]:
-        """cu_seqlens of the samples a linear layer (LinearBlock) runs whole on this process; raises
-        where they are cut over several ranks."""
+    def run_linear(self, mixer: GatedDeltaNet, x: torch.Tensor, layer_type: str) -> torch.Tensor:
+        """A linear layer's mixer (LinearBlock) over this process's tokens x [n, hidden] in the
+        layer's token layout -> its output [n, hidden], with whatever exchanges the layout needs."""
 
 
 class LocalPlacement:
@@ -65,9 +65,9 @@ class LocalPlacement:
         self.dispatch, self.pack_backend = None, "auto"
         self.cu_seqlens = cu.tolist()
 
-    def linear_segments(self, layer_type: str) -> list[int]:
-        """cu_seqlens of the samples a linear layer runs whole here: every sample, from its start."""
-        return self.cu_seqlens
+    def run_linear(self, mixer, x, layer_type):
+        """Every sample whole, from a zero state."""
+        return mixer(x, self.cu_seqlens)[0]
 
     def enter(self, x, layer_type):
         return x
@@ -148,10 +148,8 @@ class Block(nn.Module):
 
 class LinearBlock(nn.Module):
     """A block whose S layer is linear attention (the model's linear kind: model.linear's Gated
-    DeltaNet) in place of attention, then the same MoE. It runs every sample whole, from a zero
-    state, on a placement that says where its samples start and end (Placement.linear_segments);
-    the ways to run it across ranks are not built yet (solver.planner.check_linear refuses a
-    cluster of more than one rank before any step)."""
+    DeltaNet) in place of attention, then the same MoE. The placement runs the mixer
+    (Placement.run_linear): on one process every sample whole; across ranks by Ulysses."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -166,8 +164,7 @@ class LinearBlock(nn.Module):
 
     def forward(self, x: torch.Tensor, place: Placement, layer_type: str, layer: int):
         x = place.enter(x, layer_type)
-        y, _, _ = self.mixer(self.attn_norm(x), place.linear_segments(layer_type))
-        x = x + y
+        x = x + place.run_linear(self.mixer, self.attn_norm(x), layer_type)
         m, aux = self.moe(self.moe_norm(x), place.reduce, place.total_tokens, place.dispatch, place.pack_backend)
         return place.leave(x + m, layer_type), aux
 

@@ -159,6 +159,8 @@ def varlen(q, k, v, g, beta, cu_seqlens, initial_states=None, scale: float | Non
     bounds = [int(x) for x in cu_seqlens]
     if not bounds or bounds[0] != 0 or bounds[-1] != q.shape[0] or any(b < a for a, b in zip(bounds, bounds[1:])):
         raise ValueError(f"cu_seqlens must rise from 0 to T={q.shape[0]}; got {bounds[:8]}{'...' if len(bounds) > 8 else ''}")
+    if len(bounds) == 1:  # no sample (a rank that holds no token)
+        return v.new_zeros(0, *v.shape[1:]), v.new_zeros(0, q.shape[1], q.shape[2], v.shape[2])
     outs, finals = [], []
     for i, (a, b) in enumerate(zip(bounds, bounds[1:])):
         s = None if initial_states is None else initial_states[i]
@@ -319,15 +321,51 @@ class GatedDeltaNet(torch.nn.Module):
         bounds = [int(c) for c in cu_seqlens]
         mixed, z, a, b = self._project(x)
         q, k, v, g, beta, tails = self._inputs(mixed, a, b, bounds, halos)
-        fla = _fla_chunk() if x.is_cuda else None
-        if fla is not None:
-            cu = torch.as_tensor(bounds, dtype=torch.long, device=x.device)
-            o, finals = fla(q[None], k[None], v[None], g[None], beta[None], initial_state=states, output_final_state=True, cu_seqlens=cu)
-            o = o[0]
-        else:
-            q, k = self._grouped(q), self._grouped(k)
-            o, finals = varlen(q, k, v, g, beta, bounds, states, block=self.block)
+        o, finals = self._recurrence(q, k, v, g, beta, bounds, states)
         return self._output(o, z), finals, tails
+
+    def _recurrence(self, q, k, v, g, beta, bounds, states):
+        """The gated delta rule over a packed batch, each value head reading its key head: fla's
+        chunked kernel on CUDA where fla-core is installed, else `varlen`. (o, final states)."""
+        fla = _fla_chunk() if q.is_cuda else None
+        if fla is not None:
+            cu = torch.as_tensor(bounds, dtype=torch.long, device=q.device)
+            o, finals = fla(q[None], k[None], v[None], g[None], beta[None], initial_state=states, output_final_state=True, cu_seqlens=cu)
+            return o[0], finals
+        return varlen(self._grouped(q, v.shape[1]), self._grouped(k, v.shape[1]), v, g, beta, bounds, states, block=self.block)
+
+    # ----- Ulysses: heads split over a group, whole samples per head ---------------------------
+    def ulysses_columns(self) -> torch.Tensor:
+        """The columns of cat([conv channels, a, b]) (this layer's `_project`) in the order its
+        Ulysses entry sends them (solver.cost.gated_delta_ulysses, which the simulator prices):
+        the values, a, b, then q and k element by element (element j of every key head)."""
+        qk, c, hv = self.hk * self.dk, self.channels, self.hv
+        by_element = torch.arange(qk).view(self.hk, self.dk).T.reshape(-1)
+        return torch.cat([torch.arange(2 * qk, c), torch.arange(c, c + 2 * hv), by_element, qk + by_element])
+
+    def forward_heads(self, y: torch.Tensor, cu_seqlens, size: int, index: int) -> torch.Tensor:
+        """The head side of a Ulysses group of `size` ranks, rank `index` in it: y [m, E] its
+        columns of the entry (ulysses_columns split over the group: its value heads, with their
+        a and b, and the key heads they read, replicated when the group is wider than the key
+        heads) for whole samples (cu_seqlens) -> o [m, value heads / size, head_v_dim]. The
+        convolution, the gates and the recurrence run on these heads only, from zero states."""
+        if self.hv % size or (self.hk % size and size % self.hk):
+            raise ValueError(f"a group of {size} ranks cannot split {self.hv} value heads and {self.hk} key heads")
+        hv, split = self.hv // size, self.hk % size == 0
+        hk = self.hk // size if split else 1
+        k0, v0 = (index * hk if split else index // (size // self.hk)), index * hv
+        m, dk, dv, qk = y.shape[0], self.dk, self.dv, self.hk * self.dk
+        v, a, b, q, k = y.split([hv * dv, hv, hv, dk * hk, dk * hk], dim=1)
+        q, k = (t.reshape(m, dk, hk).transpose(1, 2).reshape(m, hk * dk) for t in (q, k))
+        key_channels = (torch.arange(k0, k0 + hk)[:, None] * dk + torch.arange(dk)).reshape(-1)
+        value_channels = 2 * qk + (torch.arange(v0, v0 + hv)[:, None] * dv + torch.arange(dv)).reshape(-1)
+        heads = slice(v0, v0 + hv)
+        conv = self.conv[torch.cat([key_channels, qk + key_channels, value_channels]).to(self.conv.device)]
+        bounds = [int(c) for c in cu_seqlens]
+        q, k, v, g, beta, _ = self._inputs(
+            torch.cat([q, k, v], dim=1), a, b, bounds, None, (conv, self.A_log[heads], self.dt_bias[heads], hk, hv)
+        )
+        return self._recurrence(q, k, v, g, beta, bounds, None)[0]
 
     def _project(self, x):
         """x [n, hidden] -> (the convolution's channels [n, C], the output gate, the decay and strength inputs)."""
@@ -335,30 +373,34 @@ class GatedDeltaNet(torch.nn.Module):
 
     def _tail(self, rows: torch.Tensor, halo: torch.Tensor | None) -> torch.Tensor:
         """The last W - 1 pre-conv rows up to a chunk's end (its halo's where the chunk is shorter)."""
-        reach = self.kernel - 1
-        before = rows.new_zeros(reach, self.channels) if halo is None else halo
-        return torch.cat([before, rows])[-reach:] if reach else rows.new_zeros(0, self.channels)
+        reach, channels = self.kernel - 1, rows.shape[1]
+        before = rows.new_zeros(reach, channels) if halo is None else halo
+        return torch.cat([before, rows])[-reach:] if reach else rows.new_zeros(0, channels)
 
-    def _inputs(self, mixed, a, b, bounds, halos):
+    def _inputs(self, mixed, a, b, bounds, halos, heads=None):
         """The recurrence's q, k [n, Hk, Dk], v [n, Hv, Dv], g, beta [n, Hv] from the projections:
-        each sample's chunk convolved from its halo; and each chunk's tail."""
+        each sample's chunk convolved from its halo; and each chunk's tail. heads: (convolution
+        weights, A_log, dt_bias, key heads, value heads) of a subset of the heads (forward_heads);
+        None: all of them."""
+        conv, a_log, dt_bias, hk, hv = heads if heads is not None else (self.conv, self.A_log, self.dt_bias, self.hk, self.hv)
         n = mixed.shape[0]
         conv_out, tails = [], []
         for i, (lo, hi) in enumerate(zip(bounds, bounds[1:])):
             halo = None if halos is None else halos[i]
-            conv_out.append(causal_conv(mixed[lo:hi], self.conv, halo))
+            conv_out.append(causal_conv(mixed[lo:hi], conv, halo))
             tails.append(self._tail(mixed[lo:hi], halo))
         mixed = torch.nn.functional.silu(torch.cat(conv_out)) if conv_out else mixed
-        q, k, v = mixed.split([self.hk * self.dk, self.hk * self.dk, self.hv * self.dv], dim=-1)
-        q = torch.nn.functional.normalize(q.view(n, self.hk, self.dk), dim=-1)
-        k = torch.nn.functional.normalize(k.view(n, self.hk, self.dk), dim=-1)
-        g = -self.A_log.exp() * torch.nn.functional.softplus(a + self.dt_bias)
-        tails = torch.stack(tails) if tails else mixed.new_zeros(0, self.kernel - 1, self.channels)
-        return q, k, v.view(n, self.hv, self.dv), g, torch.sigmoid(b), tails
+        q, k, v = mixed.split([hk * self.dk, hk * self.dk, hv * self.dv], dim=-1)
+        q = torch.nn.functional.normalize(q.view(n, hk, self.dk), dim=-1)
+        k = torch.nn.functional.normalize(k.view(n, hk, self.dk), dim=-1)
+        g = -a_log.exp() * torch.nn.functional.softplus(a + dt_bias)
+        tails = torch.stack(tails) if tails else mixed.new_zeros(0, self.kernel - 1, mixed.shape[1])
+        return q, k, v.view(n, hv, self.dv), g, torch.sigmoid(b), tails
 
-    def _grouped(self, x):
-        """Key heads [n, Hk, Dk] repeated for the value heads: value head j reads key head j // (Hv / Hk)."""
-        return x.repeat_interleave(self.hv // self.hk, dim=1)
+    @staticmethod
+    def _grouped(x, value_heads: int):
+        """Key heads [n, Hk, Dk] repeated for `value_heads` value heads: value head j reads key head j // (Hv / Hk)."""
+        return x.repeat_interleave(value_heads // x.shape[1], dim=1)
 
     def _output(self, o, z):
         o = o * torch.rsqrt(o.square().mean(-1, keepdim=True) + self.eps) * self.norm
@@ -402,7 +444,7 @@ class GatedDeltaNet(torch.nn.Module):
             before = torch.cat([mixed.new_zeros(reach, ch), *rows])[-reach:] if reach else mixed.new_zeros(0, ch)
             halos.append(before)
         q, k, v, g, beta, _ = self._inputs(mixed, a, b, bounds, torch.stack(halos) if halos else None)
-        q, k = self._grouped(q), self._grouped(k)
+        q, k = self._grouped(q, h), self._grouped(k, h)
         # 2. the incoming states: each chunk's map from zero, gathered, composed over the ranks before
         spans = list(zip(bounds, bounds[1:]))
         maps = [

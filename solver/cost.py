@@ -76,6 +76,10 @@ class SparseCost:
     projections: Callable[[ModelConfig], int] | None = None
     # the kind's own rule over its resolved parameters: a message naming what is wrong, or None
     check: Callable[[dict], str | None] | None = None
+    # a linear kind's Ulysses exchanges (heads split over a group, whole samples per head):
+    # ulysses(params) -> ((entry parts, elements per head), (exit parts, elements per head)), as
+    # `ulysses_parts` describes them; None: the attention's q, k, v in and its output back
+    ulysses: Callable[[dict], tuple[tuple[tuple[int, ...], int], tuple[tuple[int, ...], int]]] | None = None
 
     @property
     def linear(self) -> bool:
@@ -83,6 +87,12 @@ class SparseCost:
 
     def check_local(self, what: str = "halo children") -> FirstKey:
         """The kind's reach, or SettingError naming the kind and what it lacks."""
+        if self.linear:
+            raise SettingError(
+                f"sparse kind {self.name!r} is a linear kind: its layers carry a state, not a window of keys, so {what} would "
+                f"pass each rank its incoming state (state passing), which steps do not run yet; its layers run on one rank or by "
+                f"Ulysses, in the modes that need no reach"
+            )
         if self.first_key is None:
             raise SettingError(
                 f"sparse kind {self.name!r} declares no reach (first_key: the first key a query may see), so {what} cannot "
@@ -123,6 +133,7 @@ def register_sparse_cost(
     first_key: FirstKey | None = None,
     projections: Callable[[ModelConfig], int] | None = None,
     check: Callable[[dict], str | None] | None = None,
+    ulysses: Callable[[dict], tuple[tuple[tuple[int, ...], int], tuple[tuple[int, ...], int]]] | None = None,
 ) -> None:
     """Register the forward FLOPs of a sparse-attention kind, with its parameters and their
     defaults, and, for a local kind, its reach (first_key(query positions, params): the first key
@@ -130,10 +141,39 @@ def register_sparse_cost(
     projections(cfg): a linear kind's S-layer projection parameters (priced as token-wise work, in
     place of the attention's); its `flops` then count the rest of the layer (priced at the
     attention's rate). check(params): the kind's own rule over its parameters, a message naming
-    what is wrong and what is valid, or None."""
+    what is wrong and what is valid, or None. ulysses(params): a linear kind's Ulysses exchanges
+    (`ulysses_parts`)."""
     if name in _SPARSE_COSTS and not overwrite:
         raise ValueError(f"sparse kind {name!r} is already registered; pass overwrite=True to replace it")
-    _SPARSE_COSTS[name] = SparseCost(name, flops, dict(params or {}), first_key, projections, check)
+    if (ulysses is None) != (projections is None):
+        raise ValueError(f"sparse kind {name!r}: a linear kind declares both its projections and its Ulysses exchanges (ulysses)")
+    _SPARSE_COSTS[name] = SparseCost(name, flops, dict(params or {}), first_key, projections, check, ulysses)
+
+
+def ulysses_parts(model: ModelConfig, layer_type: str) -> tuple[tuple[tuple[int, ...], int], tuple[tuple[int, ...], int]]:
+    """What a layer of `layer_type` ('F' or 'S') moves in its Ulysses exchanges: ((entry parts,
+    elements per head), (exit parts, elements per head)). A part is a count of heads: the first
+    splits evenly over the group; a later one narrower than the group is replicated, each peer
+    getting one head (kernels.exchange.head_split_map). Attention moves its q, k, v heads in and
+    its output heads back; a linear kind moves what its `ulysses` declares."""
+    kind = sparse_cost(model.sparse_kind)
+    if layer_type == "S" and kind.linear:
+        return kind.ulysses(model.sparse_params)
+    m = model
+    return ((m.n_heads, m.n_kv_heads, m.n_kv_heads), m.head_dim), ((m.n_heads,), m.head_dim)
+
+
+def exchanged_heads(parts: tuple[int, ...], size: int) -> int:
+    """Heads one token sends over an exchange in a group of `size` (all peers together): a part
+    narrower than the group goes once to every peer (replicated)."""
+    return sum(s if s % size == 0 else max(s, size) for s in parts)
+
+
+def splits_over(model: ModelConfig, layer_type: str, size: int) -> bool:
+    """Can a layer of `layer_type` run Ulysses over a group of `size` ranks: its exchanges' first
+    parts split evenly, and each later part splits or is replicated (ulysses_parts)?"""
+    (entry, _), (exit_, _) = ulysses_parts(model, layer_type)
+    return entry[0] % size == 0 and exit_[0] % size == 0 and all(s % size == 0 or size % s == 0 for s in entry[1:])
 
 
 def sparse_kinds() -> list[str]:
@@ -205,6 +245,18 @@ def gated_delta_projections(hidden: int, k_heads: int, v_heads: int, head_k_dim:
     return hidden * (2 * qk + 2 * vd + 2 * v_heads) + vd * hidden
 
 
+def gated_delta_ulysses(p: dict) -> tuple[tuple[tuple[int, ...], int], tuple[tuple[int, ...], int]]:
+    """A Gated DeltaNet layer's Ulysses exchanges (ulysses_parts), one element a head so that a
+    value head and the key head it reads travel whole to one peer. In: the values (v_heads x
+    head_v_dim elements, split by value head), the decay and strength inputs (v_heads each), then
+    q and k by element: head_k_dim parts of k_heads each, element j of every key head (a group
+    wider than the key heads replicates them, one key head each peer, as grouped-query attention
+    replicates key/value heads). Out: the value heads' outputs (v_heads x head_v_dim)."""
+    hk, hv = p["k_heads"], p["v_heads"]
+    entry = (hv * p["head_v_dim"], hv, hv, *([hk] * (2 * p["head_k_dim"])))
+    return (entry, 1), ((hv,), p["head_v_dim"])
+
+
 def _gated_delta_args(cfg: ModelConfig) -> dict:
     p = cfg.sparse_params
     return {"k_heads": p["k_heads"], "v_heads": p["v_heads"], "head_k_dim": p["head_k_dim"], "head_v_dim": p["head_v_dim"]}
@@ -240,6 +292,7 @@ register_sparse_cost(
     {"k_heads": 16, "v_heads": 32, "head_k_dim": 128, "head_v_dim": 128, "conv_kernel": 4, "block": 64},
     projections=lambda cfg: gated_delta_projections(cfg.hidden, **_gated_delta_args(cfg)),
     check=_gated_delta_problem,
+    ulysses=gated_delta_ulysses,
 )
 
 
@@ -302,7 +355,7 @@ class CostModel:
         self.ep_degree = self._ep_degree()
         # exposed seconds per token of one layer's expert dispatch + combine, every pass
         self.moe_token_time = self._moe_token_time() if tr.moe_all_to_all else 0.0
-        self._lines: dict[int, tuple[float, float]] = {}  # exchange_line per group size
+        self._lines: dict[tuple[int, str], tuple[float, float]] = {}  # exchange_line per (group size, layer type)
         self._child_lines: dict[tuple[int, int], tuple[float, float]] = {}  # child_line per (size, parent)
         self._parent_fixed: dict[int, float] = {}  # parent_fixed per parent size
 
@@ -318,9 +371,10 @@ class CostModel:
     def widest_group(self, cluster) -> int:
         """The widest group the planner may use: an aligned power of two within the cluster whose
         size divides the query heads, and divides or is divided by the key/value heads (a group
-        wider than the KV heads replicates each of them over size / n_kv_heads ranks)."""
-        m, p = self.model, cluster.widest_group
-        while p > 1 and (m.n_heads % p or (m.n_kv_heads % p and p % m.n_kv_heads)):
+        wider than the KV heads replicates each of them over size / n_kv_heads ranks); a linear
+        kind's S layers' parts likewise (splits_over)."""
+        p = cluster.widest_group
+        while p > 1 and not all(splits_over(self.model, t, p) for t in ("F", "S")):
             p //= 2
         return p
 
@@ -329,6 +383,12 @@ class CostModel:
         # integers: the same sum as n_layers x layer_params_active where the S layers' projections are the attention's
         m = self.model
         return m.n_full * self.layer_params_active + m.n_sparse * self.sparse_layer_params_active + self.lm_head_params
+
+    def linear_out_params(self) -> int:
+        """A linear kind's S-layer output projection plus the MoE (what runs after its exit
+        exchange): the exit's elements per token times the hidden size, and the active experts."""
+        _, (parts, width) = ulysses_parts(self.model, "S")
+        return sum(parts) * width * self.model.hidden + self.moe_active_params
 
     def layer_time_of(self, layer_type: str) -> float:
         """Forward seconds per token of one layer of `layer_type`'s token-wise work."""
@@ -497,14 +557,11 @@ class CostModel:
         return self.attention_passes * self.model.n_full * self.full_attn_time(n)
 
     # --- exchanges ---
-    def kv_heads_exchanged(self, group_size: int) -> int:
-        """KV heads moved by an entry exchange: replicated up to the group size when it is wider."""
-        return max(self.model.n_kv_heads, group_size)
-
-    def entry_row_bytes(self, group_size: int) -> float:
-        """Bytes of one token's Q, K, V (all heads) in an entry exchange."""
-        m = self.model
-        return (m.n_heads + 2 * self.kv_heads_exchanged(group_size)) * m.head_dim * self.hw.bytes_per_element
+    def entry_row_bytes(self, group_size: int, layer_type: str = "F") -> float:
+        """Bytes of one token's Q, K, V (all heads; a linear kind's S layer: what it declares,
+        ulysses_parts) in an entry exchange, key/value heads replicated up to a wider group."""
+        (parts, width), _ = ulysses_parts(self.model, layer_type)
+        return exchanged_heads(parts, group_size) * width * self.hw.bytes_per_element
 
     def kv_row_bytes(self) -> float:
         """Bytes of one token's keys and values (all key/value heads): a halo exchange's row."""
@@ -515,9 +572,10 @@ class CostModel:
         """Bytes of one token's hidden state: a redistribution's row."""
         return self.model.hidden * self.hw.bytes_per_element
 
-    def exit_row_bytes(self) -> float:
-        m = self.model
-        return m.n_heads * m.head_dim * self.hw.bytes_per_element
+    def exit_row_bytes(self, layer_type: str = "F") -> float:
+        """Bytes of one token's attention output (a linear kind's S layer: its declared exit) in an exit exchange."""
+        _, (parts, width) = ulysses_parts(self.model, layer_type)
+        return sum(parts) * width * self.hw.bytes_per_element
 
     def peers(self, start: int, size: int, rank: int) -> tuple[int, int]:
         """(other peers on rank's node, peers on other nodes) inside group [start, start + size)."""
@@ -543,13 +601,13 @@ class CostModel:
             per_peer * inter_peers / self.hw.inter_node_bw + extra,
         )
 
-    def exchange_line(self, size: int) -> tuple[float, float]:
-        """One attention layer's exchanges (fwd + bwd) in an aligned group of `size`, for x tokens
-        per rank, as a * x + b: (seconds per token, fixed seconds). Cached per size."""
-        line = self._lines.get(size)
+    def exchange_line(self, size: int, layer_type: str = "F") -> tuple[float, float]:
+        """One layer's exchanges (fwd + bwd) in an aligned group of `size`, for x tokens per rank,
+        as a * x + b: (seconds per token, fixed seconds). Cached per size and layer type."""
+        line = self._lines.get((size, layer_type))
         if line is None:
-            b = self.layer_exchange_time(0.0, 0, size, 0)
-            line = self._lines[size] = (float(self.layer_exchange_time(1.0, 0, size, 0) - b), float(b))
+            b = self.layer_exchange_time(0.0, 0, size, 0, layer_type)
+            line = self._lines[(size, layer_type)] = (float(self.layer_exchange_time(1.0, 0, size, 0, layer_type) - b), float(b))
         return line
 
     def child_line(self, size: int, parent_size: int) -> tuple[float, float]:
@@ -561,7 +619,7 @@ class CostModel:
         line = self._child_lines.get((size, parent_size))
         if line is None:
             m = self.model
-            a_c, b_c = self.exchange_line(size)
+            a_c, b_c = self.exchange_line(size, "S")
             a_p = self.exchange_line(parent_size)[0]
             line = self._child_lines[(size, parent_size)] = (m.n_sparse * a_c + m.n_full * a_p, m.n_sparse * b_c)
         return line
@@ -610,10 +668,10 @@ class CostModel:
         m = self.model
         return m.n_full * self.exchange_line(parent_size)[0], m.n_sparse * self.halo_layer_time(rows, across)
 
-    def layer_exchange_time(self, tokens: float, start: int, size: int, rank: int) -> float:
-        """Forward + backward seconds of one attention layer's entry and exit exchanges."""
+    def layer_exchange_time(self, tokens: float, start: int, size: int, rank: int, layer_type: str = "F") -> float:
+        """Forward + backward seconds of one layer's entry and exit exchanges (`layer_type` 'F' or 'S')."""
         if size == 1:
             return 0.0
-        a = sum(self.exchange_time(tokens, start, size, rank, self.entry_row_bytes(size)))
-        b = sum(self.exchange_time(tokens, start, size, rank, self.exit_row_bytes()))
+        a = sum(self.exchange_time(tokens, start, size, rank, self.entry_row_bytes(size, layer_type)))
+        b = sum(self.exchange_time(tokens, start, size, rank, self.exit_row_bytes(layer_type)))
         return self.exchange_passes * (a + b)

@@ -22,11 +22,11 @@ from config import SettingError
 from .assignment import assign_parents
 from .children import solve_children
 from .cluster import Cluster, PlanError, Sample, ceil_pow2, check_samples
-from .cost import CostModel, sparse_cost, sparse_kinds
+from .cost import CostModel
 from .estimate import PlanEstimate
 from .halo import choose_children, own_layout_halo, solve_halo_children
 from .layout import Group
-from .modes import CHILDREN, HALO_CHILDREN, OWN, OWN_HALO, Mode, mode_of
+from .modes import CHILDREN, HALO_CHILDREN, OWN, OWN_HALO, Mode, mode_of, modes_where
 from .parent_solver import solve_parents
 from .plan import DISABLED, NODE_LOCAL, ParentPlan, StepPlan
 from .width_solver import solve_widths
@@ -97,7 +97,12 @@ def make_plan(
     cost = cost.for_cluster(cluster)
     check_heads(cluster, cost)
     if spec.needs_reach:
-        cost.sparse.check_local(f"mode {mode}")
+        try:
+            cost.sparse.check_local(f"mode {mode}")
+        except SettingError as e:
+            if not cost.sparse.linear:
+                raise
+            raise SettingError(f"{e}: {list(modes_where(needs_reach=False))}") from None
     return compose(spec, check_samples(samples, cluster), cluster, cost, assignment_pricing)
 
 
@@ -105,7 +110,6 @@ def check_heads(cluster: Cluster, cost: CostModel) -> int:
     """The widest group the planner emits for this model on this cluster (CostModel.widest_group);
     SettingError when the node-local children, up to a node wide, could not split the model's heads."""
     m, widest = cost.model, cost.widest_group(cluster)
-    check_linear(cluster, cost)
     if cluster.gpus_per_node > widest:
         raise SettingError(
             f"gpus_per_node={cluster.gpus_per_node}: node-local children may be SP{cluster.gpus_per_node}, but the model's heads "
@@ -113,18 +117,6 @@ def check_heads(cluster: Cluster, cost: CostModel) -> int:
             f"or a model whose query heads are a multiple of {cluster.gpus_per_node}"
         )
     return widest
-
-
-def check_linear(cluster: Cluster, cost: CostModel) -> None:
-    """SettingError for a linear-attention kind (Gated DeltaNet) on more than one rank: its layers
-    run on a single rank so far; no way to run them across ranks is built, so no plan prices one."""
-    if cost.sparse.linear and cluster.world_size > 1:
-        others = sorted(k for k in sparse_kinds() if not sparse_cost(k).linear)
-        raise SettingError(
-            f"model.sparse_kind={cost.model.sparse_kind!r} is a linear-attention kind, and its layers run on one rank so far: a "
-            f"cluster of {cluster.world_size} ranks needs a way to run them across ranks (Ulysses children or state passing), "
-            f"which is not built yet; use a cluster of one rank, or a sparse-attention kind: {others}"
-        )
 
 
 def check_setup(cluster: Cluster, cost: CostModel, steps: Iterable[tuple[int, Sequence[int]]] = ()) -> str:

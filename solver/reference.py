@@ -60,7 +60,7 @@ def child_time(child: Group, parent: Group, length_of: Mapping[int, int], cost: 
     tokens_per_rank = sum(length_of[s] for s in child.samples) / child.size
     work = sum(float(cost.linear_cost(length_of[s])) for s in child.samples) / child.size
     rank = child.start
-    sparse_exchanges = m.n_sparse * cost.layer_exchange_time(tokens_per_rank, child.start, child.size, rank)
+    sparse_exchanges = m.n_sparse * cost.layer_exchange_time(tokens_per_rank, child.start, child.size, rank, "S")
     full_bytes = cost.layer_exchange_time(tokens_per_rank, parent.start, parent.size, rank) - cost.layer_exchange_time(
         0.0, parent.start, parent.size, rank
     )

@@ -27,7 +27,6 @@ from .cluster import ceil_pow2
 from .cost import BWD_COMPUTE, FWD_BWD_COMPUTE, FWD_COMPUTE, CostModel
 from .layout import halo_pair_rows, relayout_rows
 from .plan import StepPlan
-from .planner import check_linear
 
 
 @dataclass
@@ -265,14 +264,14 @@ def lower_bound(plan: StepPlan, cost: CostModel) -> float:
     return (compute + xfull) / world + cost.moe_fixed_time() + cost.grad_sync_time(world) + cost.optimizer_time(world)
 
 
-def _layer_exchanges(cost: CostModel, layout: _Layout, rows: np.ndarray, g: int):
-    """(entry, exit) Ulysses exchanges of one attention layer over the groups of `layout`, each
+def _layer_exchanges(cost: CostModel, layout: _Layout, rows: np.ndarray, g: int, layer_type: str):
+    """(entry, exit) Ulysses exchanges of one layer of `layer_type` over the groups of `layout`, each
     rank sending its `rows`, each as _exchange. The exit's byte matrix is the entry's transpose,
     so with per-rank max(send, receive) it has the entry's shape at the exit's row size."""
     world = len(rows)
     group_tokens = np.repeat(np.add.reduceat(rows, layout.starts), layout.sizes)
-    entry = np.array([cost.entry_row_bytes(int(s)) for s in layout.size_of_rank])
-    exit_ = np.full(world, cost.exit_row_bytes())
+    entry = np.array([cost.entry_row_bytes(int(s), layer_type) for s in layout.size_of_rank])
+    exit_ = np.full(world, cost.exit_row_bytes(layer_type))
     return _exchange(cost, layout, rows, group_tokens, entry, g), _exchange(cost, layout, rows, group_tokens, exit_, g)
 
 
@@ -280,7 +279,7 @@ def _sparse_exchanges(plan: StepPlan, cost: CostModel, child: _Layout):
     """(entry, exit) of one sparse layer's exchanges, per rank as _exchange: a Ulysses child's
     heads, a halo child's keys and values at the entry (nothing at its exit)."""
     world, g = plan.cluster.world_size, plan.cluster.gpus_per_node
-    entry, exit_ = _layer_exchanges(cost, child, child.tokens, g)
+    entry, exit_ = _layer_exchanges(cost, child, child.tokens, g, "S")
     halo = halo_exchange(plan, cost)
     if halo is None:
         return entry, exit_
@@ -313,7 +312,6 @@ def simulate(plan: StepPlan, cost: CostModel) -> StepResult:
     cost = cost.for_cluster(plan.cluster)
     world, g = plan.cluster.world_size, plan.cluster.gpus_per_node
     m = cost.model
-    check_linear(plan.cluster, cost)
     if world % cost.ep_degree:
         raise SettingError(
             f"costs.ep_degree (--ep)={cost.ep_degree} does not divide the cluster's {world} ranks: the runtime's expert-parallel "
@@ -332,11 +330,13 @@ def simulate(plan: StepPlan, cost: CostModel) -> StepResult:
     pre_share = qkv / cost.layer_params_active
     t_pre = {k: t * cost.layer_token_time * pre_share for k, t in tokens.items()}
     t_post = {k: t * cost.layer_token_time * (1 - pre_share) for k, t in tokens.items()}
-    if cost.sparse.linear:  # a linear kind's S layers: its own projections (one rank: no exchange between pre and post)
-        t_pre["S"], t_post["S"] = tokens["S"] * cost.layer_time_of("S"), tokens["S"] * 0.0
+    if cost.sparse.linear:  # a linear kind's S layers: its in-projection before the entry, out-projection and MoE after
+        out_share = cost.linear_out_params() / cost.sparse_layer_params_active
+        t_pre["S"] = tokens["S"] * cost.layer_time_of("S") * (1 - out_share)
+        t_post["S"] = tokens["S"] * cost.layer_time_of("S") * out_share
     t_head = child.tokens * cost.head_token_time
 
-    full_x = _layer_exchanges(cost, parent, tokens["F"], g)
+    full_x = _layer_exchanges(cost, parent, tokens["F"], g, "F")
     sparse_x = _sparse_exchanges(plan, cost, child)
     redist = redistributions(plan, cost) if plan.redistributes else None
 

@@ -378,17 +378,103 @@ def test_the_cost_model_counts_a_gdn_hybrids_parameters_as_the_model_has_them():
         assert any(isinstance(b, LinearBlock) for b in model.blocks)
 
 
-def test_a_gdn_hybrid_plans_and_simulates_on_one_rank_and_is_refused_on_two():
+def test_a_gdn_hybrid_plans_and_simulates_across_ranks_and_halo_modes_name_what_runs_it():
     from config import Cluster, HardwareConfig, ModelConfig, SettingError
     from solver import CostModel, make_plan, samples_from_lengths
+    from solver.modes import modes_where
     from solver.simulator import simulate
 
     cost = CostModel(ModelConfig.from_name("tiny-gdn"), HardwareConfig())
     plan = make_plan(samples_from_lengths([20, 9]), Cluster(1, 1, 32), cost, "baseline")
     r = simulate(plan, cost)
     assert r.step_time > 0 and r.model_flops == pytest.approx(cost.model_flops([20, 9]))
-    with pytest.raises(SettingError, match=r"model.sparse_kind='gated_delta' is a linear-attention kind.*a cluster of 2 ranks"):
-        make_plan(samples_from_lengths([20, 9]), Cluster(2, 2, 32), cost, "baseline")
+    plan = make_plan(samples_from_lengths([50, 9]), Cluster(2, 2, 32), cost, "baseline")
+    assert plan.widest_parent == 2 and simulate(plan, cost).sparse_intra_bytes > 0  # Ulysses over 2 ranks
+    ways = str(list(modes_where(needs_reach=False)))
+    for mode in modes_where(needs_reach=True):
+        with pytest.raises(SettingError) as e:
+            make_plan(samples_from_lengths([20, 9]), Cluster(2, 2, 32), cost, mode)
+        assert "'gated_delta' is a linear kind" in str(e.value) and "state passing" in str(e.value) and ways in str(e.value)
+
+
+# Ulysses for linear layers over gloo: 8 ranks in nodes of 2 (tests/test_model_distributed.py's
+# batch); tiny-gdn's 4 key heads for 8 value heads (an SP8 group replicates each key head over 2
+# ranks) and a variant with a key head per value head
+LINEAR_CONFIGS = {
+    "gva": "tiny-gdn",
+    "mha": {"k_heads": 8, "v_heads": 8, "head_k_dim": 8, "head_v_dim": 8, "conv_kernel": 4, "block": 16},
+}
+
+
+def _linear_config(name):
+    from config import ModelConfig
+
+    spec = LINEAR_CONFIGS[name]
+    cfg = ModelConfig.from_name("tiny-gdn", aux_loss_coef=0.01)
+    return cfg if isinstance(spec, str) else cfg.replace(sparse_params=spec)
+
+
+def _linear_plans(name):
+    """Every mode's plan that needs no reach (gva), and the hand-made ones: one SP8 parent in its
+    own layout, repacked into node-local children, redistributed."""
+    from config import Cluster, HardwareConfig
+    from solver import CostModel, make_plan, samples_from_lengths
+    from solver.modes import modes_where
+    from tests import test_model_distributed as tmd
+    from tests.test_strategies_distributed import hand_plans
+
+    cost = CostModel(_linear_config(name), HardwareConfig())
+    cluster = Cluster(tmd.WORLD, tmd.NODE, 32)
+    solved = [make_plan(samples_from_lengths(tmd.LENGTHS), cluster, cost, m) for m in modes_where(needs_reach=False)]
+    return (solved if name == "gva" else []) + [*tmd.hand_plans(), hand_plans()[2]]
+
+
+def _linear_step_body(rank, world, refs):
+    from kernels.exchange import ExchangeGroups
+    from model.distributed import run_step
+    from model.sharding import full_tensor, shard_model
+    from tests.test_model_distributed import LENGTHS, make_model, sample_tokens
+    from tests.test_strategies_distributed import assert_step
+
+    groups = ExchangeGroups(world)
+    for name in LINEAR_CONFIGS:
+        for plan in _linear_plans(name):
+            assert_step(_linear_config(name), plan, refs[name], groups, f"{name} {plan.mode} {plan.hash}")
+    # FSDP2 with expert parallelism (EP2) on the repacked plan: the same loss and gathered gradients
+    cfg, (ref_loss, ref_grads) = _linear_config("gva"), refs["gva"]
+    plan = _linear_plans("mha")[1]
+    model = shard_model(make_model(cfg).expert_parallel(2, rank), torch.device("cpu"))
+    torch.testing.assert_close(run_step(model, plan, sample_tokens(LENGTHS), groups, "torch", "torch"), ref_loss, rtol=1e-10, atol=1e-12)
+    per = cfg.n_experts // 2
+    mine = slice((rank % 2) * per, (rank % 2 + 1) * per)
+    for n, p in model.named_parameters():
+        want = ref_grads[n][mine] if ".experts." in n else ref_grads[n]
+        torch.testing.assert_close(full_tensor(p.grad), want, rtol=1e-9, atol=1e-11, msg=f"fsdp ep2 {n}")
+
+
+@pytest.mark.slow
+def test_linear_layers_by_ulysses_give_the_single_process_step_in_every_mode_and_move_the_priced_bytes():
+    """A whole step of a GDN hybrid on 8 gloo ranks, float64: the loss and every parameter's
+    gradient equal one process's over the whole batch, in every mode that runs linear layers
+    (their S layers by Ulysses: value heads and the key heads they read split over each group,
+    key heads replicated where the group is wider), with grouped and one-to-one key heads,
+    replicated and FSDP2 with expert parallelism; the bytes every rank counted at each site equal
+    the simulator's for the same plan."""
+    from tests.test_model_distributed import LENGTHS, WORLD, reference
+
+    refs = {name: reference(LENGTHS, _linear_config(name)) for name in LINEAR_CONFIGS}
+    run_distributed(_linear_step_body, WORLD, refs)
+
+
+def test_the_linear_plans_cover_what_the_step_test_claims():
+    from solver.modes import modes_where
+
+    gva = _linear_plans("gva")
+    assert {p.mode for p in gva} >= set(modes_where(needs_reach=False))
+    p = _linear_config("gva").sparse_params
+    widest = max(q.group.size for plan in gva for q in plan.parents)
+    assert widest > p["k_heads"] and p["v_heads"] % widest == 0, "a group wider than the key heads: replicated"
+    assert any(plan.redistributes for plan in gva) and any(q.repacked for plan in gva for q in plan.parents)
 
 
 @pytest.mark.slow

@@ -68,22 +68,28 @@ def counted(stats: CommStats) -> list[float]:
     return t.tolist()
 
 
+def assert_step(cfg: ModelConfig, plan: StepPlan, ref, groups: ExchangeGroups, where: str) -> CommStats:
+    """One step of `plan` (replicated parameters, fp64): the loss and every gradient equal the
+    single-process `ref`, and the bytes every rank counted at each site, summed, the simulator's."""
+    ref_loss, ref_grads = ref
+    model = make_model(cfg)
+    stats = CommStats(gpus_per_node=NODE)
+    loss = run_step(model, plan, sample_tokens(LENGTHS), groups, "torch", "torch", stats)
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-10, atol=1e-12, msg=where)
+    for n, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, ref_grads[n], rtol=1e-9, atol=1e-11, msg=f"{where} {n}")
+    sim = simulate(plan, CostModel(cfg, HardwareConfig(bytes_per_element=8), costs=CostsConfig(recompute="none", ep_degree=1)))
+    priced = [sim.full_intra_bytes, sim.full_inter_bytes, sim.sparse_intra_bytes, sim.sparse_inter_bytes]
+    assert counted(stats) == pytest.approx(priced, rel=1e-12, abs=0), (where, counted(stats), priced)
+    return stats
+
+
 def _body(rank, world, refs):
     groups = ExchangeGroups(world)
     for name, cfg in CONFIGS.items():
-        ref_loss, ref_grads = refs[name]
-        sim_cost = CostModel(cfg, HardwareConfig(bytes_per_element=8), costs=CostsConfig(recompute="none", ep_degree=1))
         for plan in plans(cfg):
             where = f"{name} {plan.mode} {plan.hash}"
-            model = make_model(cfg)
-            stats = CommStats(gpus_per_node=NODE)
-            loss = run_step(model, plan, sample_tokens(LENGTHS), groups, "torch", "torch", stats)
-            torch.testing.assert_close(loss, ref_loss, rtol=1e-10, atol=1e-12, msg=where)
-            for n, p in model.named_parameters():
-                torch.testing.assert_close(p.grad, ref_grads[n], rtol=1e-9, atol=1e-11, msg=f"{where} {n}")
-            sim = simulate(plan, sim_cost)
-            priced = [sim.full_intra_bytes, sim.full_inter_bytes, sim.sparse_intra_bytes, sim.sparse_inter_bytes]
-            assert counted(stats) == pytest.approx(priced, rel=1e-12, abs=0), (where, counted(stats), priced)
+            stats = assert_step(cfg, plan, refs[name], groups, where)
             if plan.mode == "halo" and plan.parents[0].children[1].halo:  # the hand plan: halos cross nodes
                 crossing = torch.tensor([float(stats.inter_node_bytes("sparse.halo"))])
                 dist.all_reduce(crossing)
