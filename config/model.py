@@ -18,7 +18,7 @@ class ModelConfig(Section):
     MoE with 48 layers in the paper's 1F3S pattern; `small` trains on a GPU cluster; `tiny` and
     `tiny-gqa` run a step on a CPU in well under a second. `paper-gdn` and `tiny-gdn`: hybrids
     whose S layers are Gated DeltaNet (the linear kind `gated_delta`), the first with the shapes of
-    a public 2025 GDN hybrid; across ranks their S layers run by Ulysses."""
+    a public 2025 GDN hybrid; across ranks their S layers run by Ulysses or by state passing."""
 
     SECTION = "model"
 

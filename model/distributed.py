@@ -20,12 +20,13 @@ from kernels.exchange import CommStats, ExchangeGroups, HaloArgs, PhaseClock, di
 from solver import Group, StepPlan, TokenLayout, head_cu_seqlens, token_to_head_rank
 from solver.cluster import InternalError
 from solver.cost import sparse_cost, splits_over, ulysses_parts
-from solver.layout import halo_transfers, token_to_token_rank
+from solver.layout import halo_transfers, state_transfers, token_to_token_rank
 
 from .attention import KeySegments
 from .experts import ExpertDispatch, inverse_permutation, permute_rows
 from .hybrid import IGNORE, layer_attention
 from .layers import Rotary
+from .linear import transition
 from .sharding import expert_params, is_sharded
 
 
@@ -219,6 +220,9 @@ class RankPlacement:
             self.halo_args, self.key_rows, self.key_inverse, keys = halo_rank_args(
                 child, self.child_group, rank, first_key, cfg.sparse_params, device
             )
+            self.key_segments = keys
+            if sparse_cost(cfg.sparse_kind).passing is not None:  # a linear kind: state passing too
+                self._state_args(child, device)
             sparse_cu = np.concatenate([[0], np.cumsum([b - a for _, a, b in self.chunks if b > a])]).astype(np.int32)
         else:
             sparse_cu = head_cu_seqlens(child, self.child_group)
@@ -253,7 +257,7 @@ class RankPlacement:
             cu = np.concatenate([[0], np.cumsum([b - a for _, a, b in self.chunks])]).astype(np.int64).tolist()
             return mixer(x, cu)[0]
         if self.halo:
-            raise LayoutError(f"rank {self.rank}: a halo child of a linear kind needs state passing, which steps do not run yet")
+            return self._state_passing(mixer, x)
         mixed, z, a, b = mixer._project(x)
         cols = self._linear_columns.get(id(mixer))
         if cols is None:
@@ -263,6 +267,77 @@ class RankPlacement:
         o = mixer.forward_heads(y[:, :, 0], self.sparse_cu, self.child_group.size, self.rank - self.child_group.start)
         o = exchange(o.contiguous(), self.sparse_exit, self.transport, self.pack_backend, self.stats, "sparse.exit")
         return mixer._output(o, z)
+
+    def _state_passing(self, mixer, x: torch.Tensor) -> torch.Tensor:
+        """A linear layer on a halo child's own token layout (each rank contiguous chunks of its
+        samples, all heads): two point-to-point exchanges make each chunk exact. The pre-
+        convolution rows its convolution reaches back to come from the ranks before ("sparse.halo",
+        the halo exchange attention uses, at the convolution's reach); each chunk whose sample goes
+        on forms its map (A, B) from a zero state and sends it to every later rank holding the
+        sample ("sparse.states"), where a chunk composes the maps of its sample's earlier chunks,
+        in rank order, into its incoming state. Backward, each halo's and map's gradient goes back
+        to its owner."""
+        mixed, z, a, b = mixer._project(x)
+        n, ch, reach = mixed.shape[0], mixed.shape[1], mixer.kernel - 1
+        rows = mixed.view(n, 1, ch)
+        got = halo_exchange(rows.contiguous(), self.halo_args, self.pack_backend, self.stats)
+        seg = permute_rows(torch.cat([got, rows]), self.key_rows, self.key_inverse, self.pack_backend)[:, 0]
+        halos = []
+        for lo, h in zip(self.linear_key_cu, self.linear_halo_rows):  # h <= reach: fewer at a sample's start
+            halos.append(torch.cat([seg.new_zeros(reach - h, ch), seg[lo : lo + h]]))
+        bounds = self.linear_bounds
+        q, k, v, g, beta, _ = mixer._inputs(mixed, a, b, bounds, torch.stack(halos) if halos else None)
+        hv, dk = mixer.hv, mixer.dk
+        maps = []
+        for i in self.map_chunks:  # each sending chunk's map from a zero state: A by transition, B its final state
+            lo, hi = bounds[i], bounds[i + 1]
+            kk = mixer._grouped(k[lo:hi], hv)
+            final = mixer._recurrence(q[lo:hi], k[lo:hi], v[lo:hi], g[lo:hi], beta[lo:hi], [0, hi - lo], None)[1][0]
+            maps.append(torch.cat([transition(kk, g[lo:hi], beta[lo:hi], mixer.block), final], dim=-1))
+        # a rank that forms no map still joins the maps' backward (it sends the gradients of those it received)
+        sent = torch.stack(maps) if maps else q.new_zeros(0, hv, dk, dk + mixer.dv) + 0.0 * q.sum()
+        got_maps = halo_exchange(
+            sent.view(-1, hv * dk, dk + mixer.dv).contiguous(), self.state_args, self.pack_backend, self.stats, "sparse.states"
+        )
+        got_maps = got_maps.view(-1, hv, dk, dk + mixer.dv)
+        states = []
+        for received in self.maps_of_chunk:
+            s = x.new_zeros(hv, dk, mixer.dv)
+            for j in received:  # the sample's earlier chunks, in rank order: S <- A S + B
+                s = got_maps[j][..., :dk] @ s + got_maps[j][..., dk:]
+            states.append(s)
+        o = mixer._recurrence(q, k, v, g, beta, bounds, torch.stack(states) if states else None)[0]
+        return mixer._output(o, z) + 0.0 * got_maps.sum()  # every rank joins the maps' backward, received or not
+
+    def _state_args(self, child: TokenLayout, device) -> None:
+        """A linear kind's halo child: its non-empty chunks' bounds and halo rows, the chunks that
+        form maps, the map exchange (HaloArgs over solver.layout.state_transfers) and, per chunk,
+        the received maps it composes, in rank order."""
+        held = [(sid, a, b) for sid, a, b in self.chunks if b > a]
+        self.linear_bounds = np.concatenate([[0], np.cumsum([b - a for _, a, b in held])]).astype(np.int64).tolist()
+        halo = (self.key_segments.q_start - self.key_segments.k_start).astype(np.int64)
+        self.linear_halo_rows = halo.tolist()
+        self.linear_key_cu = np.concatenate([[0], np.cumsum(halo + np.diff(self.linear_bounds))])[:-1].astype(np.int64).tolist()
+        transfers = state_transfers(child, self.child_group)
+        index = {sid: i for i, (sid, _, _) in enumerate(held)}
+        self.map_chunks = sorted({index[t.sample] for t in transfers if t.src == self.rank})
+        row_of = {i: r for r, i in enumerate(self.map_chunks)}
+        sends: dict[int, list[int]] = {}
+        for t in (t for t in transfers if t.src == self.rank):
+            sends.setdefault(t.dst, []).append(row_of[index[t.sample]])
+        recvs: dict[int, int] = {}
+        self.maps_of_chunk = [[] for _ in held]
+        at = 0
+        for t in (t for t in transfers if t.dst == self.rank):  # by source, then sample: the receive buffer's order
+            recvs[t.src] = recvs.get(t.src, 0) + 1
+            self.maps_of_chunk[index[t.sample]].append(at)
+            at += 1
+        self.state_args = HaloArgs(
+            self.rank,
+            len(self.map_chunks),
+            tuple((dst, torch.as_tensor(r, dtype=torch.int64, device=device)) for dst, r in sorted(sends.items())),
+            tuple(sorted(recvs.items())),
+        )
 
     def _heads(self, y: torch.Tensor, p: int):
         h, hkv = self.cfg.n_heads // p, max(self.cfg.n_kv_heads // p, 1)  # one replicated KV head when p > n_kv_heads

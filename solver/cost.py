@@ -64,6 +64,20 @@ MAX_PARAM = 2**62  # a sparse kind's numeric parameter: positions offset by it s
 
 
 @dataclass(frozen=True)
+class StatePassing:
+    """How a linear kind runs over contiguous chunks of a sample on consecutive ranks (its halo
+    children, and the parent's own layout with halos): each chunk receives the pre-convolution
+    rows its convolution reaches back to (the kind's first_key; halo_elements(params) elements a
+    row) and the map (A, B) of every earlier chunk of its sample (state_elements(params) elements
+    each), and composes them into its incoming state; each chunk whose sample goes on forms its own
+    map first (map_flops(lengths, cfg): forward FLOPs of the maps of chunks of these lengths)."""
+
+    halo_elements: Callable[[dict], int]
+    state_elements: Callable[[dict], int]
+    map_flops: SparseFlops
+
+
+@dataclass(frozen=True)
 class SparseCost:
     name: str
     flops: SparseFlops  # (lengths [n], cfg) -> forward FLOPs per sample [n]
@@ -80,6 +94,9 @@ class SparseCost:
     # ulysses(params) -> ((entry parts, elements per head), (exit parts, elements per head)), as
     # `ulysses_parts` describes them; None: the attention's q, k, v in and its output back
     ulysses: Callable[[dict], tuple[tuple[tuple[int, ...], int], tuple[tuple[int, ...], int]]] | None = None
+    # a linear kind's state passing (its layers over chunks of a sample on consecutive ranks):
+    # what a rank receives besides its convolution's halo rows
+    passing: StatePassing | None = None
 
     @property
     def linear(self) -> bool:
@@ -87,12 +104,6 @@ class SparseCost:
 
     def check_local(self, what: str = "halo children") -> FirstKey:
         """The kind's reach, or SettingError naming the kind and what it lacks."""
-        if self.linear:
-            raise SettingError(
-                f"sparse kind {self.name!r} is a linear kind: its layers carry a state, not a window of keys, so {what} would "
-                f"pass each rank its incoming state (state passing), which steps do not run yet; its layers run on one rank or by "
-                f"Ulysses, in the modes that need no reach"
-            )
         if self.first_key is None:
             raise SettingError(
                 f"sparse kind {self.name!r} declares no reach (first_key: the first key a query may see), so {what} cannot "
@@ -134,6 +145,7 @@ def register_sparse_cost(
     projections: Callable[[ModelConfig], int] | None = None,
     check: Callable[[dict], str | None] | None = None,
     ulysses: Callable[[dict], tuple[tuple[tuple[int, ...], int], tuple[tuple[int, ...], int]]] | None = None,
+    passing: StatePassing | None = None,
 ) -> None:
     """Register the forward FLOPs of a sparse-attention kind, with its parameters and their
     defaults, and, for a local kind, its reach (first_key(query positions, params): the first key
@@ -142,12 +154,13 @@ def register_sparse_cost(
     place of the attention's); its `flops` then count the rest of the layer (priced at the
     attention's rate). check(params): the kind's own rule over its parameters, a message naming
     what is wrong and what is valid, or None. ulysses(params): a linear kind's Ulysses exchanges
-    (`ulysses_parts`)."""
+    (`ulysses_parts`); passing: its state passing over chunks (StatePassing), with first_key
+    its convolution's reach."""
     if name in _SPARSE_COSTS and not overwrite:
         raise ValueError(f"sparse kind {name!r} is already registered; pass overwrite=True to replace it")
     if (ulysses is None) != (projections is None):
         raise ValueError(f"sparse kind {name!r}: a linear kind declares both its projections and its Ulysses exchanges (ulysses)")
-    _SPARSE_COSTS[name] = SparseCost(name, flops, dict(params or {}), first_key, projections, check, ulysses)
+    _SPARSE_COSTS[name] = SparseCost(name, flops, dict(params or {}), first_key, projections, check, ulysses, passing)
 
 
 def ulysses_parts(model: ModelConfig, layer_type: str) -> tuple[tuple[tuple[int, ...], int], tuple[tuple[int, ...], int]]:
@@ -237,6 +250,19 @@ def gated_delta_flops(
     return out if parts else sum(out.values())
 
 
+def gated_delta_map_flops(lengths, p: dict):
+    """Forward FLOPs of the maps (A, B) of chunks of these lengths (model.linear.transition and the
+    chunk's state from zero, per value head): the blockwise recurrence's matmuls and solve once
+    with the values (B) and once with head_k_dim columns in their place (A)."""
+    n = np.asarray(lengths, dtype=np.float64)
+    c, dk = np.minimum(n, p["block"]), p["head_k_dim"]
+
+    def recurrence(dv):
+        return n * p["v_heads"] * (4 * c * dk + 2 * c * dv + 6 * dk * dv + c * dv)
+
+    return recurrence(p["head_v_dim"]) + recurrence(dk)
+
+
 def gated_delta_projections(hidden: int, k_heads: int, v_heads: int, head_k_dim: int, head_v_dim: int) -> int:
     """Parameters of a Gated DeltaNet layer's projections: in, to q and k (k_heads x head_k_dim
     each), v and the output gate (v_heads x head_v_dim each), the decay and strength inputs (one
@@ -293,6 +319,12 @@ register_sparse_cost(
     projections=lambda cfg: gated_delta_projections(cfg.hidden, **_gated_delta_args(cfg)),
     check=_gated_delta_problem,
     ulysses=gated_delta_ulysses,
+    first_key=lambda q, p: np.maximum(np.asarray(q) - (p["conv_kernel"] - 1), 0),  # the convolution's reach
+    passing=StatePassing(
+        halo_elements=lambda p: 2 * p["k_heads"] * p["head_k_dim"] + p["v_heads"] * p["head_v_dim"],
+        state_elements=lambda p: p["v_heads"] * p["head_k_dim"] * (p["head_k_dim"] + p["head_v_dim"]),
+        map_flops=lambda n, cfg: gated_delta_map_flops(n, cfg.sparse_params),
+    ),
 )
 
 
@@ -658,8 +690,37 @@ class CostModel:
             return 0.0
         hw = self.hw
         bw = hw.inter_node_bw if across else hw.intra_node_bw
-        call = hw.halo_call_latency + (hw.a2a_inter_latency if across else 0.0) + rows * self.kv_row_bytes() / bw
+        call = hw.halo_call_latency + (hw.a2a_inter_latency if across else 0.0) + rows * self.halo_row_bytes() / bw
         return self.exchange_passes * call
+
+    def halo_row_bytes(self) -> float:
+        """Bytes of one halo row: a token's keys and values, or a linear kind's pre-convolution row."""
+        if self.sparse.passing is not None:
+            return self.sparse.passing.halo_elements(self.model.sparse_params) * self.hw.bytes_per_element
+        return self.kv_row_bytes()
+
+    def state_bytes(self) -> float:
+        """Bytes of one chunk's map (A, B) a linear kind's state passing sends (0 for other kinds)."""
+        if self.sparse.passing is None:
+            return 0.0
+        return self.sparse.passing.state_elements(self.model.sparse_params) * self.hw.bytes_per_element
+
+    def map_time(self, lengths):
+        """Forward seconds of the maps of chunks of these lengths (a linear kind's state passing; 0 otherwise)."""
+        if self.sparse.passing is None:
+            return np.zeros_like(np.asarray(lengths, dtype=np.float64))
+        return self.sparse.passing.map_flops(np.asarray(lengths, dtype=np.float64), self.model) / self.attn_rate
+
+    def state_layer_time(self, maps: float, map_seconds: float, across: bool) -> float:
+        """Seconds of one linear layer's state passing for a rank that receives `maps` maps (and
+        sends as many) and forms maps of `map_seconds` forward seconds: their point-to-point call
+        every exchange pass, like a halo's, and the maps' compute every attention pass."""
+        if maps <= 0 and map_seconds <= 0:
+            return 0.0
+        hw = self.hw
+        bw = hw.inter_node_bw if across else hw.intra_node_bw
+        call = hw.halo_call_latency + (hw.a2a_inter_latency if across else 0.0) + maps * self.state_bytes() / bw
+        return self.exchange_passes * call * (maps > 0) + self.attention_passes * map_seconds
 
     def halo_line(self, parent_size: int, rows: float, across: bool) -> tuple[float, float]:
         """cost.rank_time's line of a halo child inside a parent of `parent_size`: its share of the

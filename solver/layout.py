@@ -456,6 +456,27 @@ def halo_pair_rows(layout: TokenLayout, group: Group, first_key, params: dict) -
     return out
 
 
+def state_transfers(layout: TokenLayout, group: Group) -> list[HaloTransfer]:
+    """Every map a state-passing group's linear layers move (StatePassing): for each sample of the
+    group and each of its non-empty chunks on rank k, the map of each earlier non-empty chunk of
+    the sample, from its rank (one map each: lo, hi = 0, 1). Ordered by destination, source, then
+    sample: the order every rank packs and unpacks in, and the order a chunk composes them in."""
+    out = []
+    for sid in group.samples:
+        bounds = chunk_bounds(layout.lengths[sid], group.size)
+        held = [k for k in range(group.size) if bounds[k + 1] > bounds[k]]
+        out.extend(HaloTransfer(group.start + j, group.start + k, sid, 0, 1) for i, k in enumerate(held) for j in held[:i])
+    return sorted(out, key=lambda t: (t.dst, t.src, group.samples.index(t.sample)))
+
+
+def state_pair_maps(layout: TokenLayout, group: Group) -> dict[tuple[int, int], int]:
+    """Maps per (source, destination) of state_transfers, summed: what the simulator prices."""
+    out: dict[tuple[int, int], int] = {}
+    for t in state_transfers(layout, group):
+        out[(t.src, t.dst)] = out.get((t.src, t.dst), 0) + 1
+    return out
+
+
 def exchange_bytes(plans: Mapping[int, RankExchange], world_size: int, row_bytes: int) -> np.ndarray:
     """[world, world] bytes rank i sends to rank j (self-sends included on the diagonal)."""
     m = np.zeros((world_size, world_size), dtype=np.int64)

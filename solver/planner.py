@@ -26,7 +26,7 @@ from .cost import CostModel
 from .estimate import PlanEstimate
 from .halo import choose_children, own_layout_halo, solve_halo_children
 from .layout import Group
-from .modes import CHILDREN, HALO_CHILDREN, OWN, OWN_HALO, Mode, mode_of, modes_where
+from .modes import CHILDREN, HALO_CHILDREN, OWN, OWN_HALO, Mode, mode_of
 from .parent_solver import solve_parents
 from .plan import DISABLED, NODE_LOCAL, ParentPlan, StepPlan
 from .width_solver import solve_widths
@@ -97,12 +97,7 @@ def make_plan(
     cost = cost.for_cluster(cluster)
     check_heads(cluster, cost)
     if spec.needs_reach:
-        try:
-            cost.sparse.check_local(f"mode {mode}")
-        except SettingError as e:
-            if not cost.sparse.linear:
-                raise
-            raise SettingError(f"{e}: {list(modes_where(needs_reach=False))}") from None
+        cost.sparse.check_local(f"mode {mode}")
     return compose(spec, check_samples(samples, cluster), cluster, cost, assignment_pricing)
 
 

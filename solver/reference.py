@@ -24,7 +24,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from .cost import CostModel, rank_time
-from .layout import Group, TokenLayout, halo_pair_rows
+from .layout import Group, TokenLayout, chunk_bounds, halo_pair_rows, state_transfers
 from .plan import ParentPlan
 
 
@@ -46,6 +46,24 @@ def halo_rows(group: Group, length_of: Mapping[int, int], cost: CostModel) -> np
     return rows
 
 
+def state_load(group: Group, length_of: Mapping[int, int], cost: CostModel) -> tuple[np.ndarray, np.ndarray]:
+    """Per rank of `group` run as a linear kind's halo child: the maps it sends or receives per
+    layer, whichever is more, and the forward seconds of the maps its chunks form."""
+    maps_in, maps_out, seconds = np.zeros(group.size), np.zeros(group.size), np.zeros(group.size)
+    if group.size == 1:
+        return maps_in, seconds
+    layout = TokenLayout((group,), {s: length_of[s] for s in group.samples})
+    formed = set()
+    for t in state_transfers(layout, group):
+        maps_in[t.dst - group.start] += 1
+        maps_out[t.src - group.start] += 1
+        formed.add((t.src - group.start, t.sample))
+    for k, sid in formed:
+        b = chunk_bounds(length_of[sid], group.size)
+        seconds[k] += float(cost.map_time(b[k + 1] - b[k]))
+    return np.maximum(maps_in, maps_out), seconds
+
+
 def child_time(child: Group, parent: Group, length_of: Mapping[int, int], cost: CostModel) -> float:
     """Seconds a rank of `child` (inside `parent`; the parent itself when it is not repacked) spends
     on everything that runs in the child layout, with its tokens split evenly over the child. A
@@ -55,7 +73,12 @@ def child_time(child: Group, parent: Group, length_of: Mapping[int, int], cost: 
         lin = sum(float(cost.linear_cost(length_of[s])) for s in child.samples)
         tokens = sum(length_of[s] for s in child.samples)
         rows = float(halo_rows(child, length_of, cost).max(initial=0.0))
-        return rank_time(lin, tokens, child.size, cost.halo_line(parent.size, rows, child.spans_nodes(cost.gpus_per_node)))
+        across = child.spans_nodes(cost.gpus_per_node)
+        a, b = cost.halo_line(parent.size, rows, across)
+        if cost.sparse.passing is not None:  # a linear kind: the maps too, at its worst rank
+            maps, seconds = state_load(child, length_of, cost)
+            b += cost.model.n_sparse * max((cost.state_layer_time(m, t, across) for m, t in zip(maps, seconds)), default=0.0)
+        return rank_time(lin, tokens, child.size, (a, b))
     m = cost.model
     tokens_per_rank = sum(length_of[s] for s in child.samples) / child.size
     work = sum(float(cost.linear_cost(length_of[s])) for s in child.samples) / child.size

@@ -25,7 +25,7 @@ from config import SettingError
 
 from .cluster import ceil_pow2
 from .cost import BWD_COMPUTE, FWD_BWD_COMPUTE, FWD_COMPUTE, CostModel
-from .layout import halo_pair_rows, relayout_rows
+from .layout import chunk_bounds, halo_pair_rows, relayout_rows, state_pair_maps, state_transfers
 from .plan import StepPlan
 
 
@@ -214,14 +214,37 @@ def halo_exchange(plan: StepPlan, cost: CostModel):
         return None
     first_key = cost.sparse.check_local()
     world, g = plan.cluster.world_size, plan.cluster.gpus_per_node
-    row = cost.kv_row_bytes()
+    row = cost.halo_row_bytes()
     pairs: dict = {}
+    maps: dict = {}  # a linear kind's state passing: the maps, a second point-to-point call
     callers = np.zeros(world, dtype=bool)
     for c in halos:
         callers[c.start : c.stop] = True
         for key, rows in halo_pair_rows(plan.child_layout, c, first_key, cost.model.sparse_params).items():
             pairs[key] = pairs.get(key, 0.0) + rows * row
-    return _pairs_exchange(cost, pairs, world, g, callers, None, cost.hw.halo_call_latency)
+        if cost.sparse.passing is not None:
+            for key, n in state_pair_maps(plan.child_layout, c).items():
+                maps[key] = maps.get(key, 0.0) + n * cost.state_bytes()
+    rows_x = _pairs_exchange(cost, pairs, world, g, callers, None, cost.hw.halo_call_latency)
+    if cost.sparse.passing is None:
+        return rows_x
+    maps_x = _pairs_exchange(cost, maps, world, g, callers, None, cost.hw.halo_call_latency)
+    return tuple(a + b for a, b in zip(rows_x, maps_x))
+
+
+def map_seconds(plan: StepPlan, cost: CostModel) -> np.ndarray:
+    """Per rank, forward seconds of the maps its chunks form in a linear kind's halo children (a
+    chunk whose sample goes on to a later rank's chunk: state_transfers' sources)."""
+    out = np.zeros(plan.cluster.world_size)
+    if cost.sparse.passing is None:
+        return out
+    for c in (c for p in plan.parents for c in p.children if c.halo and c.size > 1):
+        sent = {(t.src, t.sample) for t in state_transfers(plan.child_layout, c)}
+        for rank, sid in sent:
+            b = chunk_bounds(plan.length_of[sid], c.size)
+            k = rank - c.start
+            out[rank] += float(cost.map_time(b[k + 1] - b[k]))
+    return out
 
 
 def redistributions(plan: StepPlan, cost: CostModel):
@@ -319,6 +342,7 @@ def simulate(plan: StepPlan, cost: CostModel) -> StepResult:
         )
     parent = _Layout(plan.parent_layout.groups, world, plan.length_of, cost)
     child = _Layout(plan.child_layout.groups, world, plan.length_of, cost)
+    child.sparse_attn = child.sparse_attn + map_seconds(plan, cost)  # a linear kind's halo children form their chunks' maps
     # token-wise work runs in the child layout (== parent in baseline); a redistributing parent's
     # full layers run theirs in the parent layout, between the two redistributions (ParentPlan.redistributed)
     moved = np.zeros(world, dtype=bool)

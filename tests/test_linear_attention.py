@@ -378,23 +378,32 @@ def test_the_cost_model_counts_a_gdn_hybrids_parameters_as_the_model_has_them():
         assert any(isinstance(b, LinearBlock) for b in model.blocks)
 
 
-def test_a_gdn_hybrid_plans_and_simulates_across_ranks_and_halo_modes_name_what_runs_it():
-    from config import Cluster, HardwareConfig, ModelConfig, SettingError
+def test_a_gdn_hybrid_plans_in_every_mode_and_the_simulator_prices_state_passings_rows_and_maps():
+    """Two ranks in nodes of one, samples of 50 and 9 tokens: every mode plans and simulates; in the
+    parent's own layout with state passing, each sample's second chunk receives the 3 rows its
+    convolution (kernel 4) reaches back to and the first chunk's map, fwd and bwd, in each of the
+    3 S layers: the sparse bytes the simulator prices, counted here by hand."""
+    from config import Cluster, CostsConfig, HardwareConfig, ModelConfig
     from solver import CostModel, make_plan, samples_from_lengths
-    from solver.modes import modes_where
+    from solver.modes import MODES
     from solver.simulator import simulate
 
-    cost = CostModel(ModelConfig.from_name("tiny-gdn"), HardwareConfig())
+    cfg = ModelConfig.from_name("tiny-gdn")
+    cost = CostModel(cfg, HardwareConfig(bytes_per_element=2), costs=CostsConfig(recompute="none"))
     plan = make_plan(samples_from_lengths([20, 9]), Cluster(1, 1, 32), cost, "baseline")
     r = simulate(plan, cost)
     assert r.step_time > 0 and r.model_flops == pytest.approx(cost.model_flops([20, 9]))
-    plan = make_plan(samples_from_lengths([50, 9]), Cluster(2, 2, 32), cost, "baseline")
-    assert plan.widest_parent == 2 and simulate(plan, cost).sparse_intra_bytes > 0  # Ulysses over 2 ranks
-    ways = str(list(modes_where(needs_reach=False)))
-    for mode in modes_where(needs_reach=True):
-        with pytest.raises(SettingError) as e:
-            make_plan(samples_from_lengths([20, 9]), Cluster(2, 2, 32), cost, mode)
-        assert "'gated_delta' is a linear kind" in str(e.value) and "state passing" in str(e.value) and ways in str(e.value)
+    plans = {m: make_plan(samples_from_lengths([50, 9]), Cluster(2, 1, 32), cost, m) for m in MODES}
+    assert all(simulate(p, cost).step_time > 0 for p in plans.values())
+    naive = plans["parent+halo"]
+    assert naive.parents[0].children[0].halo and naive.parents[0].group.size == 2
+    p = cfg.sparse_params
+    row = 2 * (2 * p["k_heads"] * p["head_k_dim"] + p["v_heads"] * p["head_v_dim"])  # bf16 pre-conv channels
+    state = 2 * p["v_heads"] * p["head_k_dim"] * (p["head_k_dim"] + p["head_v_dim"])  # A [K, K] and B [K, V] per value head
+    per_layer = 2 * (3 * row + state)  # two samples, each: 3 rows and one map
+    assert cfg.layer_pattern.count("S") * cfg.n_layers // len(cfg.layer_pattern) == 3
+    r = simulate(naive, cost)
+    assert (r.sparse_intra_bytes, r.sparse_inter_bytes) == (0, 2 * 3 * per_layer)  # across nodes; forward and backward, 3 S layers
 
 
 # Ulysses for linear layers over gloo: 8 ranks in nodes of 2 (tests/test_model_distributed.py's
@@ -415,18 +424,19 @@ def _linear_config(name):
 
 
 def _linear_plans(name):
-    """Every mode's plan that needs no reach (gva), and the hand-made ones: one SP8 parent in its
-    own layout, repacked into node-local children, redistributed."""
+    """Every mode's plan (gva), and the hand-made ones: one SP8 parent in its own layout, repacked
+    into node-local children, halo children (one across nodes whose convolution reaches two ranks
+    back, one of two samples), the parent's own layout with halos (empty chunks), redistributed."""
     from config import Cluster, HardwareConfig
     from solver import CostModel, make_plan, samples_from_lengths
-    from solver.modes import modes_where
+    from solver.modes import MODES
     from tests import test_model_distributed as tmd
     from tests.test_strategies_distributed import hand_plans
 
     cost = CostModel(_linear_config(name), HardwareConfig())
     cluster = Cluster(tmd.WORLD, tmd.NODE, 32)
-    solved = [make_plan(samples_from_lengths(tmd.LENGTHS), cluster, cost, m) for m in modes_where(needs_reach=False)]
-    return (solved if name == "gva" else []) + [*tmd.hand_plans(), hand_plans()[2]]
+    solved = [make_plan(samples_from_lengths(tmd.LENGTHS), cluster, cost, m) for m in MODES]
+    return (solved if name == "gva" else []) + [*tmd.hand_plans(), *hand_plans()]
 
 
 def _linear_step_body(rank, world, refs):
@@ -440,26 +450,29 @@ def _linear_step_body(rank, world, refs):
     for name in LINEAR_CONFIGS:
         for plan in _linear_plans(name):
             assert_step(_linear_config(name), plan, refs[name], groups, f"{name} {plan.mode} {plan.hash}")
-    # FSDP2 with expert parallelism (EP2) on the repacked plan: the same loss and gathered gradients
+    # FSDP2 with expert parallelism (EP2) on the repacked plan and the halo children: the same loss
+    # and gathered gradients
     cfg, (ref_loss, ref_grads) = _linear_config("gva"), refs["gva"]
-    plan = _linear_plans("mha")[1]
-    model = shard_model(make_model(cfg).expert_parallel(2, rank), torch.device("cpu"))
-    torch.testing.assert_close(run_step(model, plan, sample_tokens(LENGTHS), groups, "torch", "torch"), ref_loss, rtol=1e-10, atol=1e-12)
-    per = cfg.n_experts // 2
-    mine = slice((rank % 2) * per, (rank % 2 + 1) * per)
-    for n, p in model.named_parameters():
-        want = ref_grads[n][mine] if ".experts." in n else ref_grads[n]
-        torch.testing.assert_close(full_tensor(p.grad), want, rtol=1e-9, atol=1e-11, msg=f"fsdp ep2 {n}")
+    for plan in _linear_plans("mha")[1:3]:
+        model = shard_model(make_model(cfg).expert_parallel(2, rank), torch.device("cpu"))
+        loss = run_step(model, plan, sample_tokens(LENGTHS), groups, "torch", "torch")
+        torch.testing.assert_close(loss, ref_loss, rtol=1e-10, atol=1e-12)
+        per = cfg.n_experts // 2
+        mine = slice((rank % 2) * per, (rank % 2 + 1) * per)
+        for n, p in model.named_parameters():
+            want = ref_grads[n][mine] if ".experts." in n else ref_grads[n]
+            torch.testing.assert_close(full_tensor(p.grad), want, rtol=1e-9, atol=1e-11, msg=f"fsdp ep2 {plan.mode} {n}")
 
 
 @pytest.mark.slow
-def test_linear_layers_by_ulysses_give_the_single_process_step_in_every_mode_and_move_the_priced_bytes():
+def test_a_gdn_hybrids_step_gives_the_single_process_step_in_every_mode_and_moves_the_priced_bytes():
     """A whole step of a GDN hybrid on 8 gloo ranks, float64: the loss and every parameter's
-    gradient equal one process's over the whole batch, in every mode that runs linear layers
-    (their S layers by Ulysses: value heads and the key heads they read split over each group,
-    key heads replicated where the group is wider), with grouped and one-to-one key heads,
-    replicated and FSDP2 with expert parallelism; the bytes every rank counted at each site equal
-    the simulator's for the same plan."""
+    gradient equal one process's over the whole batch, in every mode: the linear layers by Ulysses
+    (value heads and the key heads they read split over each group, key heads replicated where
+    the group is wider) and by state passing (halo children and the parent's own layout: each
+    chunk's convolution halo and the maps of its sample's earlier chunks, point to point), with
+    grouped and one-to-one key heads, replicated and FSDP2 with expert parallelism; the bytes every
+    rank counted at each site equal the simulator's for the same plan."""
     from tests.test_model_distributed import LENGTHS, WORLD, reference
 
     refs = {name: reference(LENGTHS, _linear_config(name)) for name in LINEAR_CONFIGS}
@@ -467,14 +480,24 @@ def test_linear_layers_by_ulysses_give_the_single_process_step_in_every_mode_and
 
 
 def test_the_linear_plans_cover_what_the_step_test_claims():
-    from solver.modes import modes_where
+    from solver.cost import sparse_cost
+    from solver.layout import halo_transfers, state_transfers
+    from solver.modes import MODES
+    from tests.test_model_distributed import NODE
 
     gva = _linear_plans("gva")
-    assert {p.mode for p in gva} >= set(modes_where(needs_reach=False))
+    assert {p.mode for p in gva} == set(MODES)
     p = _linear_config("gva").sparse_params
     widest = max(q.group.size for plan in gva for q in plan.parents)
     assert widest > p["k_heads"] and p["v_heads"] % widest == 0, "a group wider than the key heads: replicated"
     assert any(plan.redistributes for plan in gva) and any(q.repacked for plan in gva for q in plan.parents)
+    halos = [(plan, c) for plan in gva for q in plan.parents for c in q.children if c.halo and c.size > 1]
+    assert any(c.start // NODE != (c.stop - 1) // NODE for _, c in halos), "a halo child across nodes"
+    reach = sparse_cost("gated_delta").first_key
+    conv = [t for plan, c in halos for t in halo_transfers(plan.child_layout, c, reach, p)]
+    assert any(t.dst - t.src >= 2 for t in conv), "a convolution reaching two ranks back"
+    maps = [(t.dst, t.sample) for plan, c in halos for t in state_transfers(plan.child_layout, c)]
+    assert max(maps.count(m) for m in maps) >= 3, "a chunk composing the maps of three earlier chunks"
 
 
 @pytest.mark.slow
@@ -484,50 +507,6 @@ def test_the_driver_trains_a_gdn_hybrid_on_one_rank(tmp_path):
     r = single_rank("--model", "tiny-gdn", "--steps", "2", "--out", str(tmp_path / "run"))
     assert r.returncode == 0, r.stderr[-2000:]
     assert "step     1" in r.stdout, r.stdout[-2000:]
-
-
-# samples cut over 4 ranks in rank order (each rank one chunk of each; some chunks empty, some
-# shorter than the convolution's reach of 3)
-GROUP_CHUNKS = [[6, 1, 0], [9, 0, 4], [2, 1, 3], [6, 0, 2]]  # GROUP_CHUNKS[rank][sample]
-
-
-def _group_layer():
-    torch.manual_seed(3)
-    return linear.GatedDeltaNet(12, 2, 4, 5, 3, conv_kernel=4, block=4).double()
-
-
-def _group_body(rank, world, ref):
-    import torch.distributed as dist
-
-    layer = _group_layer()
-    lengths = [sum(p[i] for p in GROUP_CHUNKS) for i in range(3)]
-    x = torch.randn(sum(lengths), 12, dtype=F64, generator=torch.Generator().manual_seed(5))
-    weight = torch.randn(sum(lengths), 12, dtype=F64, generator=torch.Generator().manual_seed(6))
-    starts = [sum(lengths[:i]) + sum(GROUP_CHUNKS[r][i] for r in range(rank)) for i in range(3)]
-    rows = torch.cat([torch.arange(s, s + n) for s, n in zip(starts, GROUP_CHUNKS[rank])])
-    out = layer.forward_over_group(x[rows], GROUP_CHUNKS[rank])
-    (out * weight[rows]).sum().backward()
-    whole_out, grads = ref
-    torch.testing.assert_close(out, whole_out[rows], rtol=1e-10, atol=1e-12, msg=lambda m: f"rank {rank}'s outputs: {m}")
-    for name, p in layer.named_parameters():
-        dist.all_reduce(p.grad)  # the ranks' shares of each parameter's gradient
-        torch.testing.assert_close(p.grad, grads[name], rtol=1e-9, atol=1e-11, msg=lambda m, n=name: f"rank {rank}, gradient of {n}: {m}")
-
-
-@pytest.mark.slow
-def test_a_layer_over_a_group_with_gathered_halos_and_states_gives_the_single_process_layer():
-    """The parent's own layout for linear layers: 4 gloo ranks each hold one chunk of each of 3
-    samples (chunks empty, or shorter than the convolution's reach); forward_over_group's outputs
-    on every rank and the sum over ranks of every parameter's gradient equal one process's layer
-    over the whole batch."""
-    layer = _group_layer()
-    lengths = [sum(p[i] for p in GROUP_CHUNKS) for i in range(3)]
-    x = torch.randn(sum(lengths), 12, dtype=F64, generator=torch.Generator().manual_seed(5))
-    weight = torch.randn(sum(lengths), 12, dtype=F64, generator=torch.Generator().manual_seed(6))
-    cu = [0, *torch.tensor(lengths).cumsum(0).tolist()]
-    out, _, _ = layer(x, cu)
-    (out * weight).sum().backward()
-    run_distributed(_group_body, 4, (out.detach(), {n: p.grad for n, p in layer.named_parameters()}))
 
 
 def test_a_linear_kinds_bad_parameters_are_one_line_naming_the_setting():

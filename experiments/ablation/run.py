@@ -21,7 +21,6 @@ from experiments.common.results import PAPER, summarize, summarize_seeds
 from experiments.common.settings import MODEL_CHOICES, cost_model
 from experiments.common.workload import check_generation, workload_steps
 from solver import CostModel, PlanError, make_plan, samples_from_lengths
-from solver.cost import sparse_cost
 from solver.modes import CHILDREN, MODE_TABLE, MODES, OWN, REFERENCE, twin
 from solver.simulator import simulate
 
@@ -315,9 +314,7 @@ def print_tables(rows, summary, out=None):
         )
     halo_off = [m.name for m in MODE_TABLE if m.needs_reach and m.name not in modes]
     if halo_off:
-        kind = cfg["model"]["sparse_kind"]
-        why = "is a linear kind, whose state passing steps do not run yet" if sparse_cost(kind).linear else "declares no reach"
-        p(f"{', '.join(halo_off)}: not run, the sparse kind {kind!r} {why} (halo children need one)")
+        p(f"{', '.join(halo_off)}: not run, the sparse kind {cfg['model']['sparse_kind']!r} declares no reach (halo children need one)")
     p("\nmean breakdown per rank (s), all selected steps pooled")
     cols = [
         ("compute", "compute_s"),
