@@ -327,6 +327,10 @@ class GatedDeltaNet(torch.nn.Module):
     def _recurrence(self, q, k, v, g, beta, bounds, states):
         """The gated delta rule over a packed batch, each value head reading its key head: fla's
         chunked kernel on CUDA where fla-core is installed, else `varlen`. (o, final states)."""
+        if len(bounds) == 1:  # no sample (an idle rank): empty outputs that still reach every input, so a
+            # sharded model's gradient reduction finds every parameter's (zero) gradient on every rank
+            joined = 0.0 * sum(t.sum() for t in (q, k, v, g, beta))
+            return v.new_zeros(0, *v.shape[1:]) + joined, v.new_zeros(0, v.shape[1], q.shape[2], v.shape[2])
         fla = _fla_chunk() if q.is_cuda else None
         if fla is not None:
             cu = torch.as_tensor(bounds, dtype=torch.long, device=q.device)
@@ -389,7 +393,8 @@ class GatedDeltaNet(torch.nn.Module):
             halo = None if halos is None else halos[i]
             conv_out.append(causal_conv(mixed[lo:hi], conv, halo))
             tails.append(self._tail(mixed[lo:hi], halo))
-        mixed = torch.nn.functional.silu(torch.cat(conv_out)) if conv_out else mixed
+        # no sample here (an idle rank): the convolution's weights still join the graph (_recurrence)
+        mixed = torch.nn.functional.silu(torch.cat(conv_out)) if conv_out else mixed + 0.0 * conv.sum()
         q, k, v = mixed.split([hk * self.dk, hk * self.dk, hv * self.dv], dim=-1)
         q = torch.nn.functional.normalize(q.view(n, hk, self.dk), dim=-1)
         k = torch.nn.functional.normalize(k.view(n, hk, self.dk), dim=-1)

@@ -101,14 +101,23 @@ def make_plan(
     return compose(spec, check_samples(samples, cluster), cluster, cost, assignment_pricing)
 
 
+def heads_of(cost: CostModel) -> str:
+    """The heads a group splits: the attention's, and a linear kind's S layers' (solver.cost.ulysses_parts)."""
+    m = cost.model
+    out = f"{m.n_heads} query / {m.n_kv_heads} key/value heads"
+    if cost.sparse.linear:
+        out += f"; linear layers {m.sparse_params['v_heads']} value / {m.sparse_params['k_heads']} key heads"
+    return out
+
+
 def check_heads(cluster: Cluster, cost: CostModel) -> int:
     """The widest group the planner emits for this model on this cluster (CostModel.widest_group);
     SettingError when the node-local children, up to a node wide, could not split the model's heads."""
-    m, widest = cost.model, cost.widest_group(cluster)
+    widest = cost.widest_group(cluster)
     if cluster.gpus_per_node > widest:
         raise SettingError(
             f"gpus_per_node={cluster.gpus_per_node}: node-local children may be SP{cluster.gpus_per_node}, but the model's heads "
-            f"({m.n_heads} query, {m.n_kv_heads} key/value) split over at most SP{widest}; use nodes of at most {widest} ranks "
+            f"({heads_of(cost)}) split over at most SP{widest}; use nodes of at most {widest} ranks "
             f"or a model whose query heads are a multiple of {cluster.gpus_per_node}"
         )
     return widest
@@ -129,7 +138,7 @@ def check_setup(cluster: Cluster, cost: CostModel, steps: Iterable[tuple[int, Se
         if ceil_pow2(longest / t) > widest:
             raise PlanError(
                 f"step {number}: a sample of {longest} tokens needs SP{ceil_pow2(longest / t)} at tokens_per_rank={t}, but groups "
-                f"go up to SP{widest} (model {m.name}: {m.n_heads} query / {m.n_kv_heads} key/value heads, {w} ranks); "
+                f"go up to SP{widest} (model {m.name}: {heads_of(cost)}, {w} ranks); "
                 f"use tokens_per_rank >= {-(-longest // widest)} or shorter samples"
             )
         if total > w * t:
@@ -139,7 +148,7 @@ def check_setup(cluster: Cluster, cost: CostModel, steps: Iterable[tuple[int, Se
             )
     replicated = f", key/value heads replicated on groups wider than SP{m.n_kv_heads}" if widest > m.n_kv_heads else ""
     return (
-        f"model {m.name} ({m.n_heads} query / {m.n_kv_heads} key/value heads): groups up to SP{widest}{replicated}; "
+        f"model {m.name} ({heads_of(cost)}): groups up to SP{widest}{replicated}; "
         f"{w} ranks in nodes of {cluster.gpus_per_node}; {t} tokens per rank: samples up to {widest * t} tokens, "
         f"batches up to {w * t}"
     )

@@ -450,11 +450,14 @@ def _linear_step_body(rank, world, refs):
     for name in LINEAR_CONFIGS:
         for plan in _linear_plans(name):
             assert_step(_linear_config(name), plan, refs[name], groups, f"{name} {plan.mode} {plan.hash}")
-    # FSDP2 with expert parallelism (EP2) on the repacked plan and the halo children: the same loss
-    # and gathered gradients
+    # FSDP2 with expert parallelism (EP2): the same loss and gathered gradients, on the solver's
+    # repack+solver plan (three ranks hold no token: their linear layers' parameters still get
+    # zero gradients, or the reduce-scatters differ in size) under full recompute (the exchanges
+    # and state passing run again in the backward), the hand-made repacked plan and halo children
     cfg, (ref_loss, ref_grads) = _linear_config("gva"), refs["gva"]
-    for plan in _linear_plans("mha")[1:3]:
-        model = shard_model(make_model(cfg).expert_parallel(2, rank), torch.device("cpu"))
+    idle = next(p for p in _linear_plans("gva") if p.mode == "repack+solver")
+    for plan, recompute in ((idle, "full"), *((p, "none") for p in _linear_plans("mha")[1:3])):
+        model = shard_model(make_model(cfg, recompute).expert_parallel(2, rank), torch.device("cpu"))
         loss = run_step(model, plan, sample_tokens(LENGTHS), groups, "torch", "torch")
         torch.testing.assert_close(loss, ref_loss, rtol=1e-10, atol=1e-12)
         per = cfg.n_experts // 2
@@ -496,6 +499,8 @@ def test_the_linear_plans_cover_what_the_step_test_claims():
     reach = sparse_cost("gated_delta").first_key
     conv = [t for plan, c in halos for t in halo_transfers(plan.child_layout, c, reach, p)]
     assert any(t.dst - t.src >= 2 for t in conv), "a convolution reaching two ranks back"
+    idle = next(p for p in gva if p.mode == "repack+solver")
+    assert len(idle.child_layout.local_chunks(1)) == 0, "a rank that holds no token"
     maps = [(t.dst, t.sample) for plan, c in halos for t in state_transfers(plan.child_layout, c)]
     assert max(maps.count(m) for m in maps) >= 3, "a chunk composing the maps of three earlier chunks"
 
