@@ -384,7 +384,9 @@ class HaloArgs:
         return sum(c for _, c in self.recvs)
 
 
-def _p2p(sends: list[tuple[int, torch.Tensor]], recvs: list[tuple[int, torch.Tensor]]) -> None:
+def point_to_point(sends: list[tuple[int, torch.Tensor]], recvs: list[tuple[int, torch.Tensor]]) -> None:
+    """Send each (peer, tensor) of `sends` and receive into each of `recvs`, over the default
+    group, in one batch; returns when all are done."""
     ops = [dist.P2POp(dist.isend, t, peer) for peer, t in sends] + [dist.P2POp(dist.irecv, t, peer) for peer, t in recvs]
     if ops:
         for req in dist.batch_isend_irecv(ops):
@@ -403,7 +405,7 @@ class _Halo(torch.autograd.Function):
             stats.record_peers(site, args.rank, {dst: int(rows.numel()) for dst, rows in args.sends}, row_bytes)
         clock.lap("record")
         inn = [(src, kv.new_empty((c, *kv.shape[1:]))) for src, c in args.recvs]
-        _p2p(out, inn)
+        point_to_point(out, inn)
         clock.lap("all_to_all")
         return torch.cat([t for _, t in inn]) if inn else kv.new_empty((0, *kv.shape[1:]))
 
@@ -419,7 +421,7 @@ class _Halo(torch.autograd.Function):
             row_bytes = math.prod(grad.shape[1:]) * grad.element_size()
             stats.record_peers(site, args.rank, {src: c for src, c in args.recvs}, row_bytes)
         got = [(dst, grad.new_empty((int(rows.numel()), *grad.shape[1:]))) for dst, rows in args.sends]
-        _p2p(back, got)
+        point_to_point(back, got)
         out = grad.new_zeros((args.n_in, *grad.shape[1:]))
         for (_, rows), (_, g) in zip(args.sends, got):  # destination by destination: a fixed order of the sums
             out.index_add_(0, rows, g)

@@ -11,16 +11,29 @@ every rank's, as in a single-process step over the whole batch.
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 import torch.distributed as dist
 
 from config import ModelConfig, SettingError
-from kernels.exchange import CommStats, ExchangeGroups, HaloArgs, PhaseClock, dist_transport, exchange, exchange_args, halo_exchange
+from kernels.exchange import (
+    CommStats,
+    ExchangeGroups,
+    HaloArgs,
+    PhaseClock,
+    dist_transport,
+    exchange,
+    exchange_args,
+    halo_exchange,
+    point_to_point,
+)
 from solver import Group, StepPlan, TokenLayout, head_cu_seqlens, token_to_head_rank
 from solver.cluster import InternalError
 from solver.cost import sparse_cost, splits_over, ulysses_parts
-from solver.layout import halo_transfers, state_transfers, token_to_token_rank
+from solver.layout import halo_transfers, state_hops, state_transfers, token_to_token_rank
 
 from .attention import KeySegments
 from .experts import ExpertDispatch, inverse_permutation, permute_rows
@@ -114,6 +127,69 @@ def rank_exchanges(plan: StepPlan, cfg: ModelConfig, rank: int, device="cpu", re
     (sparse_in, _), (sparse_out, _) = ulysses_parts(cfg, "S")  # a linear kind's S layers move their own parts
     sparse = token_to_head_rank(child, child, rank)
     return (*full_args, exchange_args(sparse, sparse_in, device), exchange_args(sparse.inverse(), sparse_out, device))
+
+
+@dataclass(frozen=True)
+class ChainArgs:
+    """One rank's part of a chain-passing halo child's states (solver.layout.state_hops): how many
+    states each earlier rank sends it (receives: (source, states) by source; the receive buffer
+    holds them source after source, each source's by sample), and per later rank the states it
+    sends (sends: (destination, ((map row, incoming row), ...)) by destination: the outgoing state
+    of the chunk whose map is that row of the maps, from its incoming state at that row of the
+    receive buffer, or from zero where the row is -1, a sample's first chunk)."""
+
+    rank: int
+    receives: tuple[tuple[int, int], ...]
+    sends: tuple[tuple[int, tuple[tuple[int, int], ...]], ...]
+
+
+class _StateChain(torch.autograd.Function):
+    """The chain: a rank receives its chunks' incoming states from the chunks before them, then
+    sends each next chunk its outgoing state A S + B (its map (A, B) over the state it received,
+    or B at a sample's first chunk), so states travel one hop after another. The backward runs
+    the hops in reverse: the gradient of each outgoing state comes back from the chunk after it,
+    gives the map's gradients (A's: g S^T; B's: g) and adds A^T g to the incoming state's
+    gradient, which goes back to the chunk before."""
+
+    @staticmethod
+    def forward(ctx, maps, args: ChainArgs, stats, site):
+        h, k = maps.shape[1], maps.shape[2]
+        v = maps.shape[3] - k
+        inn = [(src, maps.new_empty((n, h, k, v))) for src, n in args.receives]
+        point_to_point([], inn)
+        s_in = torch.cat([t for _, t in inn]) if inn else maps.new_zeros((0, h, k, v))
+        out = []
+        for dst, rows in args.sends:
+            states = [maps[m][..., k:] if r < 0 else maps[m][..., :k] @ s_in[r] + maps[m][..., k:] for m, r in rows]
+            out.append((dst, torch.stack(states).contiguous()))
+        if stats is not None:
+            stats.record_peers(site, args.rank, {dst: len(rows) for dst, rows in args.sends}, h * k * v * maps.element_size())
+        point_to_point(out, [])
+        ctx.save_for_backward(maps, s_in)
+        ctx.args, ctx.stats, ctx.site = args, stats, site
+        return s_in
+
+    @staticmethod
+    def backward(ctx, grad):
+        maps, s_in = ctx.saved_tensors
+        args, k = ctx.args, maps.shape[2]
+        got = [(dst, grad.new_empty((len(rows), *grad.shape[1:]))) for dst, rows in args.sends]
+        point_to_point([], got)
+        total, grad_maps = grad.clone(), torch.zeros_like(maps)
+        for (_, rows), (_, g) in zip(args.sends, got):
+            for j, (m, r) in enumerate(rows):
+                grad_maps[m][..., k:] += g[j]
+                if r >= 0:
+                    grad_maps[m][..., :k] += g[j] @ s_in[r].transpose(-1, -2)
+                    total[r] += maps[m][..., :k].transpose(-1, -2) @ g[j]
+        back, at = [], 0
+        for src, n in args.receives:  # each incoming state's gradient to the chunk before
+            back.append((src, total[at : at + n].contiguous()))
+            at += n
+        if ctx.stats is not None:
+            ctx.stats.record_peers(ctx.site + ".bwd", args.rank, dict(args.receives), math.prod(grad.shape[1:]) * grad.element_size())
+        point_to_point(back, [])
+        return grad_maps, None, None, None
 
 
 class _AllReduceSum(torch.autograd.Function):
@@ -275,13 +351,14 @@ class RankPlacement:
         the halo exchange attention uses, at the convolution's reach); each chunk whose sample goes
         on forms its map (A, B) from a zero state and sends it to every later rank holding the
         sample ("sparse.states"), where a chunk composes the maps of its sample's earlier chunks,
-        in rank order, into its incoming state. Backward, each halo's and map's gradient goes back
-        to its owner."""
+        in rank order, into its incoming state; or, where the child passes states by the chain
+        (Group.chain), sends the next chunk only its outgoing state once it has its own
+        (_StateChain). Backward, each halo's, map's and state's gradient goes back to its owner."""
         mixed, z, a, b = mixer._project(x)
         n, ch, reach = mixed.shape[0], mixed.shape[1], mixer.kernel - 1
         rows = mixed.view(n, 1, ch)
-        got = halo_exchange(rows.contiguous(), self.halo_args, self.pack_backend, self.stats)
-        seg = permute_rows(torch.cat([got, rows]), self.key_rows, self.key_inverse, self.pack_backend)[:, 0]
+        before = halo_exchange(rows.contiguous(), self.halo_args, self.pack_backend, self.stats)
+        seg = permute_rows(torch.cat([before, rows]), self.key_rows, self.key_inverse, self.pack_backend)[:, 0]
         halos = []
         for lo, h in zip(self.linear_key_cu, self.linear_halo_rows):  # h <= reach: fewer at a sample's start
             halos.append(torch.cat([seg.new_zeros(reach - h, ch), seg[lo : lo + h]]))
@@ -296,18 +373,22 @@ class RankPlacement:
             maps.append(torch.cat([transition(kk, g[lo:hi], beta[lo:hi], mixer.block), final], dim=-1))
         # a rank that forms no map still joins the maps' backward (it sends the gradients of those it received)
         sent = torch.stack(maps) if maps else q.new_zeros(0, hv, dk, dk + mixer.dv) + 0.0 * q.sum()
-        got_maps = halo_exchange(
-            sent.view(-1, hv * dk, dk + mixer.dv).contiguous(), self.state_args, self.pack_backend, self.stats, "sparse.states"
-        )
-        got_maps = got_maps.view(-1, hv, dk, dk + mixer.dv)
-        states = []
-        for received in self.maps_of_chunk:
-            s = x.new_zeros(hv, dk, mixer.dv)
-            for j in received:  # the sample's earlier chunks, in rank order: S <- A S + B
-                s = got_maps[j][..., :dk] @ s + got_maps[j][..., dk:]
-            states.append(s)
+        if self.child_group.chain:  # each incoming state from the chunk before, one hop after another
+            got = _StateChain.apply(sent, self.chain_args, self.stats, "sparse.states")
+            zero = x.new_zeros(hv, dk, mixer.dv)
+            states = [zero if r < 0 else got[r] for r in self.state_of_chunk]
+        else:  # every earlier map of the sample, composed here in rank order: S <- A S + B
+            got = halo_exchange(
+                sent.view(-1, hv * dk, dk + mixer.dv).contiguous(), self.state_args, self.pack_backend, self.stats, "sparse.states"
+            ).view(-1, hv, dk, dk + mixer.dv)
+            states = []
+            for rows_in in self.maps_of_chunk:
+                s = x.new_zeros(hv, dk, mixer.dv)
+                for j in rows_in:
+                    s = got[j][..., :dk] @ s + got[j][..., dk:]
+                states.append(s)
         o = mixer._recurrence(q, k, v, g, beta, bounds, torch.stack(states) if states else None)[0]
-        return mixer._output(o, z) + 0.0 * got_maps.sum()  # every rank joins the maps' backward, received or not
+        return mixer._output(o, z) + 0.0 * got.sum()  # every rank joins the states' backward, received or not
 
     def _state_args(self, child: TokenLayout, device) -> None:
         """A linear kind's halo child: its non-empty chunks' bounds and halo rows, the chunks that
@@ -318,7 +399,8 @@ class RankPlacement:
         halo = (self.key_segments.q_start - self.key_segments.k_start).astype(np.int64)
         self.linear_halo_rows = halo.tolist()
         self.linear_key_cu = np.concatenate([[0], np.cumsum(halo + np.diff(self.linear_bounds))])[:-1].astype(np.int64).tolist()
-        transfers = state_transfers(child, self.child_group)
+        chain = self.child_group.chain
+        transfers = (state_hops if chain else state_transfers)(child, self.child_group)
         index = {sid: i for i, (sid, _, _) in enumerate(held)}
         self.map_chunks = sorted({index[t.sample] for t in transfers if t.src == self.rank})
         row_of = {i: r for r, i in enumerate(self.map_chunks)}
@@ -338,6 +420,13 @@ class RankPlacement:
             tuple((dst, torch.as_tensor(r, dtype=torch.int64, device=device)) for dst, r in sorted(sends.items())),
             tuple(sorted(recvs.items())),
         )
+        if chain:  # a chunk receives at most one state (from the chunk before), at the row it arrives
+            self.state_of_chunk = [rows[0] if rows else -1 for rows in self.maps_of_chunk]
+            out: dict[int, list[tuple[int, int]]] = {}
+            for t in (t for t in transfers if t.src == self.rank):
+                i = index[t.sample]
+                out.setdefault(t.dst, []).append((row_of[i], self.state_of_chunk[i]))
+            self.chain_args = ChainArgs(self.rank, tuple(sorted(recvs.items())), tuple((d, tuple(r)) for d, r in sorted(out.items())))
 
     def _heads(self, y: torch.Tensor, p: int):
         h, hkv = self.cfg.n_heads // p, max(self.cfg.n_kv_heads // p, 1)  # one replicated KV head when p > n_kv_heads

@@ -70,11 +70,15 @@ class StatePassing:
     rows its convolution reaches back to (the kind's first_key; halo_elements(params) elements a
     row) and the map (A, B) of every earlier chunk of its sample (state_elements(params) elements
     each), and composes them into its incoming state; each chunk whose sample goes on forms its own
-    map first (map_flops(lengths, cfg): forward FLOPs of the maps of chunks of these lengths)."""
+    map first (map_flops(lengths, cfg): forward FLOPs of the maps of chunks of these lengths). Or,
+    by the chain, it receives only its incoming state from the chunk before and sends its own on."""
 
     halo_elements: Callable[[dict], int]
     state_elements: Callable[[dict], int]
     map_flops: SparseFlops
+    # the chain's alternative (Group.chain): each chunk sends the next only its outgoing state,
+    # carried_elements(params) elements, once it has its own
+    carried_elements: Callable[[dict], int]
 
 
 @dataclass(frozen=True)
@@ -324,6 +328,7 @@ register_sparse_cost(
         halo_elements=lambda p: 2 * p["k_heads"] * p["head_k_dim"] + p["v_heads"] * p["head_v_dim"],
         state_elements=lambda p: p["v_heads"] * p["head_k_dim"] * (p["head_k_dim"] + p["head_v_dim"]),
         map_flops=lambda n, cfg: gated_delta_map_flops(n, cfg.sparse_params),
+        carried_elements=lambda p: p["v_heads"] * p["head_k_dim"] * p["head_v_dim"],
     ),
 )
 
@@ -705,6 +710,12 @@ class CostModel:
             return 0.0
         return self.sparse.passing.state_elements(self.model.sparse_params) * self.hw.bytes_per_element
 
+    def carried_bytes(self) -> float:
+        """Bytes of one state the chain carries from a chunk to the next (a linear kind's; 0 otherwise)."""
+        if self.sparse.passing is None:
+            return 0.0
+        return self.sparse.passing.carried_elements(self.model.sparse_params) * self.hw.bytes_per_element
+
     def map_time(self, lengths):
         """Forward seconds of the maps of chunks of these lengths (a linear kind's state passing; 0 otherwise)."""
         if self.sparse.passing is None:
@@ -712,9 +723,10 @@ class CostModel:
         return self.sparse.passing.map_flops(np.asarray(lengths, dtype=np.float64), self.model) / self.attn_rate
 
     def state_layer_time(self, maps: float, map_seconds: float, across: bool) -> float:
-        """Seconds of one linear layer's state passing for a rank that receives `maps` maps (and
-        sends as many) and forms maps of `map_seconds` forward seconds: their point-to-point call
-        every exchange pass, like a halo's, and the maps' compute every attention pass."""
+        """Seconds of one linear layer's state passing for a rank that receives or sends `maps`
+        maps (the more of the two) and forms maps of `map_seconds` forward seconds: their
+        point-to-point call every exchange pass, like a halo's, and the maps' compute every
+        attention pass."""
         if maps <= 0 and map_seconds <= 0:
             return 0.0
         hw = self.hw

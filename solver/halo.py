@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Mapping
+from dataclasses import replace
 
 import numpy as np
 
@@ -33,15 +34,27 @@ from .cluster import Cluster, ceil_div
 from .cost import CostModel
 from .layout import Group
 from .plan import ParentPlan
-from .reference import child_time, parent_time
+from .reference import child_time, parent_time, state_time
 
 HALO_PARENT = "its own layout; sparse layers by halo exchange (parent+halo)"
 HALO_TARGET_SCALES = (1.0, 0.75, 1.5, 0.5, 2.0)  # per-rank targets (the parent's mean load x these) the halo solver tries
 
 
-def own_layout_halo(parent: Group) -> ParentPlan:
-    """The parent's own token layout, its sparse layers by halo exchange (the naive variant)."""
-    return ParentPlan(parent, (Group(parent.start, parent.size, parent.samples, halo=True),), HALO_PARENT)
+def passing_way(child: Group, length_of: Mapping[int, int], cost: CostModel) -> Group:
+    """A halo child of a linear kind with the cheaper way to pass its states (Group.chain: the
+    chain, or every earlier map to each later chunk), as solver.reference.state_time prices them;
+    any other group as it is."""
+    if not child.halo or child.size == 1 or cost.sparse.passing is None:
+        return child
+    chain = bool(state_time(child, length_of, cost, True) < state_time(child, length_of, cost, False))
+    return replace(child, chain=chain)
+
+
+def own_layout_halo(parent: Group, length_of: Mapping[int, int] | None = None, cost: CostModel | None = None) -> ParentPlan:
+    """The parent's own token layout, its sparse layers by halo exchange (the naive variant); a
+    linear kind's states passed the cheaper way where the lengths and the cost model are given."""
+    child = Group(parent.start, parent.size, parent.samples, halo=True)
+    return ParentPlan(parent, (child if cost is None else passing_way(child, length_of, cost),), HALO_PARENT)
 
 
 def _place(sizes: list[int], parent: Group, gpus_per_node: int) -> list[int]:
@@ -118,7 +131,7 @@ def _halo_children_for(parent: Group, ids: list[int], length_of: Mapping[int, in
     groups = [(want[s], (s,), True) for s in cut] + [(1, tuple(h), False) for h in held]
     groups.sort(key=lambda x: -x[0])
     starts = _place([m for m, _, _ in groups], parent, cluster.gpus_per_node)
-    kids = [Group(parent.start + st, m, samples, halo) for st, (m, samples, halo) in zip(starts, groups)]
+    kids = [passing_way(Group(parent.start + st, m, samples, halo), length_of, cost) for st, (m, samples, halo) in zip(starts, groups)]
     return tuple(sorted(kids, key=lambda c: c.start))
 
 
@@ -156,7 +169,10 @@ def choose_children(
         cands.append(ParentPlan(parent, kids))
         if cost.sparse.first_key is not None:
             mixed = tuple(
-                min((c, Group(c.start, c.size, c.samples, halo=True)), key=lambda k: child_time(k, parent, length_of, cost))
+                min(
+                    (c, passing_way(Group(c.start, c.size, c.samples, halo=True), length_of, cost)),
+                    key=lambda k: child_time(k, parent, length_of, cost),
+                )
                 if c.size > 1
                 else c
                 for c in kids

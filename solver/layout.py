@@ -20,6 +20,7 @@ import numpy as np
 from .cluster import Cluster, PlanError, is_pow2
 
 HALO_MARK = "halo"  # a halo child's group in a plan's JSON: [start, size, samples, "halo"]
+CHAIN_MARK = "halo:chain"  # a halo child that passes a linear kind's states by the chain (Group.chain)
 
 
 @dataclass(frozen=True)
@@ -28,12 +29,20 @@ class Group:
     over them. A group of a step's layouts is an aligned power-of-two range whose attention runs
     by Ulysses' head exchange; a *halo* group (a halo child) is any contiguous range inside its
     parent whose sparse attention runs on its own token layout, each rank receiving from its
-    neighbours the keys and values its queries reach back to (the sparse kind's reach)."""
+    neighbours the keys and values its queries reach back to (the sparse kind's reach). A halo
+    group of a linear kind passes states (solver.cost.StatePassing): every earlier chunk's map to
+    each later chunk of its sample (state_transfers), or with `chain` each chunk's outgoing state
+    to the next chunk only, one hop after another (state_hops)."""
 
     start: int
     size: int
     samples: tuple[int, ...]
     halo: bool = False
+    chain: bool = False
+
+    def __post_init__(self):
+        if self.chain and not self.halo:
+            raise PlanError(f"group at rank {self.start}: only a halo child passes states by the chain")
 
     @property
     def stop(self) -> int:
@@ -52,14 +61,14 @@ class Group:
         return (self.start, self.size, self.samples) == (other.start, other.size, other.samples)
 
     def to_json(self) -> list:
-        return [self.start, self.size, list(self.samples)] + ([HALO_MARK] if self.halo else [])
+        return [self.start, self.size, list(self.samples)] + ([CHAIN_MARK if self.chain else HALO_MARK] if self.halo else [])
 
     @staticmethod
     def from_json(obj) -> Group:
-        halo = len(obj) > 3 and obj[3] == HALO_MARK
-        if len(obj) > 3 and not halo:
-            raise PlanError(f"group {obj!r}: a group's fourth item may only be {HALO_MARK!r}")
-        return Group(int(obj[0]), int(obj[1]), tuple(int(s) for s in obj[2]), halo)
+        mark = obj[3] if len(obj) > 3 else None
+        if mark not in (None, HALO_MARK, CHAIN_MARK):
+            raise PlanError(f"group {obj!r}: a group's fourth item may only be {HALO_MARK!r} or {CHAIN_MARK!r}")
+        return Group(int(obj[0]), int(obj[1]), tuple(int(s) for s in obj[2]), mark is not None, mark == CHAIN_MARK)
 
 
 def chunk_bounds(length: int, parts: int) -> np.ndarray:
@@ -466,6 +475,18 @@ def state_transfers(layout: TokenLayout, group: Group) -> list[HaloTransfer]:
         bounds = chunk_bounds(layout.lengths[sid], group.size)
         held = [k for k in range(group.size) if bounds[k + 1] > bounds[k]]
         out.extend(HaloTransfer(group.start + j, group.start + k, sid, 0, 1) for i, k in enumerate(held) for j in held[:i])
+    return sorted(out, key=lambda t: (t.dst, t.src, group.samples.index(t.sample)))
+
+
+def state_hops(layout: TokenLayout, group: Group) -> list[HaloTransfer]:
+    """Every state a chain-passing group's linear layers move (Group.chain): for each sample of
+    the group, from each of its non-empty chunks to the next one (one state each: lo, hi = 0, 1).
+    Ordered by destination, source, then sample."""
+    out = []
+    for sid in group.samples:
+        bounds = chunk_bounds(layout.lengths[sid], group.size)
+        held = [k for k in range(group.size) if bounds[k + 1] > bounds[k]]
+        out.extend(HaloTransfer(group.start + j, group.start + k, sid, 0, 1) for j, k in zip(held, held[1:]))
     return sorted(out, key=lambda t: (t.dst, t.src, group.samples.index(t.sample)))
 
 

@@ -46,7 +46,7 @@ def _parent_plans(
         elif start == HALO_CHILDREN:
             parents.append(ParentPlan(g, *solve_halo_children(g, length_of, cluster, cost)))
         elif start == OWN_HALO:
-            parents.append(own_layout_halo(g))
+            parents.append(own_layout_halo(g, length_of, cost))
         elif start == CHILDREN:
             parents.append(ParentPlan(g, *solve_children(g, length_of, cluster, cost)))
         else:

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from .cost import CostModel, rank_time
-from .layout import Group, TokenLayout, chunk_bounds, halo_pair_rows, state_transfers
+from .layout import Group, TokenLayout, chunk_bounds, halo_pair_rows, state_hops, state_transfers
 from .plan import ParentPlan
 
 
@@ -64,6 +64,41 @@ def state_load(group: Group, length_of: Mapping[int, int], cost: CostModel) -> t
     return np.maximum(maps_in, maps_out), seconds
 
 
+def chain_path(group: Group, length_of: Mapping[int, int], cost: CostModel) -> tuple[float, float]:
+    """(intra, inter) seconds of one pass of a chain-passing group's states (state_hops): a rank
+    sends its outgoing states once it holds its incoming ones, so the pass lasts its longest path
+    of hops, each a point-to-point call (a halo call's latency, and what crossing nodes adds)
+    carrying its states (CostModel.carried_bytes each) at its link's rate."""
+    layout = TokenLayout((group,), {s: length_of[s] for s in group.samples})
+    hops: dict[tuple[int, int], int] = {}
+    for t in state_hops(layout, group):
+        hops[(t.src, t.dst)] = hops.get((t.src, t.dst), 0) + 1
+    hw, g = cost.hw, cost.gpus_per_node
+    done = {r: (0.0, 0.0) for r in group.ranks}  # (intra, inter) seconds of the longest path ending at each rank
+    for (src, dst), n in sorted(hops.items(), key=lambda kv: (kv[0][1], kv[0][0])):  # destinations in rank order
+        across = src // g != dst // g
+        hop = (
+            hw.halo_call_latency
+            + (hw.a2a_inter_latency if across else 0.0)
+            + n * cost.carried_bytes() / (hw.inter_node_bw if across else hw.intra_node_bw)
+        )
+        via = (done[src][0], done[src][1] + hop) if across else (done[src][0] + hop, done[src][1])
+        if sum(via) > sum(done[dst]):
+            done[dst] = via
+    return max(done.values(), key=sum)
+
+
+def state_time(group: Group, length_of: Mapping[int, int], cost: CostModel, chain: bool) -> float:
+    """Seconds of one linear layer's state passing in a halo child (every pass), at its worst
+    rank: every earlier map to each later chunk (chain=False, CostModel.state_layer_time), or
+    the chain (chain_path, every exchange pass); and forming the maps, every attention pass."""
+    maps, seconds = state_load(group, length_of, cost)
+    if not chain:
+        across = group.spans_nodes(cost.gpus_per_node)
+        return max((cost.state_layer_time(m, t, across) for m, t in zip(maps, seconds)), default=0.0)
+    return cost.exchange_passes * sum(chain_path(group, length_of, cost)) + cost.attention_passes * float(seconds.max(initial=0.0))
+
+
 def child_time(child: Group, parent: Group, length_of: Mapping[int, int], cost: CostModel) -> float:
     """Seconds a rank of `child` (inside `parent`; the parent itself when it is not repacked) spends
     on everything that runs in the child layout, with its tokens split evenly over the child. A
@@ -75,9 +110,8 @@ def child_time(child: Group, parent: Group, length_of: Mapping[int, int], cost: 
         rows = float(halo_rows(child, length_of, cost).max(initial=0.0))
         across = child.spans_nodes(cost.gpus_per_node)
         a, b = cost.halo_line(parent.size, rows, across)
-        if cost.sparse.passing is not None:  # a linear kind: the maps too, at its worst rank
-            maps, seconds = state_load(child, length_of, cost)
-            b += cost.model.n_sparse * max((cost.state_layer_time(m, t, across) for m, t in zip(maps, seconds)), default=0.0)
+        if cost.sparse.passing is not None:  # a linear kind: its states too, the way the child passes them
+            b += cost.model.n_sparse * state_time(child, length_of, cost, child.chain)
         return rank_time(lin, tokens, child.size, (a, b))
     m = cost.model
     tokens_per_rank = sum(length_of[s] for s in child.samples) / child.size

@@ -25,8 +25,9 @@ from config import SettingError
 
 from .cluster import ceil_pow2
 from .cost import BWD_COMPUTE, FWD_BWD_COMPUTE, FWD_COMPUTE, CostModel
-from .layout import chunk_bounds, halo_pair_rows, relayout_rows, state_pair_maps, state_transfers
+from .layout import chunk_bounds, halo_pair_rows, relayout_rows, state_hops, state_pair_maps, state_transfers
 from .plan import StepPlan
+from .reference import chain_path
 
 
 @dataclass
@@ -222,14 +223,32 @@ def halo_exchange(plan: StepPlan, cost: CostModel):
         callers[c.start : c.stop] = True
         for key, rows in halo_pair_rows(plan.child_layout, c, first_key, cost.model.sparse_params).items():
             pairs[key] = pairs.get(key, 0.0) + rows * row
-        if cost.sparse.passing is not None:
+        if cost.sparse.passing is not None and not c.chain:
             for key, n in state_pair_maps(plan.child_layout, c).items():
                 maps[key] = maps.get(key, 0.0) + n * cost.state_bytes()
     rows_x = _pairs_exchange(cost, pairs, world, g, callers, None, cost.hw.halo_call_latency)
     if cost.sparse.passing is None:
         return rows_x
-    maps_x = _pairs_exchange(cost, maps, world, g, callers, None, cost.hw.halo_call_latency)
-    return tuple(a + b for a, b in zip(rows_x, maps_x))
+    gathering = callers.copy()
+    for c in (c for c in halos if c.chain):
+        gathering[c.start : c.stop] = False
+    maps_x = _pairs_exchange(cost, maps, world, g, gathering, None, cost.hw.halo_call_latency)
+    return tuple(a + b + c for a, b, c in zip(rows_x, maps_x, _chains(plan, cost, halos)))
+
+
+def _chains(plan: StepPlan, cost: CostModel, halos) -> tuple[np.ndarray, ...]:
+    """Per rank (intra seconds, inter seconds, intra bytes sent, inter bytes sent) of one pass of
+    the chain-passing halo children's states: every rank of such a child waits the child's
+    longest path of hops (solver.reference.chain_path) and sends its own hops' states."""
+    world, g = plan.cluster.world_size, plan.cluster.gpus_per_node
+    out = tuple(np.zeros(world) for _ in range(4))
+    for c in (c for c in halos if c.chain):
+        intra, inter = chain_path(c, plan.length_of, cost)
+        out[0][c.start : c.stop] += intra
+        out[1][c.start : c.stop] += inter
+        for t in state_hops(plan.child_layout, c):
+            out[2 if t.src // g == t.dst // g else 3][t.src] += cost.carried_bytes()
+    return out
 
 
 def map_seconds(plan: StepPlan, cost: CostModel) -> np.ndarray:
@@ -239,7 +258,7 @@ def map_seconds(plan: StepPlan, cost: CostModel) -> np.ndarray:
     if cost.sparse.passing is None:
         return out
     for c in (c for p in plan.parents for c in p.children if c.halo and c.size > 1):
-        sent = {(t.src, t.sample) for t in state_transfers(plan.child_layout, c)}
+        sent = {(t.src, t.sample) for t in (state_hops if c.chain else state_transfers)(plan.child_layout, c)}
         for rank, sid in sent:
             b = chunk_bounds(plan.length_of[sid], c.size)
             k = rank - c.start

@@ -1,5 +1,7 @@
 """Layouts and exchange plans: every token placed once, plans consistent, round trips identities."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -139,6 +141,15 @@ def test_plan_json_round_trip_and_stable_hash():
     assert other.hash != plan.hash
     with pytest.raises(AttributeError):  # plans are immutable
         plan.mode = "baseline"
+    # a halo child, and a linear kind's halo child that passes its states by the chain, round trip too
+    gdn = CostModel(ModelConfig.from_name("tiny-gdn"), HardwareConfig())
+    halo = make_plan(samples_from_lengths([900, 40]), Cluster(8, 2, 128), gdn, "parent+halo")
+    chained = replace(halo, parents=tuple(replace(p, children=tuple(replace(c, chain=c.halo) for c in p.children)) for p in halo.parents))
+    for plan in (halo, chained.validate()):
+        assert StepPlan.from_json(plan.dumps()) == plan
+    assert '"halo"' in halo.dumps() and '"halo:chain"' in chained.dumps() and chained.hash != halo.hash
+    with pytest.raises(PlanError, match="only a halo child passes states by the chain"):
+        Group(0, 2, (0,), chain=True)
 
 
 @pytest.mark.parametrize(

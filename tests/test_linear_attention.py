@@ -4,6 +4,7 @@ process and over gloo ranks) against the whole sample, gradients against numeric
 differentiation, and flash-linear-attention's own reference recurrence against ours."""
 
 import importlib.util
+import itertools
 
 import pytest
 import torch
@@ -381,8 +382,9 @@ def test_the_cost_model_counts_a_gdn_hybrids_parameters_as_the_model_has_them():
 def test_a_gdn_hybrid_plans_in_every_mode_and_the_simulator_prices_state_passings_rows_and_maps():
     """Two ranks in nodes of one, samples of 50 and 9 tokens: every mode plans and simulates; in the
     parent's own layout with state passing, each sample's second chunk receives the 3 rows its
-    convolution (kernel 4) reaches back to and the first chunk's map, fwd and bwd, in each of the
-    3 S layers: the sparse bytes the simulator prices, counted here by hand."""
+    convolution (kernel 4) reaches back to and the first chunk's outgoing state by the chain (or
+    its map, unchained), fwd and bwd, in each of the 3 S layers: the sparse bytes the simulator
+    prices, counted here by hand."""
     from config import Cluster, CostsConfig, HardwareConfig, ModelConfig
     from solver import CostModel, make_plan, samples_from_lengths
     from solver.modes import MODES
@@ -399,11 +401,51 @@ def test_a_gdn_hybrid_plans_in_every_mode_and_the_simulator_prices_state_passing
     assert naive.parents[0].children[0].halo and naive.parents[0].group.size == 2
     p = cfg.sparse_params
     row = 2 * (2 * p["k_heads"] * p["head_k_dim"] + p["v_heads"] * p["head_v_dim"])  # bf16 pre-conv channels
-    state = 2 * p["v_heads"] * p["head_k_dim"] * (p["head_k_dim"] + p["head_v_dim"])  # A [K, K] and B [K, V] per value head
-    per_layer = 2 * (3 * row + state)  # two samples, each: 3 rows and one map
+    state = 2 * p["v_heads"] * p["head_k_dim"] * p["head_v_dim"]  # the chain carries S [K, V] per value head
+    a_and_b = 2 * p["v_heads"] * p["head_k_dim"] * (p["head_k_dim"] + p["head_v_dim"])  # a map: A [K, K] and B [K, V]
     assert cfg.layer_pattern.count("S") * cfg.n_layers // len(cfg.layer_pattern) == 3
-    r = simulate(naive, cost)
-    assert (r.sparse_intra_bytes, r.sparse_inter_bytes) == (0, 2 * 3 * per_layer)  # across nodes; forward and backward, 3 S layers
+    # one hop each: the chain carries less than a map, in as many calls, so the planner takes it
+    assert naive.parents[0].children[0].chain
+    for plan, carried in ((naive, state), (unchained(naive), a_and_b)):
+        per_layer = 2 * (3 * row + carried)  # two samples, each: 3 rows and one state or map
+        r = simulate(plan, cost)
+        assert (r.sparse_intra_bytes, r.sparse_inter_bytes) == (0, 2 * 3 * per_layer)  # across nodes; fwd and bwd, 3 S layers
+
+
+def test_a_linear_halo_child_passes_states_the_way_the_simulator_prices_cheaper():
+    """The planner marks each halo child of a linear kind with the cheaper way to pass its states
+    (every earlier map in one round, or the chain, one hop after another), as
+    solver.reference.state_time prices them; on the paper's GDN hybrid at 32 ranks the other
+    way's plan never simulates faster. Both ways occur: the paper's 2 MB maps go by the chain,
+    the maps of heads of 16 (32 KB) in one round, where a call's latency outweighs their bytes."""
+    import numpy as np
+
+    from config import Cluster, HardwareConfig, ModelConfig
+    from solver import CostModel, make_plan, samples_from_lengths
+    from solver.simulator import simulate
+
+    paper = ModelConfig.from_name("paper-gdn")
+    small = paper.replace(sparse_params={**paper.sparse_params, "head_k_dim": 16, "head_v_dim": 16})
+    rng = np.random.default_rng(0)
+    steps = [[300_000, 100_000], [200_000, *rng.integers(500, 6000, 150).tolist()], [500_000]]
+    ways = {}
+    for (cfg, lengths), mode in itertools.product(itertools.product((paper, small), steps), ("halo", "parent+halo")):
+        cost = CostModel(cfg, HardwareConfig())
+        plan = make_plan(samples_from_lengths(lengths), Cluster(32, 8, 32768), cost, mode)
+        halos = [c for p in plan.parents for c in p.children if c.halo and c.size > 1]
+        ways.setdefault(cfg.sparse_params["head_k_dim"], set()).update(c.chain for c in halos)
+        other = chained(plan) if not all(c.chain for c in halos) else unchained(plan)
+        assert simulate(plan, cost).step_time <= simulate(other, cost).step_time, (mode, len(lengths))
+    assert ways == {128: {True}, 16: {False}}
+
+
+def unchained(plan):
+    from dataclasses import replace
+
+    from solver import StepPlan
+
+    parents = tuple(replace(p, children=tuple(replace(c, chain=False) for c in p.children)) for p in plan.parents)
+    return StepPlan(plan.cluster, plan.lengths, parents, plan.mode).validate()
 
 
 # Ulysses for linear layers over gloo: 8 ranks in nodes of 2 (tests/test_model_distributed.py's
@@ -436,7 +478,18 @@ def _linear_plans(name):
     cost = CostModel(_linear_config(name), HardwareConfig())
     cluster = Cluster(tmd.WORLD, tmd.NODE, 32)
     solved = [make_plan(samples_from_lengths(tmd.LENGTHS), cluster, cost, m) for m in MODES]
-    return (solved if name == "gva" else []) + [*tmd.hand_plans(), *hand_plans()]
+    halo, naive, redistribute = hand_plans()
+    return (solved if name == "gva" else []) + [*tmd.hand_plans(), halo, naive, redistribute, chained(halo), chained(naive)]
+
+
+def chained(plan):
+    """`plan` with every halo child passing its states by the chain (Group.chain)."""
+    from dataclasses import replace
+
+    from solver import StepPlan
+
+    parents = tuple(replace(p, children=tuple(replace(c, chain=True) if c.halo else c for c in p.children)) for p in plan.parents)
+    return StepPlan(plan.cluster, plan.lengths, parents, plan.mode).validate()
 
 
 def _linear_step_body(rank, world, refs):
@@ -473,7 +526,8 @@ def test_a_gdn_hybrids_step_gives_the_single_process_step_in_every_mode_and_move
     gradient equal one process's over the whole batch, in every mode: the linear layers by Ulysses
     (value heads and the key heads they read split over each group, key heads replicated where
     the group is wider) and by state passing (halo children and the parent's own layout: each
-    chunk's convolution halo and the maps of its sample's earlier chunks, point to point), with
+    chunk's convolution halo, and the maps of its sample's earlier chunks or, by the chain, the
+    state of the chunk before, point to point), with
     grouped and one-to-one key heads, replicated and FSDP2 with expert parallelism; the bytes every
     rank counted at each site equal the simulator's for the same plan."""
     from tests.test_model_distributed import LENGTHS, WORLD, reference
@@ -484,7 +538,7 @@ def test_a_gdn_hybrids_step_gives_the_single_process_step_in_every_mode_and_move
 
 def test_the_linear_plans_cover_what_the_step_test_claims():
     from solver.cost import sparse_cost
-    from solver.layout import halo_transfers, state_transfers
+    from solver.layout import halo_transfers, state_hops, state_transfers
     from solver.modes import MODES
     from tests.test_model_distributed import NODE
 
@@ -501,8 +555,11 @@ def test_the_linear_plans_cover_what_the_step_test_claims():
     assert any(t.dst - t.src >= 2 for t in conv), "a convolution reaching two ranks back"
     idle = next(p for p in gva if p.mode == "repack+solver")
     assert len(idle.child_layout.local_chunks(1)) == 0, "a rank that holds no token"
-    maps = [(t.dst, t.sample) for plan, c in halos for t in state_transfers(plan.child_layout, c)]
+    maps = [(t.dst, t.sample) for plan, c in halos if not c.chain for t in state_transfers(plan.child_layout, c)]
     assert max(maps.count(m) for m in maps) >= 3, "a chunk composing the maps of three earlier chunks"
+    chains = [(plan, c) for plan, c in halos if c.chain]
+    assert any(c.start // NODE != (c.stop - 1) // NODE and len(c.samples) > 1 for _, c in chains), "a chain across nodes, two samples"
+    assert any(len(state_hops(plan.child_layout, c)) >= 7 for plan, c in chains), "a chain of seven hops"
 
 
 @pytest.mark.slow
