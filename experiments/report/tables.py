@@ -146,12 +146,20 @@ def ablation_variants(*folders: str) -> tuple[str, list[dict]]:
     return table(header, out), prov
 
 
+def _run_labels(runs: list[dict]) -> list[str]:
+    """Each run's label among `runs`: what tells it from the others (its workload's name, its
+    model's), or its workload's name where nothing does."""
+    keys = (("workload", "name"), ("model", "name"))
+    differ = [k for k in keys if len({s["config"][k[0]][k[1]] for s in runs}) > 1] or [keys[0]]
+    return [", ".join(str(s["config"][a][b]) for a, b in differ) for s in runs]
+
+
 def workloads(*folders: str) -> tuple[str, list[dict]]:
-    """The same ablation on each run's workload, side by side: per mode, the change of step time
-    and of MFU vs baseline (mean over seeds [min, max]); under each workload, the steps with a
-    parent wider than a node per seed and the baseline's MFU."""
+    """The same ablation on each run's workload or model, side by side: per mode, the change of
+    step time and of MFU vs baseline (mean over seeds [min, max]); under each run, the steps with
+    a parent wider than a node per seed and the baseline's MFU."""
     runs = [_read(folder)[1] for folder in folders]
-    header = ["mode"] + [f"{s['config']['workload']['name']}: step time, MFU vs baseline" for s in runs]
+    header = ["mode"] + [f"{label}: step time, MFU vs baseline" for label in _run_labels(runs)]
     out = [[m.name] + [f"{_range(s['over_seeds'][m.name]['time_change_pct'], unit='%')}, "
                        f"{_range(s['over_seeds'][m.name]['mfu_change_pp'], unit=' pp')}" for s in runs]
            for m in COMPARED if all(m.name in s["over_seeds"] for s in runs)]  # fmt: skip
@@ -544,6 +552,7 @@ RENDERERS: dict[str, Callable[..., tuple[str, list[dict]]]] = {
     "headline": headline,
     "ablation-variants": ablation_variants,
     "workloads": workloads,
+    "models": workloads,  # the same table: runs that differ in their model
     "breakdown": breakdown,
     "sweep": sweep,
     "sweep-strategies": sweep_strategies,
