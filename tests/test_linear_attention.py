@@ -466,9 +466,11 @@ def _linear_config(name):
 
 
 def _linear_plans(name):
-    """Every mode's plan (gva), and the hand-made ones: one SP8 parent in its own layout, repacked
+    """gva: every mode's plan and the hand-made ones: one SP8 parent in its own layout, repacked
     into node-local children, halo children (one across nodes whose convolution reaches two ranks
-    back, one of two samples), the parent's own layout with halos (empty chunks), redistributed."""
+    back, one of two samples), the parent's own layout with halos (empty chunks), redistributed,
+    and the halo plans passing states by the chain. mha (where the heads split differently): the
+    first two, by Ulysses."""
     from config import Cluster, HardwareConfig
     from solver import CostModel, make_plan, samples_from_lengths
     from solver.modes import MODES
@@ -479,7 +481,9 @@ def _linear_plans(name):
     cluster = Cluster(tmd.WORLD, tmd.NODE, 32)
     solved = [make_plan(samples_from_lengths(tmd.LENGTHS), cluster, cost, m) for m in MODES]
     halo, naive, redistribute = hand_plans()
-    return (solved if name == "gva" else []) + [*tmd.hand_plans(), halo, naive, redistribute, chained(halo), chained(naive)]
+    if name == "mha":
+        return list(tmd.hand_plans())
+    return [*solved, *tmd.hand_plans(), halo, naive, redistribute, chained(halo), chained(naive)]
 
 
 def chained(plan):
@@ -496,8 +500,9 @@ def _linear_step_body(rank, world, refs):
     from kernels.exchange import ExchangeGroups
     from model.distributed import run_step
     from model.sharding import full_tensor, shard_model
-    from tests.test_model_distributed import LENGTHS, make_model, sample_tokens
+    from tests.test_model_distributed import LENGTHS, hand_plans, make_model, sample_tokens
     from tests.test_strategies_distributed import assert_step
+    from tests.test_strategies_distributed import hand_plans as strategy_plans
 
     groups = ExchangeGroups(world)
     for name in LINEAR_CONFIGS:
@@ -509,7 +514,8 @@ def _linear_step_body(rank, world, refs):
     # and state passing run again in the backward), the hand-made repacked plan and halo children
     cfg, (ref_loss, ref_grads) = _linear_config("gva"), refs["gva"]
     idle = next(p for p in _linear_plans("gva") if p.mode == "repack+solver")
-    for plan, recompute in ((idle, "full"), *((p, "none") for p in _linear_plans("mha")[1:3])):
+    repacked, halo = hand_plans()[1], strategy_plans()[0]
+    for plan, recompute in ((idle, "full"), (repacked, "none"), (halo, "none")):
         model = shard_model(make_model(cfg, recompute).expert_parallel(2, rank), torch.device("cpu"))
         loss = run_step(model, plan, sample_tokens(LENGTHS), groups, "torch", "torch")
         torch.testing.assert_close(loss, ref_loss, rtol=1e-10, atol=1e-12)

@@ -21,12 +21,14 @@ def losses(folder):
 
 @pytest.mark.slow
 def test_every_mode_same_losses_in_fp32_and_bf16_and_results_parse(tmp_path):
-    # one step in every mode (no optimizer updates between them): the same losses. 4 ranks in
-    # nodes of 1 (half the start-up of 8): step 0's SP2 parent spans two nodes and is repacked
+    # one step in every mode (no optimizer updates between them): the same losses. 2 ranks in
+    # nodes of 1 (a quarter of the start-up of 8): the parent assignment puts the step's three
+    # samples in one SP2 parent, which spans two nodes, and repack gives each rank whole samples.
     # --timers: the phases and exchanges timed (results unchanged)
-    p = torchrun(
-        4, "--gpus-per-node", "1", "--tokens-per-rank", "64", "--mode", "all", "--steps", "1", "--timers", "--out", str(tmp_path / "all")
-    )
+    trace = tmp_path / "step.csv"
+    trace.write_text("step,length\n0,62\n0,40\n0,20\n")
+    one_step = ("--gpus-per-node", "1", "--tokens-per-rank", "64", "--trace", str(trace), "--mode", "all", "--steps", "1")
+    p = torchrun(2, *one_step, "--timers", "--out", str(tmp_path / "all"))
     assert p.returncode == 0, p.stderr[-3000:]
     assert "loss" in p.stdout and "MFU" in p.stdout
     rows, summary = read_run(str(tmp_path / "all"))
@@ -47,9 +49,7 @@ def test_every_mode_same_losses_in_fp32_and_bf16_and_results_parse(tmp_path):
     # over another number of rows can round differently; measured here up to 1.1e-4)
     # (the replicated path's bf16 autocast: tests/test_model_distributed.py)
     out = tmp_path / "bf16"
-    p = torchrun(
-        4, "--gpus-per-node", "1", "--tokens-per-rank", "64", "--mode", "all", "--steps", "1", "--dtype", "bf16", "--out", str(out)
-    )
+    p = torchrun(2, *one_step, "--dtype", "bf16", "--out", str(out))
     assert p.returncode == 0, p.stderr[-3000:]
     bf = {(r["step"], r["mode"]): r["loss"] for r in read_run(str(out))[0]}
     assert bf.keys() == by.keys()
