@@ -24,8 +24,8 @@ REL = 1e-9  # the fast paths sum in another order
 @st.composite
 def costs(draw):
     """A cost model with every term switched on somewhere: both ratio readings, latencies inside
-    and across nodes, every recompute."""
-    model = ModelConfig.from_name(draw(st.sampled_from(["tiny", "tiny-gqa", "paper"])))
+    and across nodes, every recompute; attention and linear (Gated DeltaNet) S layers."""
+    model = ModelConfig.from_name(draw(st.sampled_from(["tiny", "tiny-gqa", "paper", "tiny-gdn", "paper-gdn"])))
     hw = HardwareConfig(
         ratio_reading=draw(st.sampled_from(["group", "link"])),
         inter_intra_ratio=draw(st.sampled_from([1.0, 3.5, 7.0])),
