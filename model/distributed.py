@@ -331,7 +331,7 @@ class RankPlacement:
         which no plan holds yet (the planner refuses it)."""
         if self.child_group.size == 1:
             cu = np.concatenate([[0], np.cumsum([b - a for _, a, b in self.chunks])]).astype(np.int64).tolist()
-            return mixer(x, cu)[0]
+            return mixer(x, cu, backend=self.backend)[0]
         if self.halo:
             return self._state_passing(mixer, x)
         mixed, z, a, b = mixer._project(x)
@@ -340,7 +340,7 @@ class RankPlacement:
             cols = self._linear_columns[id(mixer)] = mixer.ulysses_columns().to(x.device)
         sent = torch.cat([mixed, a, b], dim=1).index_select(1, cols)
         y = exchange(sent[:, :, None].contiguous(), self.sparse_entry, self.transport, self.pack_backend, self.stats, "sparse.entry")
-        o = mixer.forward_heads(y[:, :, 0], self.sparse_cu, self.child_group.size, self.rank - self.child_group.start)
+        o = mixer.forward_heads(y[:, :, 0], self.sparse_cu, self.child_group.size, self.rank - self.child_group.start, self.backend)
         o = exchange(o.contiguous(), self.sparse_exit, self.transport, self.pack_backend, self.stats, "sparse.exit")
         return mixer._output(o, z)
 
@@ -369,7 +369,7 @@ class RankPlacement:
         for i in self.map_chunks:  # each sending chunk's map from a zero state: A by transition, B its final state
             lo, hi = bounds[i], bounds[i + 1]
             kk = mixer._grouped(k[lo:hi], hv)
-            final = mixer._recurrence(q[lo:hi], k[lo:hi], v[lo:hi], g[lo:hi], beta[lo:hi], [0, hi - lo], None)[1][0]
+            final = mixer._recurrence(q[lo:hi], k[lo:hi], v[lo:hi], g[lo:hi], beta[lo:hi], [0, hi - lo], None, self.backend)[1][0]
             maps.append(torch.cat([transition(kk, g[lo:hi], beta[lo:hi], mixer.block), final], dim=-1))
         # a rank that forms no map still joins the maps' backward (it sends the gradients of those it received)
         sent = torch.stack(maps) if maps else q.new_zeros(0, hv, dk, dk + mixer.dv) + 0.0 * q.sum()
@@ -387,7 +387,7 @@ class RankPlacement:
                 for j in rows_in:
                     s = got[j][..., :dk] @ s + got[j][..., dk:]
                 states.append(s)
-        o = mixer._recurrence(q, k, v, g, beta, bounds, torch.stack(states) if states else None)[0]
+        o = mixer._recurrence(q, k, v, g, beta, bounds, torch.stack(states) if states else None, self.backend)[0]
         return mixer._output(o, z) + 0.0 * got.sum()  # every rank joins the states' backward, received or not
 
     def _state_args(self, child: TokenLayout, device) -> None:

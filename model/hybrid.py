@@ -67,7 +67,7 @@ class LocalPlacement:
 
     def run_linear(self, mixer, x, layer_type):
         """Every sample whole, from a zero state."""
-        return mixer(x, self.cu_seqlens)[0]
+        return mixer(x, self.cu_seqlens, backend=self.backend)[0]
 
     def enter(self, x, layer_type):
         return x

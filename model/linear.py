@@ -264,6 +264,9 @@ def pass_states(a: torch.Tensor, b: torch.Tensor, initial: torch.Tensor | None =
 
 
 # ----- the layer ------------------------------------------------------------------------------
+FLA_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # what fla's chunked kernel runs (not float64)
+
+
 def _fla_chunk():
     """flash-linear-attention's chunked gated delta rule (CUDA), or None where it is not installed."""
     try:
@@ -317,21 +320,24 @@ class GatedDeltaNet(torch.nn.Module):
         self.norm = torch.nn.Parameter(torch.ones(head_v_dim))
         self.w_out = torch.nn.Linear(n_v_heads * head_v_dim, hidden, bias=False)
 
-    def forward(self, x: torch.Tensor, cu_seqlens, states: torch.Tensor | None = None, halos: torch.Tensor | None = None):
+    def forward(
+        self, x: torch.Tensor, cu_seqlens, states: torch.Tensor | None = None, halos: torch.Tensor | None = None, backend: str = "auto"
+    ):
         bounds = [int(c) for c in cu_seqlens]
         mixed, z, a, b = self._project(x)
         q, k, v, g, beta, tails = self._inputs(mixed, a, b, bounds, halos)
-        o, finals = self._recurrence(q, k, v, g, beta, bounds, states)
+        o, finals = self._recurrence(q, k, v, g, beta, bounds, states, backend)
         return self._output(o, z), finals, tails
 
-    def _recurrence(self, q, k, v, g, beta, bounds, states):
+    def _recurrence(self, q, k, v, g, beta, bounds, states, backend: str = "auto"):
         """The gated delta rule over a packed batch, each value head reading its key head: fla's
-        chunked kernel on CUDA where fla-core is installed, else `varlen`. (o, final states)."""
+        chunked kernel on CUDA where fla-core is installed and runs the dtype (FLA_DTYPES), unless
+        `backend` (the attention backend setting) is "torch"; else `varlen`. (o, final states)."""
         if len(bounds) == 1:  # no sample (an idle rank): empty outputs that still reach every input, so a
             # sharded model's gradient reduction finds every parameter's (zero) gradient on every rank
             joined = 0.0 * sum(t.sum() for t in (q, k, v, g, beta))
             return v.new_zeros(0, *v.shape[1:]) + joined, v.new_zeros(0, v.shape[1], q.shape[2], v.shape[2])
-        fla = _fla_chunk() if q.is_cuda else None
+        fla = _fla_chunk() if q.is_cuda and backend != "torch" and q.dtype in FLA_DTYPES else None
         if fla is not None:
             cu = torch.as_tensor(bounds, dtype=torch.long, device=q.device)
             o, finals = fla(q[None], k[None], v[None], g[None], beta[None], initial_state=states, output_final_state=True, cu_seqlens=cu)
@@ -347,7 +353,7 @@ class GatedDeltaNet(torch.nn.Module):
         by_element = torch.arange(qk).view(self.hk, self.dk).T.reshape(-1)
         return torch.cat([torch.arange(2 * qk, c), torch.arange(c, c + 2 * hv), by_element, qk + by_element])
 
-    def forward_heads(self, y: torch.Tensor, cu_seqlens, size: int, index: int) -> torch.Tensor:
+    def forward_heads(self, y: torch.Tensor, cu_seqlens, size: int, index: int, backend: str = "auto") -> torch.Tensor:
         """The head side of a Ulysses group of `size` ranks, rank `index` in it: y [m, E] its
         columns of the entry (ulysses_columns split over the group: its value heads, with their
         a and b, and the key heads they read, replicated when the group is wider than the key
@@ -369,7 +375,7 @@ class GatedDeltaNet(torch.nn.Module):
         q, k, v, g, beta, _ = self._inputs(
             torch.cat([q, k, v], dim=1), a, b, bounds, None, (conv, self.A_log[heads], self.dt_bias[heads], hk, hv)
         )
-        return self._recurrence(q, k, v, g, beta, bounds, None)[0]
+        return self._recurrence(q, k, v, g, beta, bounds, None, backend)[0]
 
     def _project(self, x):
         """x [n, hidden] -> (the convolution's channels [n, C], the output gate, the decay and strength inputs)."""

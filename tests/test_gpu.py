@@ -15,8 +15,11 @@ collected and skipped.
   in bf16, forward and backward;
 - the Gated DeltaNet layer on flash-linear-attention's chunked kernel (fla-core) against the same
   layer on the CPU in float64 (model.linear's blockwise form), from incoming states, forward and
-  backward.
+  backward; and the layer's own blockwise form on the device, where fla has no float64 or the
+  attention backend is "torch".
 """
+
+import importlib.util
 
 import numpy as np
 import pytest
@@ -171,3 +174,24 @@ def test_the_gated_deltanet_layer_on_flas_kernel_matches_the_cpu_path():
     torch.testing.assert_close(s, s_ref, rtol=2e-2, atol=2e-3)
     for name in g_ref:
         torch.testing.assert_close(g[name], g_ref[name], rtol=5e-2, atol=5e-3, msg=lambda m, n=name: f"gradient of {n}: {m}")
+
+
+def test_the_gated_deltanet_layer_takes_the_torch_path_on_the_device_where_fla_cannot_or_is_told_not_to():
+    """float64 on the device (fla's kernel has no float64) and fp32 under the "torch" backend run
+    the project's blockwise form there: float64 equals the CPU's to rounding, and fp32 under
+    "torch" agrees with fla's kernel (where fla-core is installed) as two fp32 paths do."""
+    from model.linear import GatedDeltaNet
+
+    torch.manual_seed(0)
+    cpu = GatedDeltaNet(64, 2, 4, 32, 32, block=32).double()
+    dev = GatedDeltaNet(64, 2, 4, 32, 32, block=32).double().cuda()
+    dev.load_state_dict(cpu.state_dict())
+    x = torch.randn(90, 64, dtype=torch.float64)
+    cu = [0, 50, 90]
+    want = cpu(x, cu)[0]
+    torch.testing.assert_close(dev(x.cuda(), cu)[0].cpu(), want, rtol=1e-10, atol=1e-12)
+    dev.float()
+    mine = dev(x.float().cuda(), cu, backend="torch")[0].double().cpu()
+    torch.testing.assert_close(mine, want, rtol=1e-3, atol=1e-4)
+    if importlib.util.find_spec("fla") is not None:
+        torch.testing.assert_close(dev(x.float().cuda(), cu)[0].double().cpu(), mine, rtol=2e-2, atol=2e-3)
