@@ -39,7 +39,9 @@ SWEEP_FACTORS = {
     "window": [1024, 4096, 16384],
     "kind": ["sliding_window", "chunked"],
     "cluster": [32, 64, 128],
+    "state": [32, 64, 128, 256],  # a linear kind's head_k_dim = head_v_dim: its state's size
 }
+LINEAR_ONLY = ("state",)  # factors of a linear kind's model (docs/cost-model.md); not in the default list
 
 
 # ----- settings several entry points hold, declared once -----------------------------------------
@@ -88,8 +90,8 @@ class SweepOptions(Section):
     SECTION = "sweep"
 
     factors: str = setting(
-        ",".join(SWEEP_FACTORS),
-        f"the factors to sweep, comma-separated, from {list(SWEEP_FACTORS)}",
+        ",".join(f for f in SWEEP_FACTORS if f not in LINEAR_ONLY),
+        f"the factors to sweep, comma-separated, from {list(SWEEP_FACTORS)} (state: a linear kind's head dims)",
         list_from(SWEEP_FACTORS),
     )
     seeds: int = setting(3, "workload seeds, from --seed on (a mean without its range over seeds is not a result)", POSITIVE_INT)

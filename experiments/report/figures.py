@@ -60,7 +60,8 @@ def sweep(out_dir: str, path: str) -> tuple[str, list[dict]]:
     axes = plots.plot_sweep(path)
     fig = axes.flat[0].figure
     fig.tight_layout()
-    return _save(fig, out_dir, "sweep"), [csv_provenance(rows, path)]
+    folder = os.path.basename(os.path.dirname(path)) or "sweep"  # results/sweep-gdn/sweep.csv: sweep-gdn.png
+    return _save(fig, out_dir, folder), [csv_provenance(rows, path)]
 
 
 FIGURES = {"ablation": ablation, "layouts": layouts, "sweep": sweep}

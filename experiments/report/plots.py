@@ -141,28 +141,31 @@ def plot_breakdown(summary: dict, ax=None):
 SWEEP_MODES = tuple(m.name for m in MODE_TABLE if m.start in (CHILDREN, HALO_CHILDREN))
 
 
-SWEEP_FACTORS = {  # the sweep plot's columns, and their axes' labels
+SWEEP_FACTORS = {  # the sweep plot's columns (those a sweep ran), and their axes' labels
     "fill": "fill (global batch / cluster capacity)",
     "ratio": "inter/intra-node all-to-all ratio",
     "window": "sliding window W (tokens)",
+    "state": "linear layers' head_k_dim = head_v_dim (state size)",
 }
 
 
 def plot_sweep(path: str | None = None, axes=None):
-    """The gain against the fill, the ratio (both readings: solid group, dashed link) and the
-    window, mean over seeds with the [min, max] band: a row per assignment pricing, a colour per mode."""
+    """The gain against the fill, the ratio (both readings: solid group, dashed link), the window
+    and a linear kind's state size, those the sweep ran, mean over seeds with the [min, max] band:
+    a row per assignment pricing, a colour per mode."""
     path = path or os.path.join(RESULTS, "sweep", "sweep.csv")
     if not os.path.exists(path):
         print(f"no sweep results at {path}: run `python -m experiments.sweep` to add these plots", file=sys.stderr)
         return None
     df = pd.read_csv(path)
     df = df[df["mode"].isin(SWEEP_MODES) & df["factor"].isin(list(SWEEP_FACTORS))]
+    factors = {f: label for f, label in SWEEP_FACTORS.items() if f in set(df["factor"])}
     pricings = sorted(df["assignment_pricing"].unique())
     if axes is None:
-        _, axes = plt.subplots(len(pricings), len(SWEEP_FACTORS), figsize=(6 * len(SWEEP_FACTORS), 4 * len(pricings)), squeeze=False)
+        _, axes = plt.subplots(len(pricings), len(factors), figsize=(6 * len(factors), 4 * len(pricings)), squeeze=False)
     colour = dict(zip(SWEEP_MODES, sns.color_palette("tab10", len(SWEEP_MODES))))
     for row, pricing in zip(axes, pricings):
-        for ax, (factor, xlabel) in zip(row, SWEEP_FACTORS.items()):
+        for ax, (factor, xlabel) in zip(row, factors.items()):
             sub = df[(df["factor"] == factor) & (df["assignment_pricing"] == pricing)].assign(value=lambda d: d["value"].astype(float))
             for (mode, reading), g in sub.groupby(["mode", "ratio_reading"]):
                 agg = g.groupby("value")["time_change_pct"].agg(["mean", "min", "max"]).reset_index()
@@ -171,7 +174,7 @@ def plot_sweep(path: str | None = None, axes=None):
                 ax.plot(agg["value"], agg["mean"], style, marker="o", color=colour[mode], label=label)
                 ax.fill_between(agg["value"], agg["min"], agg["max"], color=colour[mode], alpha=0.12)
             ax.axhline(0, color="gray", lw=0.8)
-            if factor == "window":
+            if factor in ("window", "state"):
                 ax.set_xscale("log", base=2)
             ax.set(title=f"Gain vs {factor}, {pricing} pricing", xlabel=xlabel, ylabel="change of mean step time (%)")
             ax.legend(fontsize=7, title="dashed: link reading" if factor == "ratio" else None, title_fontsize=7)
