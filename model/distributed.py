@@ -296,14 +296,14 @@ class RankPlacement:
             self.halo_args, self.key_rows, self.key_inverse, keys = halo_rank_args(
                 child, self.child_group, rank, first_key, cfg.sparse_params, device
             )
-            self.key_segments = keys
-            if sparse_cost(cfg.sparse_kind).passing is not None:  # a linear kind: state passing too
-                self._state_args(child, device)
             sparse_cu = np.concatenate([[0], np.cumsum([b - a for _, a, b in self.chunks if b > a])]).astype(np.int32)
         else:
             sparse_cu = head_cu_seqlens(child, self.child_group)
+        # a linear layer's samples (run_linear): in head layout, or a halo child's non-empty chunks
+        self.sparse_cu = [int(c) for c in sparse_cu]
+        if self.halo and sparse_cost(cfg.sparse_kind).passing is not None:  # a linear kind: state passing too
+            self._state_args(child, keys, device)
         self.attention_of = layer_attention(head_cu_seqlens(parent, self.parent_group), sparse_cu, cfg, device, keys)
-        self.sparse_cu = [int(c) for c in sparse_cu]  # a linear layer's samples in head layout (run_linear)
         self._linear_columns: dict[int, torch.Tensor] = {}
         # a redistributing parent (ParentPlan.redistributed): each full layer runs on its own token
         # layout, the hidden states moved there and back by all-to-alls of their own (the pass the
@@ -327,11 +327,10 @@ class RankPlacement:
         Ulysses child projects its tokens, moves the projections to head layout (each rank: its
         value heads and the key heads they read, whole samples), runs the convolution and the
         recurrence there, and brings the outputs back, as attention does (the same exchange
-        kernels, the sites "sparse.entry" and "sparse.exit"); a halo child would pass states,
-        which no plan holds yet (the planner refuses it)."""
-        if self.child_group.size == 1:
-            cu = np.concatenate([[0], np.cumsum([b - a for _, a, b in self.chunks])]).astype(np.int64).tolist()
-            return mixer(x, cu, backend=self.backend)[0]
+        kernels, the sites "sparse.entry" and "sparse.exit"); a halo child passes states
+        (_state_passing)."""
+        if self.child_group.size == 1:  # its samples whole, in head order: sparse_cu
+            return mixer(x, self.sparse_cu, backend=self.backend)[0]
         if self.halo:
             return self._state_passing(mixer, x)
         mixed, z, a, b = mixer._project(x)
@@ -362,7 +361,7 @@ class RankPlacement:
         halos = []
         for lo, h in zip(self.linear_key_cu, self.linear_halo_rows):  # h <= reach: fewer at a sample's start
             halos.append(torch.cat([seg.new_zeros(reach - h, ch), seg[lo : lo + h]]))
-        bounds = self.linear_bounds
+        bounds = self.sparse_cu
         q, k, v, g, beta, _ = mixer._inputs(mixed, a, b, bounds, torch.stack(halos) if halos else None)
         hv, dk = mixer.hv, mixer.dk
         maps = []
@@ -390,43 +389,43 @@ class RankPlacement:
         o = mixer._recurrence(q, k, v, g, beta, bounds, torch.stack(states) if states else None, self.backend)[0]
         return mixer._output(o, z) + 0.0 * got.sum()  # every rank joins the states' backward, received or not
 
-    def _state_args(self, child: TokenLayout, device) -> None:
-        """A linear kind's halo child: its non-empty chunks' bounds and halo rows, the chunks that
-        form maps, the map exchange (HaloArgs over solver.layout.state_transfers) and, per chunk,
-        the received maps it composes, in rank order."""
-        held = [(sid, a, b) for sid, a, b in self.chunks if b > a]
-        self.linear_bounds = np.concatenate([[0], np.cumsum([b - a for _, a, b in held])]).astype(np.int64).tolist()
-        halo = (self.key_segments.q_start - self.key_segments.k_start).astype(np.int64)
+    def _state_args(self, child: TokenLayout, keys: KeySegments, device) -> None:
+        """A linear kind's halo child: each non-empty chunk's convolution halo rows in its key
+        segment (`keys`, halo_rank_args'), the chunks that form maps, and how the states travel:
+        by the chain (ChainArgs over solver.layout.state_hops; per chunk the row of its incoming
+        state, or -1) or in one round (HaloArgs over state_transfers; per chunk the received maps
+        it composes, in rank order)."""
+        halo = (keys.q_start - keys.k_start).astype(np.int64)
         self.linear_halo_rows = halo.tolist()
-        self.linear_key_cu = np.concatenate([[0], np.cumsum(halo + np.diff(self.linear_bounds))])[:-1].astype(np.int64).tolist()
+        self.linear_key_cu = np.concatenate([[0], np.cumsum(halo + np.diff(self.sparse_cu))])[:-1].astype(np.int64).tolist()
         chain = self.child_group.chain
         transfers = (state_hops if chain else state_transfers)(child, self.child_group)
-        index = {sid: i for i, (sid, _, _) in enumerate(held)}
-        self.map_chunks = sorted({index[t.sample] for t in transfers if t.src == self.rank})
+        index = {sid: i for i, (sid, _, _) in enumerate((sid, a, b) for sid, a, b in self.chunks if b > a)}
+        mine = [t for t in transfers if t.src == self.rank]
+        self.map_chunks = sorted({index[t.sample] for t in mine})
         row_of = {i: r for r, i in enumerate(self.map_chunks)}
-        sends: dict[int, list[int]] = {}
-        for t in (t for t in transfers if t.src == self.rank):
-            sends.setdefault(t.dst, []).append(row_of[index[t.sample]])
         recvs: dict[int, int] = {}
-        self.maps_of_chunk = [[] for _ in held]
-        at = 0
-        for t in (t for t in transfers if t.dst == self.rank):  # by source, then sample: the receive buffer's order
+        self.maps_of_chunk = [[] for _ in index]
+        for at, t in enumerate(t for t in transfers if t.dst == self.rank):  # by source, then sample: the receive buffer's order
             recvs[t.src] = recvs.get(t.src, 0) + 1
             self.maps_of_chunk[index[t.sample]].append(at)
-            at += 1
+        if chain:  # a chunk receives at most one state (from the chunk before), at the row it arrives
+            self.state_of_chunk = [rows[0] if rows else -1 for rows in self.maps_of_chunk]
+            out: dict[int, list[tuple[int, int]]] = {}
+            for t in mine:
+                i = index[t.sample]
+                out.setdefault(t.dst, []).append((row_of[i], self.state_of_chunk[i]))
+            self.chain_args = ChainArgs(self.rank, tuple(sorted(recvs.items())), tuple((d, tuple(r)) for d, r in sorted(out.items())))
+            return
+        sends: dict[int, list[int]] = {}
+        for t in mine:
+            sends.setdefault(t.dst, []).append(row_of[index[t.sample]])
         self.state_args = HaloArgs(
             self.rank,
             len(self.map_chunks),
             tuple((dst, torch.as_tensor(r, dtype=torch.int64, device=device)) for dst, r in sorted(sends.items())),
             tuple(sorted(recvs.items())),
         )
-        if chain:  # a chunk receives at most one state (from the chunk before), at the row it arrives
-            self.state_of_chunk = [rows[0] if rows else -1 for rows in self.maps_of_chunk]
-            out: dict[int, list[tuple[int, int]]] = {}
-            for t in (t for t in transfers if t.src == self.rank):
-                i = index[t.sample]
-                out.setdefault(t.dst, []).append((row_of[i], self.state_of_chunk[i]))
-            self.chain_args = ChainArgs(self.rank, tuple(sorted(recvs.items())), tuple((d, tuple(r)) for d, r in sorted(out.items())))
 
     def _heads(self, y: torch.Tensor, p: int):
         h, hkv = self.cfg.n_heads // p, max(self.cfg.n_kv_heads // p, 1)  # one replicated KV head when p > n_kv_heads

@@ -149,7 +149,8 @@ class Block(nn.Module):
 class LinearBlock(nn.Module):
     """A block whose S layer is linear attention (the model's linear kind: model.linear's Gated
     DeltaNet) in place of attention, then the same MoE. The placement runs the mixer
-    (Placement.run_linear): on one process every sample whole; across ranks by Ulysses."""
+    (Placement.run_linear): on one process every sample whole; across ranks by Ulysses or by
+    state passing, as the plan's children say."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()

@@ -25,9 +25,9 @@ from config import SettingError
 
 from .cluster import ceil_pow2
 from .cost import BWD_COMPUTE, FWD_BWD_COMPUTE, FWD_COMPUTE, CostModel
-from .layout import chunk_bounds, halo_pair_rows, relayout_rows, state_hops, state_pair_maps, state_transfers
+from .layout import halo_pair_rows, relayout_rows, state_hops, state_pair_maps
 from .plan import StepPlan
-from .reference import chain_path
+from .reference import chain_path, state_load
 
 
 @dataclass
@@ -253,16 +253,12 @@ def _chains(plan: StepPlan, cost: CostModel, halos) -> tuple[np.ndarray, ...]:
 
 def map_seconds(plan: StepPlan, cost: CostModel) -> np.ndarray:
     """Per rank, forward seconds of the maps its chunks form in a linear kind's halo children (a
-    chunk whose sample goes on to a later rank's chunk: state_transfers' sources)."""
+    chunk whose sample goes on to a later rank's chunk; solver.reference.state_load)."""
     out = np.zeros(plan.cluster.world_size)
     if cost.sparse.passing is None:
         return out
     for c in (c for p in plan.parents for c in p.children if c.halo and c.size > 1):
-        sent = {(t.src, t.sample) for t in (state_hops if c.chain else state_transfers)(plan.child_layout, c)}
-        for rank, sid in sent:
-            b = chunk_bounds(plan.length_of[sid], c.size)
-            k = rank - c.start
-            out[rank] += float(cost.map_time(b[k + 1] - b[k]))
+        out[c.start : c.stop] += state_load(c, plan.length_of, cost)[1]
     return out
 
 

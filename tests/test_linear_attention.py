@@ -498,10 +498,8 @@ def chained(plan):
 
 def _linear_step_body(rank, world, refs):
     from kernels.exchange import ExchangeGroups
-    from model.distributed import run_step
-    from model.sharding import full_tensor, shard_model
-    from tests.test_model_distributed import LENGTHS, hand_plans, make_model, sample_tokens
-    from tests.test_strategies_distributed import assert_step
+    from tests.test_model_distributed import hand_plans
+    from tests.test_strategies_distributed import assert_sharded_ep2_step, assert_step
     from tests.test_strategies_distributed import hand_plans as strategy_plans
 
     groups = ExchangeGroups(world)
@@ -512,18 +510,9 @@ def _linear_step_body(rank, world, refs):
     # repack+solver plan (three ranks hold no token: their linear layers' parameters still get
     # zero gradients, or the reduce-scatters differ in size) under full recompute (the exchanges
     # and state passing run again in the backward), the hand-made repacked plan and halo children
-    cfg, (ref_loss, ref_grads) = _linear_config("gva"), refs["gva"]
     idle = next(p for p in _linear_plans("gva") if p.mode == "repack+solver")
-    repacked, halo = hand_plans()[1], strategy_plans()[0]
-    for plan, recompute in ((idle, "full"), (repacked, "none"), (halo, "none")):
-        model = shard_model(make_model(cfg, recompute).expert_parallel(2, rank), torch.device("cpu"))
-        loss = run_step(model, plan, sample_tokens(LENGTHS), groups, "torch", "torch")
-        torch.testing.assert_close(loss, ref_loss, rtol=1e-10, atol=1e-12)
-        per = cfg.n_experts // 2
-        mine = slice((rank % 2) * per, (rank % 2 + 1) * per)
-        for n, p in model.named_parameters():
-            want = ref_grads[n][mine] if ".experts." in n else ref_grads[n]
-            torch.testing.assert_close(full_tensor(p.grad), want, rtol=1e-9, atol=1e-11, msg=f"fsdp ep2 {plan.mode} {n}")
+    for plan, recompute in ((idle, "full"), (hand_plans()[1], "none"), (strategy_plans()[0], "none")):
+        assert_sharded_ep2_step(_linear_config("gva"), plan, refs["gva"], groups, rank, recompute)
 
 
 @pytest.mark.slow

@@ -98,14 +98,21 @@ def _body(rank, world, refs):
     cfg = CONFIGS["gqa-window"]
     ref_loss, ref_grads = refs["gqa-window"]
     for plan in hand_plans()[0::2]:
-        model = shard_model(make_model(cfg).expert_parallel(2, rank), torch.device("cpu"))
-        loss = run_step(model, plan, sample_tokens(LENGTHS), groups, "torch", "torch")
-        torch.testing.assert_close(loss, ref_loss, rtol=1e-10, atol=1e-12)
-        per = cfg.n_experts // 2
-        mine = slice((rank % 2) * per, (rank % 2 + 1) * per)
-        for n, p in model.named_parameters():
-            want = ref_grads[n][mine] if ".experts." in n else ref_grads[n]
-            torch.testing.assert_close(full_tensor(p.grad), want, rtol=1e-9, atol=1e-11, msg=f"fsdp ep2 {plan.mode} {n}")
+        assert_sharded_ep2_step(cfg, plan, (ref_loss, ref_grads), groups, rank)
+
+
+def assert_sharded_ep2_step(cfg: ModelConfig, plan: StepPlan, ref, groups: ExchangeGroups, rank: int, recompute: str = "none") -> None:
+    """One step of `plan` under FSDP2 with expert parallelism of degree 2 (fp64): the loss equals
+    the single-process `ref`, and every gathered gradient its own, the experts' this rank's slot of them."""
+    ref_loss, ref_grads = ref
+    model = shard_model(make_model(cfg, recompute).expert_parallel(2, rank), torch.device("cpu"))
+    loss = run_step(model, plan, sample_tokens(LENGTHS), groups, "torch", "torch")
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-10, atol=1e-12)
+    per = cfg.n_experts // 2
+    mine = slice((rank % 2) * per, (rank % 2 + 1) * per)
+    for n, p in model.named_parameters():
+        want = ref_grads[n][mine] if ".experts." in n else ref_grads[n]
+        torch.testing.assert_close(full_tensor(p.grad), want, rtol=1e-9, atol=1e-11, msg=f"fsdp ep2 {plan.mode} {recompute} {n}")
 
 
 @pytest.mark.slow
