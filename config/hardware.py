@@ -65,6 +65,11 @@ class HardwareConfig(Section):
         0.55, "achieved / peak of varlen flash attention, forward and backward mixed", EFFICIENCY,
         source="FlashAttention-2/3 varlen forward + backward",
     )  # fmt: skip
+    linear_efficiency: float = setting(
+        None, "achieved / peak of a linear kind's mixer (its convolution and chunked recurrence), forward and backward "
+        "mixed (unset: attention_efficiency's)", optional(EFFICIENCY), type_=float,
+        source="no sourced GPU figure for the chunked kernels: attention_efficiency's unless measured (experiments.calibrate fits it)",
+    )  # fmt: skip
     intra_node_bw: float = setting(
         150e9, "effective all-to-all bytes/s per GPU inside a node", BYTE_RATE,
         source="DeepEP's intranode all-to-all over NVLink (~150-160 GB/s)",
@@ -129,6 +134,11 @@ class HardwareConfig(Section):
     @property
     def inter_node_bw(self) -> float:
         return self.intra_node_bw / self.inter_intra_ratio
+
+    @property
+    def linear_rate_efficiency(self) -> float:
+        """achieved / peak of a linear kind's mixer (linear_efficiency, or attention_efficiency's)."""
+        return self.attention_efficiency if self.linear_efficiency is None else self.linear_efficiency
 
     @property
     def halo_call_latency(self) -> float:

@@ -323,11 +323,19 @@ class GatedDeltaNet(torch.nn.Module):
     def forward(
         self, x: torch.Tensor, cu_seqlens, states: torch.Tensor | None = None, halos: torch.Tensor | None = None, backend: str = "auto"
     ):
-        bounds = [int(c) for c in cu_seqlens]
         mixed, z, a, b = self._project(x)
+        o, finals, tails = self.mix(mixed, a, b, cu_seqlens, states, halos, backend)
+        return self._output(o, z), finals, tails
+
+    def mix(self, mixed: torch.Tensor, a: torch.Tensor, b: torch.Tensor, cu_seqlens, states=None, halos=None, backend: str = "auto"):
+        """The layer between its projections, what the cost model prices at the linear rate
+        (solver.cost's gated_delta flops): the convolution over `mixed` [n, C] (the convolution's
+        channels), the gates from a, b [n, Hv], the gated delta rule -> (o [n, Hv, Dv], final
+        states, tails), as forward."""
+        bounds = [int(c) for c in cu_seqlens]
         q, k, v, g, beta, tails = self._inputs(mixed, a, b, bounds, halos)
         o, finals = self._recurrence(q, k, v, g, beta, bounds, states, backend)
-        return self._output(o, z), finals, tails
+        return o, finals, tails
 
     def _recurrence(self, q, k, v, g, beta, bounds, states, backend: str = "auto"):
         """The gated delta rule over a packed batch, each value head reading its key head: fla's

@@ -378,6 +378,8 @@ class CostModel:
         self.lm_head_params = m.vocab * m.hidden
         gemm_rate = hw.peak_flops * hw.gemm_efficiency
         self.attn_rate = hw.peak_flops * hw.attention_efficiency
+        # a linear kind's mixer (its flops and state-passing maps) runs at its own rate
+        self.sparse_rate = hw.peak_flops * hw.linear_rate_efficiency if self.sparse.linear else self.attn_rate
         # forward seconds per token of one layer's token-wise work (an F layer's; an S layer's where
         # a linear kind's projections differ), and of the LM head
         self.layer_token_time = FLOPS_PER_MAC * self.layer_params_active / gemm_rate
@@ -567,7 +569,7 @@ class CostModel:
         return attention_flops(causal_keys(lengths), self.model) / self.attn_rate
 
     def sparse_attn_time(self, lengths):
-        return self.sparse.flops(np.asarray(lengths, dtype=np.float64), self.model) / self.attn_rate
+        return self.sparse.flops(np.asarray(lengths, dtype=np.float64), self.model) / self.sparse_rate
 
     def token_cost(self, tokens):
         """Training seconds of all token-wise work for `tokens` tokens on one rank: every layer's
@@ -720,7 +722,7 @@ class CostModel:
         """Forward seconds of the maps of chunks of these lengths (a linear kind's state passing; 0 otherwise)."""
         if self.sparse.passing is None:
             return np.zeros_like(np.asarray(lengths, dtype=np.float64))
-        return self.sparse.passing.map_flops(np.asarray(lengths, dtype=np.float64), self.model) / self.attn_rate
+        return self.sparse.passing.map_flops(np.asarray(lengths, dtype=np.float64), self.model) / self.sparse_rate
 
     def state_layer_time(self, maps: float, map_seconds: float, across: bool) -> float:
         """Seconds of one linear layer's state passing for a rank that receives or sends `maps`

@@ -137,3 +137,45 @@ def test_a_fixed_cost_fitted_at_its_floor_is_kept_flagged_and_unflagged_when_ref
     # a cost with an isolated measurement keeps it when the step fits lower: a measurement, not the floor
     kept = keep_fit(hw, "a2a_latency", 0.0)
     assert kept.a2a_latency == 5e-4 and kept.floored == ()
+
+
+def test_a_linear_kind_is_timed_and_priced_at_its_own_rate():
+    """A linear kind's rows time its mixer (convolution, gates, recurrence) against the FLOPs that
+    solver.cost.gated_delta_flops counts for it (the layer less its projections), and
+    linear_efficiency prices exactly those and the state-passing maps: attention, and a windowed
+    model's sparse layers, stay at attention_efficiency, which an unset linear_efficiency also takes."""
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+
+    from experiments.calibrate.measure import measure_attention
+    from solver.cost import FWD_BWD_COMPUTE, gated_delta_flops, gated_delta_map_flops, with_sparse_defaults
+
+    cfg = with_sparse_defaults(ModelConfig.from_name("tiny-gdn"))
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)  # the timer's barrier: one rank
+    try:
+        rows = measure_attention(cfg, [16, 64], "torch", torch.device("cpu"), torch.float32, 1)
+    finally:
+        dist.destroy_process_group()
+    assert [(r["kind"], r["length"]) for r in rows] == [("full", 16), ("full", 64), ("gated_delta", 16), ("gated_delta", 64)]
+    p = cfg.sparse_params
+    heads = (p["k_heads"], p["v_heads"], p["head_k_dim"], p["head_v_dim"])
+
+    def mixer_flops(n):
+        t = gated_delta_flops([n], cfg.hidden, *heads, conv_kernel=p["conv_kernel"], block=p["block"], parts=True)
+        return float((t["convolution"] + t["recurrence_matmuls"] + t["recurrence_solve"])[0])
+
+    for r in rows[2:]:
+        assert r["seconds"] > 0 and r["flops"] == pytest.approx(FWD_BWD_COMPUTE * mixer_flops(r["length"]))
+    hw = HardwareConfig()
+    lengths = np.array([100.0, 5000.0])
+    slow = CostModel(cfg, hw.replace(linear_efficiency=0.01))
+    assert slow.sparse_attn_time(lengths) == pytest.approx([mixer_flops(n) / (hw.peak_flops * 0.01) for n in lengths])
+    assert slow.map_time(lengths) == pytest.approx(gated_delta_map_flops(lengths, p) / (hw.peak_flops * 0.01))
+    unset = CostModel(cfg, hw)
+    assert slow.full_attn_time(lengths) == pytest.approx(unset.full_attn_time(lengths))
+    assert unset.sparse_attn_time(lengths) == pytest.approx([mixer_flops(n) / (hw.peak_flops * hw.attention_efficiency) for n in lengths])
+    windowed = ModelConfig.from_name("tiny")
+    assert CostModel(windowed, hw.replace(linear_efficiency=0.01)).sparse_attn_time(lengths) == pytest.approx(
+        CostModel(windowed, hw).sparse_attn_time(lengths)
+    )

@@ -17,7 +17,8 @@ removed on exit, on failure and on Ctrl-C. The --wall-limit bounds every launche
 
 --compare: (1) calibrates on the emulated cluster (experiments.calibrate, quick sizes, each figure
 the median of CALIBRATION_MEDIAN_OF runs); (2) runs the ablation
-with the tiny model on the cluster's shape and the calibrated profile, on a trace of the tiny
+with the tiny model (--model: any model preset of tiny's sizes, e.g. tiny-gdn, whose sparse layers
+are Gated DeltaNet) on the cluster's shape and the calibrated profile, on a trace of the tiny
 workload (the simulator's prediction of every selected step in every mode); (3) replays those
 steps through the driver on the emulated cluster in every mode (train --replay --mode all: no
 optimizer step, so the ablation leaves the optimizer out; expert parallelism on, of the default
@@ -41,7 +42,7 @@ import time
 
 import numpy as np
 
-from config import TINY_TOKENS_PER_RANK, Cluster, SettingError, WorkloadConfig
+from config import TINY_TOKENS_PER_RANK, Cluster, ModelConfig, SettingError, WorkloadConfig
 from config.cli import Command
 from config.entries import EmulateOptions
 from experiments.common import entry
@@ -228,7 +229,7 @@ def compare(pairs: list[tuple[dict, dict]]) -> tuple[list[dict], dict]:
 
 
 def run_compare(s) -> None:
-    e, gpn = s.emulate, s.cluster.gpus_per_node
+    e, gpn, model = s.emulate, s.cluster.gpus_per_node, s.model.name
     out = os.path.abspath(e.out)
     check_output_dir(out)
     world = e.nodes * gpn
@@ -236,10 +237,10 @@ def run_compare(s) -> None:
     profile = os.path.join(calibrated, "profile.json")
     trace = os.path.join(out, "trace.csv")
     with EmulatedCluster(e.nodes, e.inter_mbit) as cluster:
-        print(f"emulated cluster: {e.nodes} nodes x {gpn} gloo ranks, {e.inter_mbit:g} Mbit/s between nodes", flush=True)
+        print(f"emulated cluster: {e.nodes} nodes x {gpn} gloo ranks, {e.inter_mbit:g} Mbit/s between nodes; model {model}", flush=True)
         _run_or_fail(
             cluster,
-            ["-m", "experiments.calibrate", "--quick", "--median-of", str(CALIBRATION_MEDIAN_OF), "--out", calibrated],
+            ["-m", "experiments.calibrate", "--model", model, "--quick", "--median-of", str(CALIBRATION_MEDIAN_OF), "--out", calibrated],
             gpn,
             e.wall_limit,
             os.path.join(out, "logs", "calibrate"),
@@ -254,7 +255,7 @@ def run_compare(s) -> None:
             f.write("step,length\n")
             for k, lengths in enumerate(generate_steps(wl)):
                 f.writelines(f"{k},{n}\n" for n in lengths)
-        common = ["--model", "tiny", "--gpus-per-node", str(gpn), "--tokens-per-rank", str(budget), "--hardware", profile]
+        common = ["--model", model, "--gpus-per-node", str(gpn), "--tokens-per-rank", str(budget), "--hardware", profile]
         abl = [
             sys.executable, "-m", "experiments.ablation", *common, "--costs", profile, "--world-size", str(world), "--trace", trace,
             "--seeds", "1", "--no-optimizer", "--out", os.path.join(out, "predicted"), "--no-progress",
@@ -280,6 +281,7 @@ def run_compare(s) -> None:
     result = {
         "provenance": provenance(),
         "cluster": {"nodes": e.nodes, "ranks_per_node": gpn, "inter_mbit": e.inter_mbit},
+        "model": model,
         "modes": summary,
         "breakdown": parts,
     }
@@ -345,9 +347,9 @@ def breakdown(pairs: list[tuple[dict, dict]]) -> dict[str, dict]:
 COMMAND = Command(
     "experiments.calibrate.emulate",
     __doc__,
-    (Cluster, WorkloadConfig, EmulateOptions),
-    defaults={"cluster.gpus_per_node": 2, "workload.steps": 40},
-    only={"cluster": ("gpus_per_node",), "workload": ("steps", "seed")},
+    (ModelConfig, Cluster, WorkloadConfig, EmulateOptions),
+    defaults={"model": "tiny", "cluster.gpus_per_node": 2, "workload.steps": 40},
+    only={"model": (), "cluster": ("gpus_per_node",), "workload": ("steps", "seed")},
 )
 
 

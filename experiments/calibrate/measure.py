@@ -8,7 +8,8 @@ once as in a training step, it measures:
 2. the token-wise compute of the model's layers (projections, router and experts, forward and
    backward) on a step's tokens per rank;
 3. full and sparse attention (the model's sparse kind, the attention backend in use) against
-   sample length, forward and backward;
+   sample length, forward and backward; a linear kind's mixer (convolution, gates, recurrence)
+   in place of sparse attention;
 4. the device's matmul peak (a large square product) and memory bandwidth (a large copy);
 5. fixed costs: a whole layer forward and backward on one token, one small all-reduce of the
    world (what the gradient sync's and the router's collectives pay whatever their size), and
@@ -28,7 +29,7 @@ and the latency a call across nodes adds (a2a_inter_latency) under both readings
 link's rate), the reading with the smaller residual kept (every fit minimizes the relative
 residual it prints, so the small transfers and short samples a step is made of count as much as
 the large ones);
-gemm_efficiency and attention_efficiency against the measured peak (only peak x efficiency
+gemm_efficiency, attention_efficiency and (a linear kind's) linear_efficiency against the measured peak (only peak x efficiency
 enters a step time, so the prediction does not depend on that choice; --peak-flops sets a
 datasheet peak for MFU). It prints every fit with its residuals and writes the profile: JSON with
 the hardware config, the measurements, the fits, and device, world, commit and date.
@@ -402,14 +403,16 @@ def keep_fit(hw: HardwareConfig, field: str, fitted: float) -> HardwareConfig:
 
 def measure_attention(cfg: ModelConfig, lengths: list[int], backend: str, device, dtype, repeats: int) -> list[dict]:
     """Seconds of full and sparse attention of one sample (all heads), forward + backward, against
-    its length; FLOPs as the cost model counts them."""
+    its length; FLOPs as the cost model counts them. A linear kind's rows time its mixer
+    (measure_linear) in place of sparse attention."""
     rows = []
     cost = CostModel(cfg, HardwareConfig())
+    linear = cost.sparse.linear
     for n in lengths:
         q = torch.randn(n, cfg.n_heads, cfg.head_dim, device=device, dtype=dtype, requires_grad=True)
         kv = torch.randn(n, cfg.n_kv_heads, cfg.head_dim, device=device, dtype=dtype, requires_grad=True)
         cu = torch.tensor([0, n], dtype=torch.int32, device=device)
-        for kind in ("full", cfg.sparse_kind):
+        for kind in ("full",) if linear else ("full", cfg.sparse_kind):
             params = None if kind == "full" else cfg.sparse_params
 
             def step(kind=kind, params=params, q=q, kv=kv, cu=cu, n=n):
@@ -418,6 +421,27 @@ def measure_attention(cfg: ModelConfig, lengths: list[int], backend: str, device
             t = timed(step, device, repeats)
             fwd = attention_flops(causal_keys(n), cfg) if kind == "full" else cost.sparse.flops(np.array([n], dtype=np.float64), cfg)[0]
             rows.append({"kind": kind, "length": n, "seconds": t, "flops": FWD_BWD_COMPUTE * float(fwd)})
+    return rows + (measure_linear(cfg, lengths, backend, device, dtype, repeats) if linear else [])
+
+
+def measure_linear(cfg: ModelConfig, lengths: list[int], backend: str, device, dtype, repeats: int) -> list[dict]:
+    """Seconds of a linear kind's mixer (model.linear.GatedDeltaNet.mix: the convolution, the gates
+    and the chunked recurrence, what the cost model prices at the linear rate) on one sample,
+    forward + backward, against its length; FLOPs as the cost model counts them."""
+    torch.manual_seed(0)
+    block = next(b for b in HybridMoE(cfg).blocks if isinstance(b, LinearBlock))
+    mixer = block.mixer.to(device=device, dtype=dtype)
+    cost = CostModel(cfg, HardwareConfig())
+    rows = []
+    for n in lengths:
+        mixed = torch.randn(n, mixer.channels, device=device, dtype=dtype, requires_grad=True)
+        a, b = (torch.randn(n, mixer.hv, device=device, dtype=dtype, requires_grad=True) for _ in range(2))
+
+        def step(mixed=mixed, a=a, b=b, n=n):
+            mixer.mix(mixed, a, b, [0, n], backend=backend)[0].sum().backward()
+
+        fwd = cost.sparse.flops(np.array([n], dtype=np.float64), cfg)[0]
+        rows.append({"kind": cfg.sparse_kind, "length": n, "seconds": timed(step, device, repeats), "flops": FWD_BWD_COMPUTE * float(fwd)})
     return rows
 
 
@@ -502,7 +526,9 @@ def calibrate(
     net = fit_all_to_all(a2a, node)
     experts_net = fit_all_to_all(experts_a2a, node)
     gemm = fit_efficiency(work, peak)
-    att = fit_efficiency(attn, peak)
+    linear = sparse_cost(cfg.sparse_kind).linear  # its mixer's rows fit their own rate (linear_efficiency)
+    att = fit_efficiency([r for r in attn if not linear or r["kind"] == "full"], peak)
+    lin = fit_efficiency([r for r in attn if r["kind"] == cfg.sparse_kind], peak) if linear else None
     base = HardwareConfig()
     reading = net.get("reading", base.ratio_reading)
     hw = base.replace(
@@ -510,6 +536,7 @@ def calibrate(
         peak_flops=peak,
         gemm_efficiency=gemm["efficiency"],
         attention_efficiency=att["efficiency"],
+        linear_efficiency=lin["efficiency"] if lin else None,
         intra_node_bw=net["intra"]["intra_node_bw"],
         inter_intra_ratio=net["inter"][reading]["ratio"] if "inter" in net else base.inter_intra_ratio,
         ratio_reading=reading,
@@ -547,6 +574,7 @@ def calibrate(
             "experts_all_to_all": experts_net,
             "token_work": gemm,
             "attention": att,
+            **({"linear": lin} if lin else {}),
             "inter_measured": "inter" in net,
         },
         "measurements": {
@@ -585,7 +613,9 @@ def report(profile: dict) -> str:
             )
     else:
         lines.append(f"  across nodes: not measured (one node); ratio kept at {hw['inter_intra_ratio']} ({hw['ratio_reading']} reading)")
-    for key, label in (("token_work", "token-wise work"), ("attention", "attention")):
+    for key, label in (("token_work", "token-wise work"), ("attention", "attention"), ("linear", f"{profile['model']}'s linear mixer")):
+        if key not in fits:  # the linear mixer's, where the model has a linear kind
+            continue
         f = fits[key]
         lines.append(
             f"  {label}: {100 * f['efficiency']:.1f}% of the peak {hw['peak_flops'] / 1e12:.3f} TFLOP/s "
