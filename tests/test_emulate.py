@@ -31,6 +31,37 @@ def test_namespaces_and_links_are_removed_even_when_the_run_fails():
     assert ours() == before
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(WHY is not None, reason=f"emulated cluster unavailable here: {WHY}")
+def test_an_interrupted_run_leaves_no_launcher_behind(tmp_path):
+    """A run stopped from outside (Ctrl-C, or SIGTERM, which the entry point turns into an exit)
+    kills every node's launcher: each runs in a session of its own, which no signal to the
+    emulation reaches."""
+    import os
+    import signal
+    import time
+
+    def interrupt(*_):
+        raise KeyboardInterrupt
+
+    def launchers(port_tag):
+        out = subprocess.run(["ps", "-eww", "-o", "args"], capture_output=True, text=True).stdout
+        return [line for line in out.splitlines() if port_tag in line and "torch.distributed.run" in line]
+
+    tag = f"--rdzv-id=lr{29400 + os.getpid() % 500}"
+    old = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        with EmulatedCluster(2, 100) as cluster:
+            signal.alarm(2)
+            with pytest.raises(KeyboardInterrupt):
+                cluster.run(["--no-python", "sleep", "120"], 1, 600, str(tmp_path))
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    time.sleep(0.5)
+    assert launchers(tag) == []
+
+
 def test_the_comparison_joins_steps_and_modes_and_reports_changes(tmp_path):
     def run(folder, engine, times):
         rows = [

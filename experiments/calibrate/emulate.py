@@ -163,16 +163,19 @@ class EmulatedCluster:
             procs.append((subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True), log))
         deadline = time.monotonic() + timeout
         codes = []
-        for p, log in procs:
-            try:
-                codes.append(p.wait(timeout=max(1.0, deadline - time.monotonic())))
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-                codes.append(124)
-            log.close()
-        for p, _ in procs:  # no launcher outlives the run
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
+        try:
+            for p, log in procs:
+                try:
+                    codes.append(p.wait(timeout=max(1.0, deadline - time.monotonic())))
+                except subprocess.TimeoutExpired:
+                    os.killpg(p.pid, signal.SIGKILL)
+                    codes.append(124)
+                log.close()
+        finally:  # no launcher outlives the run, nor a SIGTERM or Ctrl-C of it (each runs in a session of its own)
+            for p, log in procs:
+                if p.poll() is None:
+                    os.killpg(p.pid, signal.SIGKILL)
+                log.close()
         return codes
 
 
