@@ -142,12 +142,20 @@ ModelConfig.PRESETS["paper-gdn"] = ModelConfig(
     expert_ffn=512,
     vocab=151936,
     sparse_kind="gated_delta",
-    sparse_params={"k_heads": 16, "v_heads": 32, "head_k_dim": 128, "head_v_dim": 128, "conv_kernel": 4, "block": 64},
+    sparse_params={
+        "k_heads": 16,
+        "v_heads": 32,
+        "head_k_dim": 128,
+        "head_v_dim": 128,
+        "conv_kernel": 4,
+        "block": 64,
+        "state_dtype": "auto",
+    },
     rope_theta=1e7,
 )
 ModelConfig.PRESETS["tiny-gdn"] = ModelConfig.PRESETS["tiny"].replace(
     name="tiny-gdn",
     layer_pattern="SSSF",
     sparse_kind="gated_delta",
-    sparse_params={"k_heads": 4, "v_heads": 8, "head_k_dim": 8, "head_v_dim": 8, "conv_kernel": 4, "block": 16},
+    sparse_params={"k_heads": 4, "v_heads": 8, "head_k_dim": 8, "head_v_dim": 8, "conv_kernel": 4, "block": 16, "state_dtype": "auto"},
 )

@@ -39,7 +39,6 @@ from .attention import KeySegments
 from .experts import ExpertDispatch, inverse_permutation, permute_rows
 from .hybrid import IGNORE, layer_attention
 from .layers import Rotary
-from .linear import transition
 from .sharding import expert_params, is_sharded
 
 
@@ -363,18 +362,14 @@ class RankPlacement:
             halos.append(torch.cat([seg.new_zeros(reach - h, ch), seg[lo : lo + h]]))
         bounds = self.sparse_cu
         q, k, v, g, beta, _ = mixer._inputs(mixed, a, b, bounds, torch.stack(halos) if halos else None)
-        hv, dk = mixer.hv, mixer.dk
-        maps = []
-        for i in self.map_chunks:  # each sending chunk's map from a zero state: A by transition, B its final state
-            lo, hi = bounds[i], bounds[i + 1]
-            kk = mixer._grouped(k[lo:hi], hv)
-            final = mixer._recurrence(q[lo:hi], k[lo:hi], v[lo:hi], g[lo:hi], beta[lo:hi], [0, hi - lo], None, self.backend)[1][0]
-            maps.append(torch.cat([transition(kk, g[lo:hi], beta[lo:hi], mixer.block), final], dim=-1))
+        hv, dk, sd = mixer.hv, mixer.dk, mixer.state_dtype(v.dtype)  # maps and states travel in the state dtype
+        # each sending chunk's map from a zero state
+        maps = [mixer.chunk_map(*(t[bounds[i] : bounds[i + 1]] for t in (q, k, v, g, beta)), self.backend) for i in self.map_chunks]
         # a rank that forms no map still joins the maps' backward (it sends the gradients of those it received)
-        sent = torch.stack(maps) if maps else q.new_zeros(0, hv, dk, dk + mixer.dv) + 0.0 * q.sum()
+        sent = torch.stack(maps) if maps else q.new_zeros(0, hv, dk, dk + mixer.dv, dtype=sd) + 0.0 * q.sum()
         if self.child_group.chain:  # each incoming state from the chunk before, one hop after another
             got = _StateChain.apply(sent, self.chain_args, self.stats, "sparse.states")
-            zero = x.new_zeros(hv, dk, mixer.dv)
+            zero = x.new_zeros(hv, dk, mixer.dv, dtype=sd)
             states = [zero if r < 0 else got[r] for r in self.state_of_chunk]
         else:  # every earlier map of the sample, composed here in rank order: S <- A S + B
             got = halo_exchange(
@@ -382,7 +377,7 @@ class RankPlacement:
             ).view(-1, hv, dk, dk + mixer.dv)
             states = []
             for rows_in in self.maps_of_chunk:
-                s = x.new_zeros(hv, dk, mixer.dv)
+                s = x.new_zeros(hv, dk, mixer.dv, dtype=sd)
                 for j in rows_in:
                     s = got[j][..., :dk] @ s + got[j][..., dk:]
                 states.append(s)

@@ -154,12 +154,13 @@ class LinearBlock(nn.Module):
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        p = cfg.sparse_params
+        p = sparse_cost(cfg.sparse_kind).resolve(cfg.sparse_params)  # the kind's defaults where a preset leaves one out
         self.cfg = cfg
         self.attn_norm = RMSNorm(cfg.hidden, cfg.norm_eps)
         self.mixer = GatedDeltaNet(
-            cfg.hidden, p["k_heads"], p["v_heads"], p["head_k_dim"], p["head_v_dim"], p["conv_kernel"], cfg.norm_eps, p["block"]
-        )
+            cfg.hidden, p["k_heads"], p["v_heads"], p["head_k_dim"], p["head_v_dim"], p["conv_kernel"], cfg.norm_eps, p["block"],
+            p["state_dtype"],
+        )  # fmt: skip
         self.moe_norm = RMSNorm(cfg.hidden, cfg.norm_eps)
         self.moe = MoE(cfg.hidden, cfg.expert_ffn, cfg.n_experts, cfg.top_k)
 

@@ -40,7 +40,11 @@ from __future__ import annotations
 
 import torch
 
-from solver.cost import gated_delta_flops  # noqa: F401  (the layer's FLOPs: the cost model's, which the solvers read without torch)
+from config import SettingError
+from solver.cost import (
+    STATE_DTYPES,
+    gated_delta_flops,  # noqa: F401  (the layer's FLOPs: the cost model's, which the solvers read without torch)
+)
 
 
 def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, state: torch.Tensor | None) -> None:
@@ -302,8 +306,11 @@ class GatedDeltaNet(torch.nn.Module):
         conv_kernel: int = 4,
         norm_eps: float = 1e-6,
         block: int = 64,
+        state_dtype: str = "auto",
     ):
         super().__init__()
+        if state_dtype not in STATE_DTYPES:
+            raise ValueError(f"state_dtype={state_dtype!r} is not one of {list(STATE_DTYPES)}")
         if n_k_heads < 1 or n_v_heads % n_k_heads:
             raise ValueError(f"n_v_heads={n_v_heads} must be a multiple of n_k_heads={n_k_heads} (each value head reads one key head)")
         if conv_kernel < 1:
@@ -311,7 +318,7 @@ class GatedDeltaNet(torch.nn.Module):
         if conv_kernel - 1 > block:
             raise ValueError(f"conv_kernel={conv_kernel} reaches past a block of {block} tokens; use a kernel of at most {block + 1}")
         self.hk, self.hv, self.dk, self.dv = n_k_heads, n_v_heads, head_k_dim, head_v_dim
-        self.kernel, self.eps, self.block = conv_kernel, norm_eps, block
+        self.kernel, self.eps, self.block, self.state = conv_kernel, norm_eps, block, state_dtype
         self.channels = 2 * n_k_heads * head_k_dim + n_v_heads * head_v_dim  # what the convolution reads
         self.w_in = torch.nn.Linear(hidden, self.channels + n_v_heads * head_v_dim + 2 * n_v_heads, bias=False)
         self.conv = torch.nn.Parameter(torch.randn(self.channels, conv_kernel) / conv_kernel**0.5)
@@ -337,20 +344,57 @@ class GatedDeltaNet(torch.nn.Module):
         o, finals = self._recurrence(q, k, v, g, beta, bounds, states, backend)
         return o, finals, tails
 
+    def state_dtype(self, compute: torch.dtype) -> torch.dtype:
+        """The dtype this layer carries its states and maps in when its activations are `compute`
+        (its state_dtype setting; auto: float32, or float64 where the activations are)."""
+        if self.state == "auto":
+            return torch.float64 if compute == torch.float64 else torch.float32
+        return getattr(torch, self.state)
+
     def _recurrence(self, q, k, v, g, beta, bounds, states, backend: str = "auto"):
-        """The gated delta rule over a packed batch, each value head reading its key head: fla's
-        chunked kernel on CUDA where fla-core is installed and runs the dtype (FLA_DTYPES), unless
-        `backend` (the attention backend setting) is "torch"; else `varlen`. (o, final states)."""
+        """The gated delta rule over a packed batch, each value head reading its key head, its
+        states in the layer's state dtype: fla's chunked kernel on CUDA where fla-core is
+        installed and runs the dtype (FLA_DTYPES), unless `backend` (the attention backend
+        setting) is "torch"; else `varlen` in the state dtype (autocast off: a chunked kernel
+        accumulates in float32 whatever its inputs). (o in the activations' dtype, final states)."""
+        act, sd = v.dtype, self.state_dtype(v.dtype)
         if len(bounds) == 1:  # no sample (an idle rank): empty outputs that still reach every input, so a
             # sharded model's gradient reduction finds every parameter's (zero) gradient on every rank
             joined = 0.0 * sum(t.sum() for t in (q, k, v, g, beta))
-            return v.new_zeros(0, *v.shape[1:]) + joined, v.new_zeros(0, v.shape[1], q.shape[2], v.shape[2])
-        fla = _fla_chunk() if q.is_cuda and backend != "torch" and q.dtype in FLA_DTYPES else None
+            return v.new_zeros(0, *v.shape[1:]) + joined, v.new_zeros(0, v.shape[1], q.shape[2], v.shape[2], dtype=sd)
+        fla = self.fla_kernel(q.is_cuda, q.dtype, backend)
         if fla is not None:
             cu = torch.as_tensor(bounds, dtype=torch.long, device=q.device)
             o, finals = fla(q[None], k[None], v[None], g[None], beta[None], initial_state=states, output_final_state=True, cu_seqlens=cu)
             return o[0], finals
-        return varlen(self._grouped(q, v.shape[1]), self._grouped(k, v.shape[1]), v, g, beta, bounds, states, block=self.block)
+        with torch.autocast(q.device.type, enabled=False):
+            q, k, v, g, beta = (x.to(sd) for x in (q, k, v, g, beta))
+            o, finals = varlen(
+                self._grouped(q, v.shape[1]), self._grouped(k, v.shape[1]), v, g, beta, bounds,
+                None if states is None else states.to(sd), block=self.block,
+            )  # fmt: skip
+        return o.to(act), finals
+
+    def fla_kernel(self, cuda: bool, dtype: torch.dtype, backend: str):
+        """fla's chunked kernel where it runs this layer (CUDA, fla-core installed, a dtype of
+        FLA_DTYPES, the attention backend not "torch"), else None (this module's `varlen`). A
+        state dtype it lacks (it carries float32 states) is a SettingError naming the setting."""
+        fla = _fla_chunk() if cuda and backend != "torch" and dtype in FLA_DTYPES else None
+        if fla is not None and self.state_dtype(dtype) != torch.float32:
+            raise SettingError(
+                f"state_dtype={self.state}: flash-linear-attention's chunked kernel carries float32 states; use "
+                "state_dtype=float32 or auto, or --attn-backend torch (this project's blockwise form runs any dtype)"
+            )
+        return fla
+
+    def chunk_map(self, q, k, v, g, beta, backend: str = "auto") -> torch.Tensor:
+        """The map (A, B) one chunk applies to its incoming state (S_out = A S_in + B), in the state
+        dtype, as [Hv, Dk, Dk + Dv]: A by `transition`, B the chunk's final state from zero."""
+        final = self._recurrence(q, k, v, g, beta, [0, q.shape[0]], None, backend)[1][0]
+        with torch.autocast(q.device.type, enabled=False):
+            sd = final.dtype
+            a = transition(self._grouped(k, v.shape[1]).to(sd), g.to(sd), beta.to(sd), self.block)
+        return torch.cat([a, final], dim=-1)
 
     # ----- Ulysses: heads split over a group, whole samples per head ---------------------------
     def ulysses_columns(self) -> torch.Tensor:

@@ -79,6 +79,23 @@ class StatePassing:
     # the chain's alternative (Group.chain): each chunk sends the next only its outgoing state,
     # carried_elements(params) elements, once it has its own
     carried_elements: Callable[[dict], int]
+    # bytes of one element of a map or a state: its params' state_dtype (STATE_DTYPES)
+    state_dtype: Callable[[dict], str] = lambda p: p["state_dtype"]
+
+
+# the dtypes a linear kind carries its states in, by bytes an element (None: auto, the compute
+# dtype where it is wider than float32, else float32: a chunked kernel keeps its state in float32
+# whatever its inputs, as flash-linear-attention's gated delta rule kernels allocate it)
+STATE_DTYPES = {"auto": None, "float32": 4, "float64": 8}
+
+
+def state_element_bytes(state_dtype: str, activation_bytes: int) -> int:
+    """Bytes of one state element of a linear kind's `state_dtype` (STATE_DTYPES) when the
+    activations take `activation_bytes` an element."""
+    if state_dtype not in STATE_DTYPES:
+        raise SettingError(f"state_dtype={state_dtype!r} is not one of {list(STATE_DTYPES)}")
+    fixed = STATE_DTYPES[state_dtype]
+    return max(4, activation_bytes) if fixed is None else fixed
 
 
 @dataclass(frozen=True)
@@ -125,6 +142,8 @@ class SparseCost:
         out = {**self.params, **given}
         for k, v in out.items():
             want = type(self.params[k])
+            if want is str and not isinstance(v, str):
+                raise SettingError(f"sparse kind {self.name!r}: {k}={v!r} is invalid; it takes a name (default {self.params[k]!r})")
             if not of_type(v, want) or (want in (int, float) and not (math.isfinite(v) and 0 < v < MAX_PARAM)):
                 article = "an" if want.__name__[0] in "aeiou" else "a"
                 raise SettingError(
@@ -296,6 +315,10 @@ def _gated_delta_problem(p: dict) -> str | None:
     """What is wrong with Gated DeltaNet parameters beyond their types, or None."""
     if p["v_heads"] % p["k_heads"]:
         return f"v_heads={p['v_heads']} is not a multiple of k_heads={p['k_heads']} (each value head reads one key head)"
+    if p["state_dtype"] not in STATE_DTYPES:
+        return (
+            f"state_dtype={p['state_dtype']!r} is not one of {list(STATE_DTYPES)} (auto: float32, or the compute dtype where it is wider)"
+        )
     if p["conv_kernel"] - 1 > p["block"]:
         return (
             f"conv_kernel={p['conv_kernel']} reaches past a recurrence block of block={p['block']} tokens; "
@@ -319,7 +342,7 @@ register_sparse_cost(
             parts=True,
         )
     ),
-    {"k_heads": 16, "v_heads": 32, "head_k_dim": 128, "head_v_dim": 128, "conv_kernel": 4, "block": 64},
+    {"k_heads": 16, "v_heads": 32, "head_k_dim": 128, "head_v_dim": 128, "conv_kernel": 4, "block": 64, "state_dtype": "auto"},
     projections=lambda cfg: gated_delta_projections(cfg.hidden, **_gated_delta_args(cfg)),
     check=_gated_delta_problem,
     ulysses=gated_delta_ulysses,
@@ -710,13 +733,17 @@ class CostModel:
         """Bytes of one chunk's map (A, B) a linear kind's state passing sends (0 for other kinds)."""
         if self.sparse.passing is None:
             return 0.0
-        return self.sparse.passing.state_elements(self.model.sparse_params) * self.hw.bytes_per_element
+        return self.sparse.passing.state_elements(self.model.sparse_params) * self.state_element_bytes()
 
     def carried_bytes(self) -> float:
         """Bytes of one state the chain carries from a chunk to the next (a linear kind's; 0 otherwise)."""
         if self.sparse.passing is None:
             return 0.0
-        return self.sparse.passing.carried_elements(self.model.sparse_params) * self.hw.bytes_per_element
+        return self.sparse.passing.carried_elements(self.model.sparse_params) * self.state_element_bytes()
+
+    def state_element_bytes(self) -> int:
+        """Bytes of one element of a linear kind's maps and states (its state_dtype)."""
+        return state_element_bytes(self.sparse.passing.state_dtype(self.model.sparse_params), self.hw.bytes_per_element)
 
     def map_time(self, lengths):
         """Forward seconds of the maps of chunks of these lengths (a linear kind's state passing; 0 otherwise)."""

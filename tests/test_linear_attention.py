@@ -384,7 +384,8 @@ def test_a_gdn_hybrid_plans_in_every_mode_and_the_simulator_prices_state_passing
     parent's own layout with state passing, each sample's second chunk receives the 3 rows its
     convolution (kernel 4) reaches back to and the first chunk's outgoing state by the chain (or
     its map, unchained), fwd and bwd, in each of the 3 S layers: the sparse bytes the simulator
-    prices, counted here by hand."""
+    prices, counted here by hand (rows in bf16, states and maps in float32), and 8 bytes an
+    element of the states with state_dtype=float64."""
     from config import Cluster, CostsConfig, HardwareConfig, ModelConfig
     from solver import CostModel, make_plan, samples_from_lengths
     from solver.modes import MODES
@@ -401,8 +402,9 @@ def test_a_gdn_hybrid_plans_in_every_mode_and_the_simulator_prices_state_passing
     assert naive.parents[0].children[0].halo and naive.parents[0].group.size == 2
     p = cfg.sparse_params
     row = 2 * (2 * p["k_heads"] * p["head_k_dim"] + p["v_heads"] * p["head_v_dim"])  # bf16 pre-conv channels
-    state = 2 * p["v_heads"] * p["head_k_dim"] * p["head_v_dim"]  # the chain carries S [K, V] per value head
-    a_and_b = 2 * p["v_heads"] * p["head_k_dim"] * (p["head_k_dim"] + p["head_v_dim"])  # a map: A [K, K] and B [K, V]
+    # states and maps in float32 (state_dtype auto: a chunked kernel's state is float32 under bf16 activations)
+    state = 4 * p["v_heads"] * p["head_k_dim"] * p["head_v_dim"]  # the chain carries S [K, V] per value head
+    a_and_b = 4 * p["v_heads"] * p["head_k_dim"] * (p["head_k_dim"] + p["head_v_dim"])  # a map: A [K, K] and B [K, V]
     assert cfg.layer_pattern.count("S") * cfg.n_layers // len(cfg.layer_pattern) == 3
     # one hop each: the chain carries less than a map, in as many calls, so the planner takes it
     assert naive.parents[0].children[0].chain
@@ -410,6 +412,9 @@ def test_a_gdn_hybrid_plans_in_every_mode_and_the_simulator_prices_state_passing
         per_layer = 2 * (3 * row + carried)  # two samples, each: 3 rows and one state or map
         r = simulate(plan, cost)
         assert (r.sparse_intra_bytes, r.sparse_inter_bytes) == (0, 2 * 3 * per_layer)  # across nodes; fwd and bwd, 3 S layers
+    wide = cfg.replace(sparse_params={**p, "state_dtype": "float64"})
+    r = simulate(naive, CostModel(wide, HardwareConfig(bytes_per_element=2), costs=CostsConfig(recompute="none")))
+    assert r.sparse_inter_bytes == 2 * 3 * 2 * (3 * row + 2 * state)
 
 
 def test_a_linear_halo_child_passes_states_the_way_the_simulator_prices_cheaper():
@@ -462,7 +467,7 @@ def _linear_config(name):
 
     spec = LINEAR_CONFIGS[name]
     cfg = ModelConfig.from_name("tiny-gdn", aux_loss_coef=0.01)
-    return cfg if isinstance(spec, str) else cfg.replace(sparse_params=spec)
+    return cfg if isinstance(spec, str) else cfg.replace(sparse_params={**cfg.sparse_params, **spec})
 
 
 def _linear_plans(name):
@@ -578,6 +583,57 @@ def test_a_linear_kinds_bad_parameters_are_one_line_naming_the_setting():
         ({"conv_kernel": 40}, r"conv_kernel=40 reaches past a recurrence block of block=16 tokens; use conv_kernel <= 17"),
         ({"block": 0}, r"block=0 is invalid; it takes an int > 0"),
         ({"k_heads": 2.5}, r"k_heads=2.5 is invalid; it takes an int > 0"),
+        ({"state_dtype": "bfloat16"}, r"state_dtype='bfloat16' is not one of \['auto', 'float32', 'float64'\]"),
+        ({"state_dtype": 3}, r"state_dtype=3 is invalid; it takes a name \(default 'auto'\)"),
     ):
         with pytest.raises(SettingError, match=r"sparse kind 'gated_delta': " + message):
             with_sparse_defaults(tiny.replace(sparse_params={**tiny.sparse_params, **params}))
+
+
+def test_a_state_dtype_fla_lacks_is_refused_where_fla_would_run(monkeypatch):
+    """fla's kernel carries float32 states: where it would run the layer (CUDA, fla installed, a
+    dtype it runs, the backend not torch), state_dtype=float64 is a one-line error naming the
+    setting; auto and float32 take fla; elsewhere the project's blockwise form runs every state
+    dtype. (fla itself is held to the CPU path by tests/test_gpu.py on a GPU.)"""
+    import torch
+
+    import model.linear as linear
+    from config import SettingError
+    from model.linear import GatedDeltaNet
+
+    monkeypatch.setattr(linear, "_fla_chunk", lambda: "fla")  # as where fla-core is installed
+    layer = lambda state: GatedDeltaNet(16, 2, 4, 8, 8, state_dtype=state)  # noqa: E731
+    assert layer("auto").fla_kernel(True, torch.bfloat16, "auto") == "fla"
+    assert layer("float32").fla_kernel(True, torch.float32, "auto") == "fla"
+    with pytest.raises(SettingError, match=r"state_dtype=float64: flash-linear-attention's chunked kernel carries float32 states"):
+        layer("float64").fla_kernel(True, torch.bfloat16, "auto")
+    assert layer("float64").fla_kernel(True, torch.bfloat16, "torch") is None  # the project's form
+    assert layer("auto").fla_kernel(True, torch.float64, "auto") is None  # fla runs no float64
+    assert layer("float64").fla_kernel(False, torch.float32, "auto") is None  # no CUDA
+    assert layer("auto").state_dtype(torch.bfloat16) == torch.float32 and layer("auto").state_dtype(torch.float64) == torch.float64
+
+
+def test_states_travel_in_the_state_dtype_and_bf16_activations_keep_float32_states():
+    """The layer's states and maps are in its state dtype whatever the activations: bf16
+    activations with state_dtype auto give float32 final states and maps, and a chunk continued
+    from its map-composed incoming state gives the whole sample's output (to bf16's rounding, as
+    the state itself is float32); float64 states under float32 activations stay float64."""
+    import torch
+
+    from model.linear import GatedDeltaNet
+
+    torch.manual_seed(0)
+    layer = GatedDeltaNet(16, 2, 4, 8, 8, block=4).to(torch.bfloat16)
+    x = torch.randn(12, 16, dtype=torch.bfloat16)
+    whole, finals, _ = layer(x, [0, 12])
+    assert finals.dtype == torch.float32 and whole.dtype == torch.bfloat16
+    mixed, z, a, b = layer._project(x)
+    q, k, v, g, beta, _ = layer._inputs(mixed, a, b, [0, 12], None)
+    m = layer.chunk_map(q[:5], k[:5], v[:5], g[:5], beta[:5])
+    assert m.dtype == torch.float32 and m.shape == (4, 8, 16)
+    state = m[..., 8:]  # the first chunk's state from zero is its map's B
+    second, _ = layer._recurrence(q[5:], k[5:], v[5:], g[5:], beta[5:], [0, 7], state[None])
+    o_whole, _ = layer._recurrence(q, k, v, g, beta, [0, 12], None)
+    torch.testing.assert_close(second, o_whole[5:], rtol=2e-2, atol=2e-2)
+    wide = GatedDeltaNet(16, 2, 4, 8, 8, block=4, state_dtype="float64")
+    assert wide(torch.randn(6, 16), [0, 6])[1].dtype == torch.float64
