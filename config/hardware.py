@@ -70,6 +70,12 @@ class HardwareConfig(Section):
         "mixed (unset: attention_efficiency's)", optional(EFFICIENCY), type_=float,
         source="no sourced GPU figure for the chunked kernels: attention_efficiency's unless measured (experiments.calibrate fits it)",
     )  # fmt: skip
+    linear_block_latency: float = setting(
+        0.0, "seconds of one forward of a linear kind's recurrence per block a rank runs, whatever its heads (a loop's "
+        "iteration of the blockwise form; backward counts twice)", number_in(0, 60),
+        source="0 on GPUs, where a chunked kernel runs every block of a call at once; the project's torch form loops over "
+        "blocks (experiments.calibrate fits it)",
+    )  # fmt: skip
     intra_node_bw: float = setting(
         150e9, "effective all-to-all bytes/s per GPU inside a node", BYTE_RATE,
         source="DeepEP's intranode all-to-all over NVLink (~150-160 GB/s)",

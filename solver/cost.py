@@ -594,6 +594,15 @@ class CostModel:
     def sparse_attn_time(self, lengths):
         return self.sparse.flops(np.asarray(lengths, dtype=np.float64), self.model) / self.sparse_rate
 
+    def block_time(self, lengths):
+        """Forward seconds a rank pays per sample (or chunk) of these lengths for the blocks of a
+        linear kind's recurrence it loops over, whatever its share of the heads
+        (HardwareConfig.linear_block_latency per block; 0 for other kinds and on GPUs)."""
+        n = np.asarray(lengths, dtype=np.float64)
+        if not self.sparse.linear or self.hw.linear_block_latency == 0:
+            return np.zeros_like(n)
+        return np.ceil(n / self.model.sparse_params["block"]) * self.hw.linear_block_latency
+
     def token_cost(self, tokens):
         """Training seconds of all token-wise work for `tokens` tokens on one rank: every layer's
         projections and experts (with recompute) and their expert all-to-all, and the LM head."""
@@ -749,7 +758,8 @@ class CostModel:
         """Forward seconds of the maps of chunks of these lengths (a linear kind's state passing; 0 otherwise)."""
         if self.sparse.passing is None:
             return np.zeros_like(np.asarray(lengths, dtype=np.float64))
-        return self.sparse.passing.map_flops(np.asarray(lengths, dtype=np.float64), self.model) / self.sparse_rate
+        n = np.asarray(lengths, dtype=np.float64)  # two recurrences a chunk: A's and B's
+        return self.sparse.passing.map_flops(n, self.model) / self.sparse_rate + 2 * self.block_time(n)
 
     def state_layer_time(self, maps: float, map_seconds: float, across: bool) -> float:
         """Seconds of one linear layer's state passing for a rank that receives or sends `maps`

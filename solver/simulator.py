@@ -89,7 +89,10 @@ class _Layout:
                 tokens[g.start : g.stop] += np.diff(b)
             if len(lens):
                 full_attn[k] = cost.full_attn_time(lens).sum() / g.size
-                sparse_attn[k] = cost.sparse_attn_time(lens).sum() / g.size
+                # a linear kind's blocks: each rank of a Ulysses group loops over every block of its samples
+                # (the heads split, not the blocks); a halo group's ranks over their chunks' (about 1/size each)
+                blocks = cost.block_time(lens).sum() / (g.size if g.halo else 1)
+                sparse_attn[k] = cost.sparse_attn_time(lens).sum() / g.size + blocks
         self.tokens = tokens  # tokens each rank holds in this token layout
         self.full_attn = np.repeat(full_attn, self.sizes)  # forward seconds per rank in head layout
         self.sparse_attn = np.repeat(sparse_attn, self.sizes)

@@ -157,16 +157,30 @@ def test_a_linear_kind_is_timed_and_priced_at_its_own_rate():
         rows = measure_attention(cfg, [16, 64], "torch", torch.device("cpu"), torch.float32, 1)
     finally:
         dist.destroy_process_group()
-    assert [(r["kind"], r["length"]) for r in rows] == [("full", 16), ("full", 64), ("gated_delta", 16), ("gated_delta", 64)]
     p = cfg.sparse_params
+    # all heads and one key head's (v_heads 8, then 2); one sample, then samples of a quarter block
+    linear = [(r["v_heads"], r["length"], r["samples"], r["blocks"]) for r in rows if r["kind"] == "gated_delta"]
+    assert [(r["kind"], r["length"]) for r in rows[:2]] == [("full", 16), ("full", 64)]
+    assert linear == [
+        (8, 16, 1, 1),
+        (8, 16, 4, 4),
+        (8, 64, 1, 4),
+        (8, 64, 16, 16),
+        (2, 16, 1, 1),
+        (2, 16, 4, 4),
+        (2, 64, 1, 4),
+        (2, 64, 16, 16),
+    ]
     heads = (p["k_heads"], p["v_heads"], p["head_k_dim"], p["head_v_dim"])
 
-    def mixer_flops(n):
+    def mixer_flops(n, heads=heads):
         t = gated_delta_flops([n], cfg.hidden, *heads, conv_kernel=p["conv_kernel"], block=p["block"], parts=True)
         return float((t["convolution"] + t["recurrence_matmuls"] + t["recurrence_solve"])[0])
 
     for r in rows[2:]:
-        assert r["seconds"] > 0 and r["flops"] == pytest.approx(FWD_BWD_COMPUTE * mixer_flops(r["length"]))
+        split = (1, 2, p["head_k_dim"], p["head_v_dim"]) if r["v_heads"] == 2 else heads
+        each = r["length"] // r["samples"]
+        assert r["seconds"] > 0 and r["flops"] == pytest.approx(FWD_BWD_COMPUTE * r["samples"] * mixer_flops(each, split))
     hw = HardwareConfig()
     lengths = np.array([100.0, 5000.0])
     slow = CostModel(cfg, hw.replace(linear_efficiency=0.01))
@@ -179,3 +193,22 @@ def test_a_linear_kind_is_timed_and_priced_at_its_own_rate():
     assert CostModel(windowed, hw.replace(linear_efficiency=0.01)).sparse_attn_time(lengths) == pytest.approx(
         CostModel(windowed, hw).sparse_attn_time(lengths)
     )
+
+
+def test_the_linear_fit_separates_the_rate_from_what_each_block_costs():
+    """Rows made from a known fixed cost, rate and per-block cost (as measure_linear's: one sample
+    of each length, and as many blocks in short samples, with all heads and with a quarter of
+    them) fit back to them; without a per-block cost the fit keeps it at 0."""
+    from experiments.calibrate.measure import fit_linear
+
+    peak, fixed, eff, per_block = 1e11, 2e-4, 0.3, 5e-4
+    rows = []
+    for heads in (1.0, 0.25):
+        for n in (32, 64, 128, 256):
+            for flops, blocks in ((heads * 4e4 * n, n // 16), (heads * 1e4 * n, n // 4)):
+                rows.append({"flops": flops, "blocks": blocks, "seconds": fixed + flops / (eff * peak) + blocks * per_block})
+    fit = fit_linear(rows, peak)
+    assert fit["efficiency"] == pytest.approx(eff, rel=1e-6) and fit["fixed_s"] == pytest.approx(fixed, rel=1e-6)
+    assert fit["block_latency"] == pytest.approx(per_block / 3, rel=1e-6)  # a forward's share: backward counts twice
+    flat = [{**r, "seconds": fixed + r["flops"] / (eff * peak)} for r in rows]
+    assert fit_linear(flat, peak)["block_latency"] == pytest.approx(0.0, abs=1e-12)

@@ -637,3 +637,30 @@ def test_states_travel_in_the_state_dtype_and_bf16_activations_keep_float32_stat
     torch.testing.assert_close(second, o_whole[5:], rtol=2e-2, atol=2e-2)
     wide = GatedDeltaNet(16, 2, 4, 8, 8, block=4, state_dtype="float64")
     assert wide(torch.randn(6, 16), [0, 6])[1].dtype == torch.float64
+
+
+def test_every_rank_of_a_ulysses_group_pays_every_block_of_its_samples():
+    """The project's torch form loops over a recurrence's blocks, each iteration costing about the
+    same whatever the heads (linear_block_latency): a Ulysses rank holds every sample of its
+    group whole, so each of its ranks pays every block, the heads split or not, while the FLOPs
+    divide. Samples of 50 and 9 tokens in blocks of 16: 4 + 1 blocks a rank and S layer pass;
+    a map a halo chunk forms runs two more recurrences over its blocks."""
+    from config import Cluster, CostsConfig, HardwareConfig, ModelConfig
+    from solver import CostModel, make_plan, samples_from_lengths
+    from solver.simulator import simulate
+
+    cfg = ModelConfig.from_name("tiny-gdn")
+    costs = CostsConfig(recompute="none", moe_all_to_all=False, optimizer=False)
+    lat = 1e-3
+
+    def step(plan, latency):
+        return simulate(plan, CostModel(cfg, HardwareConfig(linear_block_latency=latency), costs=costs)).step_time
+
+    sp2 = make_plan(samples_from_lengths([50, 9]), Cluster(2, 2, 32), CostModel(cfg, HardwareConfig(), costs=costs), "baseline")
+    assert [g.size for g in sp2.child_layout.groups] == [2] and not sp2.child_layout.groups[0].halo
+    passes = 3 * 3  # 3 S layers, forward once and backward twice
+    assert step(sp2, lat) - step(sp2, 0.0) == pytest.approx(passes * 5 * lat)
+    cost = CostModel(cfg, HardwareConfig(linear_block_latency=lat), costs=costs)
+    assert cost.map_time([25]) - CostModel(cfg, HardwareConfig(), costs=costs).map_time([25]) == pytest.approx(2 * 2 * lat)
+    windowed = ModelConfig.from_name("tiny")
+    assert CostModel(windowed, HardwareConfig(linear_block_latency=lat)).block_time([50]) == pytest.approx([0.0])

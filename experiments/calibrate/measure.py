@@ -9,7 +9,9 @@ once as in a training step, it measures:
    backward) on a step's tokens per rank;
 3. full and sparse attention (the model's sparse kind, the attention backend in use) against
    sample length, forward and backward; a linear kind's mixer (convolution, gates, recurrence)
-   in place of sparse attention;
+   in place of sparse attention, with all heads and with one key head's, on one sample and on
+   many short ones, so that its rate and what each block of its recurrence costs a rank
+   whatever its heads (linear_block_latency) separate;
 4. the device's matmul peak (a large square product) and memory bandwidth (a large copy);
 5. fixed costs: a whole layer forward and backward on one token, one small all-reduce of the
    world (what the gradient sync's and the router's collectives pay whatever their size), and
@@ -426,23 +428,67 @@ def measure_attention(cfg: ModelConfig, lengths: list[int], backend: str, device
 
 def measure_linear(cfg: ModelConfig, lengths: list[int], backend: str, device, dtype, repeats: int) -> list[dict]:
     """Seconds of a linear kind's mixer (model.linear.GatedDeltaNet.mix: the convolution, the gates
-    and the chunked recurrence, what the cost model prices at the linear rate) on one sample,
-    forward + backward, against its length; FLOPs as the cost model counts them."""
-    torch.manual_seed(0)
-    block = next(b for b in HybridMoE(cfg).blocks if isinstance(b, LinearBlock))
-    mixer = block.mixer.to(device=device, dtype=dtype)
-    cost = CostModel(cfg, HardwareConfig())
+    and the chunked recurrence, what the cost model prices at the linear rate), forward +
+    backward, on packs of each length: one sample, or samples of a quarter block (as many blocks,
+    next to no FLOPs); with every head, and with one key head's (a Ulysses rank's share in a group
+    as wide as the key heads). The FLOPs as the cost model counts them and the blocks the
+    recurrence loops over (fit_linear separates the two)."""
+    p = cfg.sparse_params
+    short = max(1, p["block"] // 4)
     rows = []
-    for n in lengths:
-        mixed = torch.randn(n, mixer.channels, device=device, dtype=dtype, requires_grad=True)
-        a, b = (torch.randn(n, mixer.hv, device=device, dtype=dtype, requires_grad=True) for _ in range(2))
+    for k_heads in sorted({p["k_heads"], 1}, reverse=True):
+        part = cfg.replace(sparse_params={**p, "k_heads": k_heads, "v_heads": p["v_heads"] * k_heads // p["k_heads"]})
+        torch.manual_seed(0)
+        mixer = next(b for b in HybridMoE(part).blocks if isinstance(b, LinearBlock)).mixer.to(device=device, dtype=dtype)
+        cost = CostModel(part, HardwareConfig())
+        for n in lengths:
+            for samples in ([n], [short] * max(1, n // short)):
+                m = sum(samples)
+                cu = np.concatenate([[0], np.cumsum(samples)]).tolist()
+                mixed = torch.randn(m, mixer.channels, device=device, dtype=dtype, requires_grad=True)
+                a, b = (torch.randn(m, mixer.hv, device=device, dtype=dtype, requires_grad=True) for _ in range(2))
 
-        def step(mixed=mixed, a=a, b=b, n=n):
-            mixer.mix(mixed, a, b, [0, n], backend=backend)[0].sum().backward()
+                def step(mixer=mixer, mixed=mixed, a=a, b=b, cu=cu):
+                    mixer.mix(mixed, a, b, cu, backend=backend)[0].sum().backward()
 
-        fwd = cost.sparse.flops(np.array([n], dtype=np.float64), cfg)[0]
-        rows.append({"kind": cfg.sparse_kind, "length": n, "seconds": timed(step, device, repeats), "flops": FWD_BWD_COMPUTE * float(fwd)})
+                lens = np.array(samples, dtype=np.float64)
+                rows.append(
+                    {
+                        "kind": cfg.sparse_kind,
+                        "length": m,
+                        "samples": len(samples),
+                        "v_heads": mixer.hv,
+                        "blocks": int(np.ceil(lens / p["block"]).sum()),
+                        "seconds": timed(step, device, repeats),
+                        "flops": FWD_BWD_COMPUTE * float(cost.sparse.flops(lens, part).sum()),
+                    }
+                )
     return rows
+
+
+def fit_linear(rows: list[dict], peak: float) -> dict:
+    """seconds = fixed + FLOPs / (efficiency x peak) + blocks x block latency (measure_linear's
+    rows: forward + backward), least squares on the relative residual; a part lost in noise (a
+    negative fit) is refit without it. The block latency a forward's share (backward counts twice)."""
+    f = np.array([r["flops"] for r in rows])
+    blocks = np.array([r["blocks"] for r in rows], dtype=np.float64)
+    t = np.array([r["seconds"] for r in rows])
+    (fixed, inv_rate, per_block), _ = _lstsq(np.stack([np.ones_like(f), f, blocks], 1), t)
+    if per_block < 0:  # no loop to speak of: the FLOPs alone
+        out = fit_efficiency(rows, peak)
+        return {**out, "block_latency": 0.0}
+    if inv_rate <= 0:  # the FLOPs' part lost in noise: the blocks alone, the rate at the peak
+        (fixed, per_block), _ = _lstsq(np.stack([np.ones_like(f), blocks], 1), t)
+        inv_rate = 1.0 / peak
+    fixed = max(float(fixed), 0.0)
+    errs = (fixed + f * inv_rate + blocks * per_block - t) / t
+    return {
+        "efficiency": float(min(1.0 / (inv_rate * peak), 1.0)),
+        "block_latency": float(max(per_block, 0.0)) / FWD_BWD_COMPUTE,
+        "fixed_s": fixed,
+        "rel_rms": float(np.sqrt(np.mean(errs**2))),
+        "worst_rel": float(np.max(np.abs(errs))),
+    }
 
 
 def measure_device(device, dtype) -> dict:
@@ -528,7 +574,7 @@ def calibrate(
     gemm = fit_efficiency(work, peak)
     linear = sparse_cost(cfg.sparse_kind).linear  # its mixer's rows fit their own rate (linear_efficiency)
     att = fit_efficiency([r for r in attn if not linear or r["kind"] == "full"], peak)
-    lin = fit_efficiency([r for r in attn if r["kind"] == cfg.sparse_kind], peak) if linear else None
+    lin = fit_linear([r for r in attn if r["kind"] == cfg.sparse_kind], peak) if linear else None
     base = HardwareConfig()
     reading = net.get("reading", base.ratio_reading)
     hw = base.replace(
@@ -537,6 +583,7 @@ def calibrate(
         gemm_efficiency=gemm["efficiency"],
         attention_efficiency=att["efficiency"],
         linear_efficiency=lin["efficiency"] if lin else None,
+        linear_block_latency=lin["block_latency"] if lin else 0.0,
         intra_node_bw=net["intra"]["intra_node_bw"],
         inter_intra_ratio=net["inter"][reading]["ratio"] if "inter" in net else base.inter_intra_ratio,
         ratio_reading=reading,
@@ -617,8 +664,9 @@ def report(profile: dict) -> str:
         if key not in fits:  # the linear mixer's, where the model has a linear kind
             continue
         f = fits[key]
+        blocks = f", {1e3 * f['block_latency']:.3f} ms per block of its recurrence and forward pass" if "block_latency" in f else ""
         lines.append(
-            f"  {label}: {100 * f['efficiency']:.1f}% of the peak {hw['peak_flops'] / 1e12:.3f} TFLOP/s "
+            f"  {label}: {100 * f['efficiency']:.1f}% of the peak {hw['peak_flops'] / 1e12:.3f} TFLOP/s{blocks} "
             f"(rel. RMS residual {100 * f['rel_rms']:.1f}%, worst {100 * f['worst_rel']:.1f}%)"
         )
     m = profile["measurements"]

@@ -511,7 +511,8 @@ def emulated(folder: str) -> tuple[str, list[dict]]:
         text += "\n\nSeconds per step and rank, predicted / measured:\n\n" + table(
             ["mode", "full-layer exchanges", "sparse-layer exchanges", "experts' all-to-all", "step"], rows
         )
-    text += f"\n\n{c['nodes']} emulated nodes x {c['ranks_per_node']} gloo ranks, {c['inter_mbit']:g} Mbit/s between nodes."
+    model = f", the {result['model']} model" if "model" in result else ""  # comparisons before --model ran the tiny model
+    text += f"\n\n{c['nodes']} emulated nodes x {c['ranks_per_node']} gloo ranks, {c['inter_mbit']:g} Mbit/s between nodes{model}."
     profile = os.path.join(folder, "calibrate", "profile.json")
     if os.path.exists(profile):  # the fixed costs and the ratio the predictions were priced with
         hw = profile_section(profile, "hardware")
