@@ -78,3 +78,32 @@ def test_the_comparison_joins_steps_and_modes_and_reports_changes(tmp_path):
     assert r["predicted_change_pct"] == pytest.approx(-15.0)  # mean of -20% and -10%
     assert r["measured_change_pct"] == pytest.approx(-25.0)  # mean of -50% and 0%
     assert r["change_gap_pp"] == pytest.approx(10.0) and r["worst_abs_rel_error_pct"] == pytest.approx(55.0)
+
+
+def test_several_runs_render_each_gap_and_their_median(tmp_path):
+    """The emulated-runs block: per mode each run's change vs baseline and gap, and the median of
+    the gaps (signed, and of their size), beside what each run's calibration fitted."""
+    import json
+
+    from config import HardwareConfig
+    from experiments.report.tables import emulated_runs
+
+    def run(k, gap, halo):
+        folder = tmp_path / f"run{k}"
+        (folder / "calibrate").mkdir(parents=True)
+        mode = {"steps": 3, "median_abs_rel_error_pct": 10.0 + k, "predicted_change_pct": -5.0, "same_plans": True}
+        modes = {"baseline": {**mode, "measured_change_pct": 0.0, "change_gap_pp": 0.0}}
+        modes["repack"] = {**mode, "measured_change_pct": -5.0 - gap, "change_gap_pp": gap}
+        cluster = {"nodes": 4, "ranks_per_node": 2, "inter_mbit": 800.0}
+        (folder / "compare.json").write_text(json.dumps({"modes": modes, "cluster": cluster, "model": "tiny-gdn", "provenance": {}}))
+        hw = HardwareConfig(a2a_latency=4e-3, halo_latency=halo, linear_block_latency=1e-3).to_dict()
+        (folder / "calibrate" / "profile.json").write_text(json.dumps({"hardware": hw}))
+        return str(folder)
+
+    text, prov = emulated_runs(run(1, 3.0, 1e-3), run(2, -1.0, 6e-3), run(3, 0.5, 2e-3))
+    repack = next(line for line in text.splitlines() if line.startswith("| repack"))
+    assert "-5.0% vs -8.0%, -5.0% vs -4.0%, -5.0% vs -5.5%" in repack
+    assert "| +3.0, -1.0, +0.5 | +0.5 (1.0) | 11%, 12%, 13% |" in repack
+    assert "3 runs, 4 emulated nodes x 2 gloo ranks, 800 Mbit/s between nodes, the tiny-gdn model." in text
+    assert "run 2: ratio 7.00x (group), all-to-all call 4.0 ms, halo call 6.0 ms, 1.00 ms per recurrence block" in text
+    assert len(prov) == 3 and "| baseline" not in text

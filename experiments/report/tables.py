@@ -525,6 +525,65 @@ def emulated(folder: str) -> tuple[str, list[dict]]:
     return text, [run_provenance(result, folder)]
 
 
+def emulated_runs(*folders: str) -> tuple[str, list[dict]]:
+    """Several emulated comparisons of one setting (emulated's folders): per mode each run's gap
+    (predicted minus measured change vs baseline, in pp) and their median, and each run's median
+    step-time error; under it, what each run's calibration fitted (the ratio, an all-to-all and a
+    halo call's latency, a linear kind's per-block cost), the figures that move between runs."""
+    runs = []
+    for folder in folders:
+        path = os.path.join(folder, "compare.json")
+        if not os.path.exists(path):
+            raise FileNotFoundError(path)
+        with open(path) as f:
+            runs.append(json.load(f))
+    rows = []
+    for mode in runs[0]["modes"]:
+        if mode == REFERENCE:
+            continue
+        each = [r["modes"][mode] for r in runs if mode in r["modes"]]
+        gaps = [e["change_gap_pp"] for e in each]
+        rows.append(
+            [
+                mode,
+                ", ".join(f"{e['predicted_change_pct']:+.1f}% vs {e['measured_change_pct']:+.1f}%" for e in each),
+                ", ".join(f"{g:+.1f}" for g in gaps),
+                f"{float(np.median(gaps)):+.1f} ({float(np.median(np.abs(gaps))):.1f})",
+                ", ".join(f"{e['median_abs_rel_error_pct']:.0f}%" for e in each),
+            ]
+        )
+    text = table(
+        [
+            "mode",
+            "change vs baseline, predicted vs measured, each run",
+            "gap (pp), each run",
+            "median gap (median of its size)",
+            "step time error, median, each run",
+        ],
+        rows,
+    )
+    c = runs[0]["cluster"]
+    model = f", the {runs[0]['model']} model" if "model" in runs[0] else ""
+    shape = f"{c['nodes']} emulated nodes x {c['ranks_per_node']} gloo ranks, {c['inter_mbit']:g} Mbit/s between nodes"
+    text += f"\n\n{len(runs)} runs, {shape}{model}."
+    fitted = []
+    for k, folder in enumerate(folders, 1):
+        profile = os.path.join(folder, "calibrate", "profile.json")
+        if not os.path.exists(profile):
+            continue
+        hw = profile_section(profile, "hardware")
+        halo = hw.get("halo_latency")
+        block = hw.get("linear_block_latency") or 0.0
+        fitted.append(
+            f"run {k}: ratio {hw['inter_intra_ratio']:.2f}x ({hw['ratio_reading']}), all-to-all call {1e3 * hw['a2a_latency']:.1f} ms, "
+            + (f"halo call {1e3 * halo:.1f} ms" if halo is not None else "halo call as an all-to-all's")
+            + (f", {1e3 * block:.2f} ms per recurrence block" if block else "")
+        )
+    if fitted:
+        text += " Calibrated in each run: " + "; ".join(fitted) + "."
+    return text, [run_provenance(r, f) for r, f in zip(runs, folders)]
+
+
 # ----- the config tree ----------------------------------------------------------------------------------
 def settings(*names: str) -> tuple[str, list[dict]]:
     """Every setting of the named sections: flag, default, what it is, where the default comes from."""
@@ -566,5 +625,6 @@ RENDERERS: dict[str, Callable[..., tuple[str, list[dict]]]] = {
     "memory": memory,
     "sparse-traffic": sparse_traffic,
     "emulated": emulated,
+    "emulated-runs": emulated_runs,
     "settings": settings,
 }
