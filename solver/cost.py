@@ -7,6 +7,7 @@ so a researcher's new kernel is priced by the solver and the simulator alike.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -199,6 +200,7 @@ def ulysses_parts(model: ModelConfig, layer_type: str) -> tuple[tuple[tuple[int,
     return ((m.n_heads, m.n_kv_heads, m.n_kv_heads), m.head_dim), ((m.n_heads,), m.head_dim)
 
 
+@functools.lru_cache(maxsize=4096)  # a linear kind declares hundreds of parts, and every exchange line asks
 def exchanged_heads(parts: tuple[int, ...], size: int) -> int:
     """Heads one token sends over an exchange in a group of `size` (all peers together): a part
     narrower than the group goes once to every peer (replicated)."""

@@ -443,7 +443,8 @@ def halo_transfers(layout: TokenLayout, group: Group, first_key, params: dict) -
                     break
                 if hi_j > lo_j:
                     out.append(HaloTransfer(group.start + j, group.start + k, sid, max(lo, lo_j), hi_j))
-    return sorted(out, key=lambda t: (t.dst, t.src, group.samples.index(t.sample), t.lo))
+    order = {sid: i for i, sid in enumerate(group.samples)}
+    return sorted(out, key=lambda t: (t.dst, t.src, order[t.sample], t.lo))
 
 
 def halo_pair_rows(layout: TokenLayout, group: Group, first_key, params: dict) -> dict[tuple[int, int], int]:
@@ -475,7 +476,8 @@ def state_transfers(layout: TokenLayout, group: Group) -> list[HaloTransfer]:
         bounds = chunk_bounds(layout.lengths[sid], group.size)
         held = [k for k in range(group.size) if bounds[k + 1] > bounds[k]]
         out.extend(HaloTransfer(group.start + j, group.start + k, sid, 0, 1) for i, k in enumerate(held) for j in held[:i])
-    return sorted(out, key=lambda t: (t.dst, t.src, group.samples.index(t.sample)))
+    order = {sid: i for i, sid in enumerate(group.samples)}
+    return sorted(out, key=lambda t: (t.dst, t.src, order[t.sample]))
 
 
 def state_hops(layout: TokenLayout, group: Group) -> list[HaloTransfer]:
@@ -487,7 +489,8 @@ def state_hops(layout: TokenLayout, group: Group) -> list[HaloTransfer]:
         bounds = chunk_bounds(layout.lengths[sid], group.size)
         held = [k for k in range(group.size) if bounds[k + 1] > bounds[k]]
         out.extend(HaloTransfer(group.start + j, group.start + k, sid, 0, 1) for j, k in zip(held, held[1:]))
-    return sorted(out, key=lambda t: (t.dst, t.src, group.samples.index(t.sample)))
+    order = {sid: i for i, sid in enumerate(group.samples)}
+    return sorted(out, key=lambda t: (t.dst, t.src, order[t.sample]))
 
 
 def state_pair_maps(layout: TokenLayout, group: Group) -> dict[tuple[int, int], int]:

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from .cost import CostModel, rank_time
-from .layout import Group, TokenLayout, chunk_bounds, halo_pair_rows, state_hops, state_transfers
+from .layout import Group, TokenLayout, chunk_bounds, halo_pair_rows, state_hops
 from .plan import ParentPlan
 
 
@@ -52,15 +52,14 @@ def state_load(group: Group, length_of: Mapping[int, int], cost: CostModel) -> t
     maps_in, maps_out, seconds = np.zeros(group.size), np.zeros(group.size), np.zeros(group.size)
     if group.size == 1:
         return maps_in, seconds
-    layout = TokenLayout((group,), {s: length_of[s] for s in group.samples})
-    formed = set()
-    for t in state_transfers(layout, group):
-        maps_in[t.dst - group.start] += 1
-        maps_out[t.src - group.start] += 1
-        formed.add((t.src - group.start, t.sample))
-    for k, sid in formed:
+    for sid in group.samples:  # counted per sample, as solver.layout.state_transfers lists them (a test ties the two)
         b = chunk_bounds(length_of[sid], group.size)
-        seconds[k] += float(cost.map_time(b[k + 1] - b[k]))
+        held = np.nonzero(b[1:] > b[:-1])[0]  # the ranks holding a non-empty chunk, in order
+        before = np.arange(len(held))
+        maps_in[held] += before  # each chunk receives the map of every earlier chunk
+        maps_out[held] += len(held) - 1 - before  # and sends its own to every later one
+        forming = held[:-1]  # every chunk but the last forms its map
+        seconds[forming] += cost.map_time(b[forming + 1] - b[forming])
     return np.maximum(maps_in, maps_out), seconds
 
 

@@ -664,3 +664,38 @@ def test_every_rank_of_a_ulysses_group_pays_every_block_of_its_samples():
     assert cost.map_time([25]) - CostModel(cfg, HardwareConfig(), costs=costs).map_time([25]) == pytest.approx(2 * 2 * lat)
     windowed = ModelConfig.from_name("tiny")
     assert CostModel(windowed, HardwareConfig(linear_block_latency=lat)).block_time([50]) == pytest.approx([0.0])
+
+
+@settings(max_examples=60)
+@given(
+    lengths=st.lists(st.integers(1, 40), min_size=1, max_size=6),
+    size=st.sampled_from([2, 3, 4, 8]),
+    latency=st.sampled_from([0.0, 1e-3]),
+)
+def test_the_state_load_counts_what_the_transfer_list_moves(lengths, size, latency):
+    """solver.reference.state_load counts, per rank of a state-passing group, the maps it sends or
+    receives and the seconds of the maps its chunks form, per sample without listing them: the
+    counts of solver.layout.state_transfers' list (every earlier map to every later non-empty
+    chunk), and the map times of the chunks that send one."""
+    import numpy as np
+
+    from config import HardwareConfig, ModelConfig
+    from solver import CostModel
+    from solver.layout import Group, TokenLayout, chunk_bounds, state_transfers
+    from solver.reference import state_load
+
+    cost = CostModel(ModelConfig.from_name("tiny-gdn"), HardwareConfig(linear_block_latency=latency))
+    group = Group(4, size, tuple(range(len(lengths))), halo=True)
+    length_of = dict(enumerate(lengths))
+    maps, seconds = state_load(group, length_of, cost)
+    got_in, got_out, want_s = np.zeros(size), np.zeros(size), np.zeros(size)
+    formed = set()
+    for t in state_transfers(TokenLayout((group,), length_of), group):
+        got_in[t.dst - 4] += 1
+        got_out[t.src - 4] += 1
+        formed.add((t.src - 4, t.sample))
+    for k, sid in formed:
+        b = chunk_bounds(lengths[sid], size)
+        want_s[k] += float(cost.map_time(b[k + 1] - b[k]))
+    assert maps.tolist() == np.maximum(got_in, got_out).tolist()
+    assert seconds == pytest.approx(want_s, rel=1e-12, abs=0)
