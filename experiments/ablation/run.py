@@ -6,8 +6,11 @@ the tables."""
 from __future__ import annotations
 
 import dataclasses
+import multiprocessing
+import os
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
 from tqdm import tqdm
@@ -122,26 +125,45 @@ def simulate_row(row: dict, plan, cost: CostModel) -> dict:
     return row
 
 
+def _seed_rows(job: tuple[Settings, int, bool]) -> tuple[list[dict], list[int]]:
+    """One seed of the ablation: (its rows per selected step and mode, the selected steps' numbers)."""
+    settings, seed, progress = job
+    cluster, wl, pricing = settings.cluster, settings.workload, settings.planner.assignment_pricing
+    cost = cost_model(settings)
+    modes = ablation_modes(cost)
+    steps = workload_steps(dataclasses.replace(wl, seed=seed))
+    chosen = select_wide_steps(steps, cluster, cost, progress, pricing)
+    rows = []
+    for i in tqdm(chosen, desc=f"seed {seed}: {len(modes)} modes", disable=not progress, file=sys.stderr, leave=False):
+        number, lengths = steps[i]
+        for mode in modes:
+            row, plan = plan_row(number, lengths, cluster, cost, mode, pricing=pricing)
+            rows.append({"seed": seed, **simulate_row(row, plan, cost)})
+    return rows, [steps[i][0] for i in chosen]
+
+
 def run_ablation(settings: Settings, seeds: list[int], progress: bool = True) -> tuple[list[dict], dict]:
     """The ablation of `settings` (prepared) over workload `seeds`: rows per (seed, step, mode)
     and the summary (experiments.common.results)."""
-    cluster, wl, pricing = settings.cluster, settings.workload, settings.planner.assignment_pricing
+    cluster, wl = settings.cluster, settings.workload
     cost = cost_model(settings)
     if wl.trace:
         seeds = seeds[:1]  # a trace is one workload: seeds do not change it
     else:
         check_generation(wl, len(seeds))  # every seed's steps can be drawn, before the first is
     rows, selected = [], {}
-    modes = ablation_modes(cost)
-    for seed in seeds:
-        steps = workload_steps(dataclasses.replace(wl, seed=seed))
-        chosen = select_wide_steps(steps, cluster, cost, progress, pricing)
-        selected[str(seed)] = [steps[i][0] for i in chosen]
-        for i in tqdm(chosen, desc=f"seed {seed}: {len(modes)} modes", disable=not progress, file=sys.stderr, leave=False):
-            number, lengths = steps[i]
-            for mode in modes:
-                row, plan = plan_row(number, lengths, cluster, cost, mode, pricing=pricing)
-                rows.append({"seed": seed, **simulate_row(row, plan, cost)})
+    workers = min(len(seeds), os.cpu_count() or 1)
+    if workers > 1:  # the seeds are independent: one process each, as many at once as there are cores (forked, so
+        # sparse kinds registered at run time come along); rows in seed order, as one process writes them
+        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
+            done = pool.map(_seed_rows, [(settings, seed, False) for seed in seeds])
+            for seed, (seed_rows, chosen) in tqdm(zip(seeds, done), total=len(seeds), desc="seeds", disable=not progress, file=sys.stderr):
+                rows += seed_rows
+                selected[str(seed)] = chosen
+    else:
+        for seed in seeds:
+            seed_rows, selected[str(seed)] = _seed_rows((settings, seed, progress))
+            rows += seed_rows
     per_seed, over_seeds = summarize_seeds(rows) if rows else ({}, {})
     summary = {
         "engine": "sim",
