@@ -44,6 +44,7 @@ from config import SettingError
 from solver.cost import (
     STATE_DTYPES,
     gated_delta_flops,  # noqa: F401  (the layer's FLOPs: the cost model's, which the solvers read without torch)
+    resolve_state_dtype,
 )
 
 
@@ -347,9 +348,7 @@ class GatedDeltaNet(torch.nn.Module):
     def state_dtype(self, compute: torch.dtype) -> torch.dtype:
         """The dtype this layer carries its states and maps in when its activations are `compute`
         (its state_dtype setting; auto: float32, or float64 where the activations are)."""
-        if self.state == "auto":
-            return torch.float64 if compute == torch.float64 else torch.float32
-        return getattr(torch, self.state)
+        return getattr(torch, resolve_state_dtype(self.state, compute.itemsize))
 
     def _recurrence(self, q, k, v, g, beta, bounds, states, backend: str = "auto"):
         """The gated delta rule over a packed batch, each value head reading its key head, its

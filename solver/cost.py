@@ -90,13 +90,14 @@ class StatePassing:
 STATE_DTYPES = {"auto": None, "float32": 4, "float64": 8}
 
 
-def state_element_bytes(state_dtype: str, activation_bytes: int) -> int:
-    """Bytes of one state element of a linear kind's `state_dtype` (STATE_DTYPES) when the
-    activations take `activation_bytes` an element."""
+def resolve_state_dtype(state_dtype: str, activation_bytes: int) -> str:
+    """The dtype a linear kind of `state_dtype` (STATE_DTYPES) carries its states in when the
+    activations take `activation_bytes` an element: the cost model prices it, model.linear runs it."""
     if state_dtype not in STATE_DTYPES:
         raise SettingError(f"state_dtype={state_dtype!r} is not one of {list(STATE_DTYPES)}")
-    fixed = STATE_DTYPES[state_dtype]
-    return max(4, activation_bytes) if fixed is None else fixed
+    if state_dtype != "auto":
+        return state_dtype
+    return "float64" if activation_bytes > STATE_DTYPES["float32"] else "float32"
 
 
 @dataclass(frozen=True)
@@ -754,7 +755,7 @@ class CostModel:
 
     def state_element_bytes(self) -> int:
         """Bytes of one element of a linear kind's maps and states (its state_dtype)."""
-        return state_element_bytes(self.sparse.passing.state_dtype(self.model.sparse_params), self.hw.bytes_per_element)
+        return STATE_DTYPES[resolve_state_dtype(self.sparse.passing.state_dtype(self.model.sparse_params), self.hw.bytes_per_element)]
 
     def map_time(self, lengths):
         """Forward seconds of the maps of chunks of these lengths (a linear kind's state passing; 0 otherwise)."""

@@ -148,19 +148,20 @@ def test_a_linear_kind_is_timed_and_priced_at_its_own_rate():
     import torch
     import torch.distributed as dist
 
-    from experiments.calibrate.measure import measure_attention
+    from experiments.calibrate.measure import measure_attention, measure_linear
     from solver.cost import FWD_BWD_COMPUTE, gated_delta_flops, gated_delta_map_flops, with_sparse_defaults
 
     cfg = with_sparse_defaults(ModelConfig.from_name("tiny-gdn"))
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)  # the timer's barrier: one rank
     try:
-        rows = measure_attention(cfg, [16, 64], "torch", torch.device("cpu"), torch.float32, 1)
+        attention = measure_attention(cfg, [16, 64], "torch", torch.device("cpu"), torch.float32, 1)
+        rows = measure_linear(cfg, [16, 64], "torch", torch.device("cpu"), torch.float32, 1)
     finally:
         dist.destroy_process_group()
     p = cfg.sparse_params
     # all heads and one key head's (v_heads 8, then 2); one sample, then samples of a quarter block
     linear = [(r["v_heads"], r["length"], r["samples"], r["blocks"]) for r in rows if r["kind"] == "gated_delta"]
-    assert [(r["kind"], r["length"]) for r in rows[:2]] == [("full", 16), ("full", 64)]
+    assert [(r["kind"], r["length"]) for r in attention] == [("full", 16), ("full", 64)]  # no sparse attention to time
     assert linear == [
         (8, 16, 1, 1),
         (8, 16, 4, 4),
@@ -177,7 +178,8 @@ def test_a_linear_kind_is_timed_and_priced_at_its_own_rate():
         t = gated_delta_flops([n], cfg.hidden, *heads, conv_kernel=p["conv_kernel"], block=p["block"], parts=True)
         return float((t["convolution"] + t["recurrence_matmuls"] + t["recurrence_solve"])[0])
 
-    for r in rows[2:]:
+    assert len(linear) == len(rows)
+    for r in rows:
         split = (1, 2, p["head_k_dim"], p["head_v_dim"]) if r["v_heads"] == 2 else heads
         each = r["length"] // r["samples"]
         assert r["seconds"] > 0 and r["flops"] == pytest.approx(FWD_BWD_COMPUTE * r["samples"] * mixer_flops(each, split))

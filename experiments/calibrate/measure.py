@@ -405,8 +405,8 @@ def keep_fit(hw: HardwareConfig, field: str, fitted: float) -> HardwareConfig:
 
 def measure_attention(cfg: ModelConfig, lengths: list[int], backend: str, device, dtype, repeats: int) -> list[dict]:
     """Seconds of full and sparse attention of one sample (all heads), forward + backward, against
-    its length; FLOPs as the cost model counts them. A linear kind's rows time its mixer
-    (measure_linear) in place of sparse attention."""
+    its length; FLOPs as the cost model counts them. A linear kind has no sparse attention: its
+    mixer is measure_linear's."""
     rows = []
     cost = CostModel(cfg, HardwareConfig())
     linear = cost.sparse.linear
@@ -423,7 +423,7 @@ def measure_attention(cfg: ModelConfig, lengths: list[int], backend: str, device
             t = timed(step, device, repeats)
             fwd = attention_flops(causal_keys(n), cfg) if kind == "full" else cost.sparse.flops(np.array([n], dtype=np.float64), cfg)[0]
             rows.append({"kind": kind, "length": n, "seconds": t, "flops": FWD_BWD_COMPUTE * float(fwd)})
-    return rows + (measure_linear(cfg, lengths, backend, device, dtype, repeats) if linear else [])
+    return rows
 
 
 def measure_linear(cfg: ModelConfig, lengths: list[int], backend: str, device, dtype, repeats: int) -> list[dict]:
@@ -554,6 +554,8 @@ def calibrate(
     tokens = sizes["tokens"] or tokens_per_rank
     work = measure_token_work(cfg, tokens, device, dtype, sizes["median_of"])
     attn = measure_attention(cfg, sizes["lengths"], backend, device, dtype, sizes["median_of"])
+    linear = sparse_cost(cfg.sparse_kind).linear  # its mixer fits its own rate (linear_efficiency) and per-block cost
+    mixer = measure_linear(cfg, sizes["lengths"], backend, device, dtype, sizes["median_of"]) if linear else None
     layer = measure_layer_overhead(cfg, backend, device, dtype, sizes["median_of"])
     # the runtime's step on step_tokens per rank: every rank alone, in groups of a node (at most the heads allow), in groups of
     # the widest width the heads allow across nodes (where there is more than one node)
@@ -572,9 +574,8 @@ def calibrate(
     net = fit_all_to_all(a2a, node)
     experts_net = fit_all_to_all(experts_a2a, node)
     gemm = fit_efficiency(work, peak)
-    linear = sparse_cost(cfg.sparse_kind).linear  # its mixer's rows fit their own rate (linear_efficiency)
-    att = fit_efficiency([r for r in attn if not linear or r["kind"] == "full"], peak)
-    lin = fit_linear([r for r in attn if r["kind"] == cfg.sparse_kind], peak) if linear else None
+    att = fit_efficiency(attn, peak)
+    lin = fit_linear(mixer, peak) if linear else None
     base = HardwareConfig()
     reading = net.get("reading", base.ratio_reading)
     hw = base.replace(
@@ -638,6 +639,7 @@ def calibrate(
             "from_runtime_step": from_step,  # each fixed cost's fit to its step
             "token_work": work,
             "attention": attn,
+            **({"linear": mixer} if linear else {}),
         },
     }
 

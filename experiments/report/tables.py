@@ -472,6 +472,13 @@ def _pair(e: dict, key: str) -> str:
     return f"{e['predicted'][key]:.3f} / {e['measured'][key]:.3f}"
 
 
+def _emulated_shape(result: dict) -> str:
+    """An emulated comparison's cluster and model (compare.json), as the blocks say it."""
+    c = result["cluster"]
+    model = f", the {result['model']} model" if "model" in result else ""  # comparisons before --model ran the tiny model
+    return f"{c['nodes']} emulated nodes x {c['ranks_per_node']} gloo ranks, {c['inter_mbit']:g} Mbit/s between nodes{model}"
+
+
 def emulated(folder: str) -> tuple[str, list[dict]]:
     path = os.path.join(folder, "compare.json")
     if not os.path.exists(path):
@@ -494,7 +501,6 @@ def emulated(folder: str) -> tuple[str, list[dict]]:
                 "yes" if e["same_plans"] else "NO",
             ]
         )
-    c = result["cluster"]
     text = table(["mode", "steps", "step time error: median / worst", "change vs baseline: predicted vs measured (gap)", "same plans"], out)
     parts = result.get("breakdown", {})
     if parts:
@@ -511,8 +517,7 @@ def emulated(folder: str) -> tuple[str, list[dict]]:
         text += "\n\nSeconds per step and rank, predicted / measured:\n\n" + table(
             ["mode", "full-layer exchanges", "sparse-layer exchanges", "experts' all-to-all", "step"], rows
         )
-    model = f", the {result['model']} model" if "model" in result else ""  # comparisons before --model ran the tiny model
-    text += f"\n\n{c['nodes']} emulated nodes x {c['ranks_per_node']} gloo ranks, {c['inter_mbit']:g} Mbit/s between nodes{model}."
+    text += f"\n\n{_emulated_shape(result)}."
     profile = os.path.join(folder, "calibrate", "profile.json")
     if os.path.exists(profile):  # the fixed costs and the ratio the predictions were priced with
         hw = profile_section(profile, "hardware")
@@ -562,10 +567,7 @@ def emulated_runs(*folders: str) -> tuple[str, list[dict]]:
         ],
         rows,
     )
-    c = runs[0]["cluster"]
-    model = f", the {runs[0]['model']} model" if "model" in runs[0] else ""
-    shape = f"{c['nodes']} emulated nodes x {c['ranks_per_node']} gloo ranks, {c['inter_mbit']:g} Mbit/s between nodes"
-    text += f"\n\n{len(runs)} runs, {shape}{model}."
+    text += f"\n\n{len(runs)} runs, {_emulated_shape(runs[0])}."
     fitted = []
     for k, folder in enumerate(folders, 1):
         profile = os.path.join(folder, "calibrate", "profile.json")
