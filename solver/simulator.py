@@ -24,10 +24,11 @@ import numpy as np
 from config import SettingError
 
 from .cluster import ceil_pow2
-from .cost import BWD_COMPUTE, FWD_BWD_COMPUTE, FWD_COMPUTE, CostModel
-from .layout import halo_pair_rows, relayout_rows, state_hops, state_pair_maps
+from .cost import CostModel
+from .layout import halo_pair_rows, rank_tokens, relayout_rows, state_hops, state_pair_maps
 from .plan import StepPlan
 from .reference import chain_path, state_load
+from .timeline import Groups, Phases, run_step
 
 
 @dataclass
@@ -65,82 +66,28 @@ class StepResult:
         return asdict(self)
 
 
-# all-reduces of the router's statistics per MoE layer (model.layers.MoE): the token counts and
-# the probability mass forward; the mass's gradient backward
-ROUTER_FWD_COLLECTIVES, ROUTER_BWD_COLLECTIVES = 2, 1
-
-
-class _Layout:
+class _Layout(Groups):
     """Contiguous groups of one token layout as arrays over ranks."""
 
     def __init__(self, groups, world: int, lengths, cost: CostModel):
         groups = sorted(groups, key=lambda g: g.start)
-        self.starts = np.array([g.start for g in groups])
-        self.sizes = np.array([g.size for g in groups])
+        super().__init__(np.array([g.start for g in groups]), np.array([g.size for g in groups]))
         self.size_of_rank = np.repeat(self.sizes, self.sizes)
         self.start_of_rank = np.repeat(self.starts, self.sizes)
-        tokens = np.zeros(world)
-        full_attn = np.zeros(len(groups))
-        sparse_attn = np.zeros(len(groups))
-        for k, g in enumerate(groups):
-            lens = np.array([lengths[s] for s in g.samples], dtype=np.float64)
-            for s in g.samples:
-                b = (lengths[s] * np.arange(g.size + 1)) // g.size
-                tokens[g.start : g.stop] += np.diff(b)
-            if len(lens):
-                full_attn[k] = cost.full_attn_time(lens).sum() / g.size
-                # a linear kind's blocks: each rank of a Ulysses group loops over every block of its samples
-                # (the heads split, not the blocks); a halo group's ranks over their chunks' (about 1/size each)
-                blocks = cost.block_time(lens).sum() / (g.size if g.halo else 1)
-                sparse_attn[k] = cost.sparse_attn_time(lens).sum() / g.size + blocks
+        counts = np.fromiter((len(g.samples) for g in groups), dtype=np.int64, count=len(groups))
+        of = np.repeat(np.arange(len(groups)), counts)
+        n = np.fromiter((lengths[s] for g in groups for s in g.samples), dtype=np.int64, count=int(counts.sum()))
+        tokens = rank_tokens(groups, lengths, world)
+        lens = n.astype(np.float64)
+        halo = np.array([g.halo for g in groups], dtype=bool)
+        full_attn = np.bincount(of, cost.full_attn_time(lens), len(groups)) / self.sizes
+        # a linear kind's blocks: each rank of a Ulysses group loops over every block of its samples
+        # (the heads split, not the blocks); a halo group's ranks over their chunks' (about 1/size each)
+        blocks = np.bincount(of, cost.block_time(lens), len(groups)) / np.where(halo, self.sizes, 1)
+        sparse_attn = np.bincount(of, cost.sparse_attn_time(lens), len(groups)) / self.sizes + blocks
         self.tokens = tokens  # tokens each rank holds in this token layout
         self.full_attn = np.repeat(full_attn, self.sizes)  # forward seconds per rank in head layout
         self.sparse_attn = np.repeat(sparse_attn, self.sizes)
-
-    def group_max(self, x: np.ndarray) -> np.ndarray:
-        return np.repeat(np.maximum.reduceat(x, self.starts), self.sizes)
-
-
-class _Timeline:
-    def __init__(self, world: int):
-        self.t = np.zeros(world)
-        self.compute = np.zeros(world)
-        self.intra = np.zeros(world)
-        self.inter = np.zeros(world)
-        self.wait = np.zeros(world)
-        self.moe = np.zeros(world)
-        self.blocked = {"full": np.zeros(world), "sparse": np.zeros(world), "moe": np.zeros(world)}
-
-    def work(self, dt: np.ndarray):
-        self.t += dt
-        self.compute += dt
-
-    def moe_exchange(self, dt: np.ndarray):
-        self.t += dt
-        self.moe += dt
-        self.blocked["moe"] += dt
-
-    def world_barrier(self, dt: float):
-        """A collective of every rank (the router's statistics): all wait for the slowest, then dt."""
-        top = self.t.max()
-        self.wait += top - self.t
-        self.t[:] = top + dt
-        self.moe += dt
-
-    def sync_exchange(self, layout: _Layout, intra_s: np.ndarray, inter_s: np.ndarray, site: str):
-        """All-to-all over each group of `layout`: wait for the group, then its slowest transfer."""
-        start = layout.group_max(self.t)
-        self.wait += start - self.t
-        own = intra_s + inter_s
-        dur = layout.group_max(own)
-        self.blocked[site] += start - self.t + dur
-        # attribute the blocked time like the group's critical member splits it
-        crit_intra = layout.group_max(np.where(own == dur, intra_s, -np.inf))
-        crit_intra = np.where(np.isfinite(crit_intra), crit_intra, 0.0)
-        frac_intra = np.divide(crit_intra, dur, out=np.zeros_like(dur), where=dur > 0)
-        self.intra += dur * frac_intra
-        self.inter += dur * (1 - frac_intra)
-        self.t = start + dur
 
 
 def _exchange(cost: CostModel, layout: _Layout, send_rows: np.ndarray, recv_rows: np.ndarray, row_bytes: np.ndarray, g: int):
@@ -368,80 +315,20 @@ def simulate(plan: StepPlan, cost: CostModel) -> StepResult:
         if p.redistributed:
             moved[p.group.start : p.group.stop] = True
     tokens = {"S": child.tokens, "F": np.where(moved, parent.tokens, child.tokens)}
-    qkv = m.hidden * (m.n_heads + 2 * m.n_kv_heads) * m.head_dim
-    pre_share = qkv / cost.layer_params_active
-    t_pre = {k: t * cost.layer_token_time * pre_share for k, t in tokens.items()}
-    t_post = {k: t * cost.layer_token_time * (1 - pre_share) for k, t in tokens.items()}
-    if cost.sparse.linear:  # a linear kind's S layers: its in-projection before the entry, out-projection and MoE after
-        out_share = cost.linear_out_params() / cost.sparse_layer_params_active
-        t_pre["S"] = tokens["S"] * cost.layer_time_of("S") * (1 - out_share)
-        t_post["S"] = tokens["S"] * cost.layer_time_of("S") * out_share
-    t_head = child.tokens * cost.head_token_time
-
-    full_x = _layer_exchanges(cost, parent, tokens["F"], g, "F")
-    sparse_x = _sparse_exchanges(plan, cost, child)
-    redist = redistributions(plan, cost) if plan.redistributes else None
-
-    tl = _Timeline(world)
-    bytes_acc = {"full": [0.0, 0.0], "sparse": [0.0, 0.0], "redist": [0.0, 0.0]}
-    calls = {"full": 0, "sparse": 0}
-
-    def exchange(layout, val, key, redistribution=False):
-        intra_s, inter_s, b_in, b_out = val
-        tl.sync_exchange(layout, intra_s, inter_s, key)  # zero for groups of one rank
-        for site in (key, "redist") if redistribution else (key,):  # a redistribution is a full layer's (and counted apart)
-            bytes_acc[site][0] += float(np.sum(b_in))
-            bytes_acc[site][1] += float(np.sum(b_out))
-        calls[key] += 1
-
-    def attention_layer(kind: str, factor: float):
-        """One layer's forward (factor FWD_COMPUTE) or backward (BWD_COMPUTE, in reverse order)."""
-        layout, attn, (entry, exit_) = (parent, parent.full_attn, full_x) if kind == "F" else (child, child.sparse_attn, sparse_x)
-        # forward: pre -> entry -> attention -> exit -> post ; backward mirrors it. A redistribute
-        # plan's full layer starts and ends with its redistributions (its MoE's all-to-all, priced
-        # after the layer, runs before the second: the same calls, bytes and group waits)
-        order = [("work", t_pre[kind]), ("x", entry), ("work", attn), ("x", exit_), ("work", t_post[kind])]
-        if kind == "F" and redist is not None:
-            order = [("redist", redist[0]), *order, ("redist", redist[1])]
-        if factor != FWD_COMPUTE:
-            order = order[::-1]
-        key = "full" if kind == "F" else "sparse"
-        tl.work(np.full(world, cost.hw.layer_overhead * factor))  # the layer's fixed cost, every rank
-        for op, val in order:
-            if op == "work":
-                tl.work(val * factor)
-            elif op == "x":
-                exchange(layout, val, key)
-            else:
-                exchange(parent, val, "full", redistribution=True)
-
-    # a layer's exposed expert all-to-alls, every pass, each rank's from its own tokens (their
-    # expectation under uniform routing) and the calls' latencies; the router's world barrier
-    # right after synchronizes every rank at every MoE layer, the EP groups with them
-    moe = {k: t * cost.moe_token_time + cost.moe_layer_fixed() for k, t in tokens.items()}
+    phases = Phases(
+        ranks=world,
+        parent=parent,
+        child=child,
+        tokens=tokens,
+        full_attn=parent.full_attn,
+        sparse_attn=child.sparse_attn,
+        full_x=_layer_exchanges(cost, parent, tokens["F"], g, "F"),
+        sparse_x=_sparse_exchanges(plan, cost, child),
+        redist=redistributions(plan, cost) if plan.redistributes else None,
+    )
+    tl, bytes_acc, calls = run_step(phases, cost)
     moe_bytes = cost.moe_token_bytes()
-    recompute = cost.costs.recompute
     kinds = m.layer_types
-    router = cost.costs.router_sync and world > 1
-
-    def router_sync(n: int):
-        """The MoE layer's n all-reduces of its router statistics over the world (CostsConfig.router_sync)."""
-        if router:
-            tl.world_barrier(n * cost.hw.collective_latency)
-
-    for kind in kinds:
-        attention_layer(kind, FWD_COMPUTE)
-        tl.moe_exchange(moe[kind])
-        router_sync(ROUTER_FWD_COLLECTIVES)
-    tl.work(t_head * FWD_BWD_COMPUTE)  # LM head forward + backward
-    for kind in reversed(kinds):
-        if recompute == "full":  # the layer's forward again, exchanges and router statistics included
-            attention_layer(kind, FWD_COMPUTE)
-            router_sync(ROUTER_FWD_COLLECTIVES)
-        elif recompute == "selective":  # attention again, from saved inputs in its layout
-            tl.work(parent.full_attn if kind == "F" else child.sparse_attn)
-        router_sync(ROUTER_BWD_COLLECTIVES)  # the MoE's backward comes before its attention's
-        attention_layer(kind, BWD_COMPUTE)
     slowest = float(tl.t.max())
     tl.wait += slowest - tl.t
     grad_sync, optimizer = cost.grad_sync_time(world), cost.optimizer_time(world)  # every rank, after the slowest

@@ -1,0 +1,175 @@
+"""The step's sequence, shared by the simulator and the solvers' step estimate: every layer
+forward, the LM head, every layer backward (recomputed first under full recompute), each layer's
+token-wise work around its exchanges, its attention between them, its experts' all-to-all and the
+router's world barrier, over *units*: the simulator's are ranks (solver.simulator), the
+estimate's are children, each standing for its ranks (solver.estimate.PlanEstimate.step_time).
+Both fill in Phases (what each unit holds and what each exchange costs it) and run the same
+run_step, so the estimate prices the step the simulator charges, barriers and all.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .cost import BWD_COMPUTE, FWD_BWD_COMPUTE, FWD_COMPUTE, CostModel
+
+# all-reduces of the router's statistics per MoE layer (model.layers.MoE): the token counts and
+# the probability mass forward; the mass's gradient backward
+ROUTER_FWD_COLLECTIVES, ROUTER_BWD_COLLECTIVES = 2, 1
+
+
+class Groups:
+    """Contiguous groups of units (starts, sizes), each synchronized by its exchanges."""
+
+    def __init__(self, starts: np.ndarray, sizes: np.ndarray):
+        self.starts, self.sizes = np.asarray(starts), np.asarray(sizes)
+        self.singles = len(self.sizes) == 0 or int(self.sizes.max()) == 1  # then a group's max is its unit's own value
+
+    def group_max(self, x: np.ndarray) -> np.ndarray:
+        if self.singles:
+            return x
+        return np.repeat(np.maximum.reduceat(x, self.starts), self.sizes)
+
+
+class Timeline:
+    """Per unit (a rank, or a child standing for its ranks): the clock and where its time went."""
+
+    def __init__(self, world: int):
+        self.t = np.zeros(world)
+        self.compute = np.zeros(world)
+        self.intra = np.zeros(world)
+        self.inter = np.zeros(world)
+        self.wait = np.zeros(world)
+        self.moe = np.zeros(world)
+        self.blocked = {"full": np.zeros(world), "sparse": np.zeros(world), "moe": np.zeros(world)}
+
+    def work(self, dt: np.ndarray):
+        self.t += dt
+        self.compute += dt
+
+    def moe_exchange(self, dt: np.ndarray):
+        self.t += dt
+        self.moe += dt
+        self.blocked["moe"] += dt
+
+    def world_barrier(self, dt: float):
+        """A collective of every rank (the router's statistics): all wait for the slowest, then dt."""
+        top = self.t.max()
+        self.wait += top - self.t
+        self.t[:] = top + dt
+        self.moe += dt
+
+    def sync_exchange(self, layout: Groups, intra_s: np.ndarray, inter_s: np.ndarray, site: str):
+        """All-to-all over each group of `layout`: wait for the group, then its slowest transfer."""
+        start = layout.group_max(self.t)
+        self.wait += start - self.t
+        own = intra_s + inter_s
+        dur = layout.group_max(own)
+        self.blocked[site] += start - self.t + dur
+        # attribute the blocked time like the group's critical member splits it
+        crit_intra = layout.group_max(np.where(own == dur, intra_s, -np.inf))
+        crit_intra = np.where(np.isfinite(crit_intra), crit_intra, 0.0)
+        frac_intra = np.divide(crit_intra, dur, out=np.zeros_like(dur), where=dur > 0)
+        self.intra += dur * frac_intra
+        self.inter += dur * (1 - frac_intra)
+        self.t = start + dur
+
+
+@dataclass
+class Phases:
+    """What one step's units hold and pay, per unit (arrays over units): a unit's ranks each hold
+    `tokens` (per layer type, 'F' and 'S') and pay `full_attn` and `sparse_attn` forward seconds;
+    an exchange is (intra seconds, inter seconds, intra bytes sent, inter bytes sent) per unit;
+    `parent` and `child` group the units as the full and the sparse layers' exchanges synchronize
+    them. `ranks`: the cluster's ranks (the router's barrier needs more than one)."""
+
+    ranks: int
+    parent: Groups
+    child: Groups
+    tokens: dict
+    full_attn: np.ndarray
+    sparse_attn: np.ndarray
+    full_x: tuple  # (entry, exit) of one full layer
+    sparse_x: tuple  # (entry, exit) of one sparse layer
+    redist: tuple | None  # (to the parent layout, back) of a redistributing plan's full layers
+
+
+def run_step(ph: Phases, cost: CostModel) -> tuple[Timeline, dict, dict]:
+    """The step's timeline over the units of `ph` (up to the slowest unit; the gradient sync and
+    the optimizer come after): the timeline, bytes sent per site ([intra, inter]) and calls per site."""
+    m = cost.model
+    units = len(ph.full_attn)
+    tokens, parent, child = ph.tokens, ph.parent, ph.child
+    qkv = m.hidden * (m.n_heads + 2 * m.n_kv_heads) * m.head_dim
+    pre_share = qkv / cost.layer_params_active
+    t_pre = {k: t * cost.layer_token_time * pre_share for k, t in tokens.items()}
+    t_post = {k: t * cost.layer_token_time * (1 - pre_share) for k, t in tokens.items()}
+    if cost.sparse.linear:  # a linear kind's S layers: its in-projection before the entry, out-projection and MoE after
+        out_share = cost.linear_out_params() / cost.sparse_layer_params_active
+        t_pre["S"] = tokens["S"] * cost.layer_time_of("S") * (1 - out_share)
+        t_post["S"] = tokens["S"] * cost.layer_time_of("S") * out_share
+    t_head = tokens["S"] * cost.head_token_time
+    full_x, sparse_x, redist = ph.full_x, ph.sparse_x, ph.redist
+
+    tl = Timeline(units)
+    bytes_acc = {"full": [0.0, 0.0], "sparse": [0.0, 0.0], "redist": [0.0, 0.0]}
+    calls = {"full": 0, "sparse": 0}
+
+    def exchange(layout, val, key, redistribution=False):
+        intra_s, inter_s, b_in, b_out = val
+        tl.sync_exchange(layout, intra_s, inter_s, key)  # zero for groups of one rank
+        for site in (key, "redist") if redistribution else (key,):  # a redistribution is a full layer's (and counted apart)
+            bytes_acc[site][0] += float(np.sum(b_in))
+            bytes_acc[site][1] += float(np.sum(b_out))
+        calls[key] += 1
+
+    def attention_layer(kind: str, factor: float):
+        """One layer's forward (factor FWD_COMPUTE) or backward (BWD_COMPUTE, in reverse order)."""
+        layout, attn, (entry, exit_) = (parent, ph.full_attn, full_x) if kind == "F" else (child, ph.sparse_attn, sparse_x)
+        # forward: pre -> entry -> attention -> exit -> post ; backward mirrors it. A redistribute
+        # plan's full layer starts and ends with its redistributions (its MoE's all-to-all, priced
+        # after the layer, runs before the second: the same calls, bytes and group waits)
+        order = [("work", t_pre[kind]), ("x", entry), ("work", attn), ("x", exit_), ("work", t_post[kind])]
+        if kind == "F" and redist is not None:
+            order = [("redist", redist[0]), *order, ("redist", redist[1])]
+        if factor != FWD_COMPUTE:
+            order = order[::-1]
+        key = "full" if kind == "F" else "sparse"
+        tl.work(np.full(units, cost.hw.layer_overhead * factor))  # the layer's fixed cost, every rank
+        for op, val in order:
+            if op == "work":
+                tl.work(val * factor)
+            elif op == "x":
+                exchange(layout, val, key)
+            else:
+                exchange(parent, val, "full", redistribution=True)
+
+    # a layer's exposed expert all-to-alls, every pass, each rank's from its own tokens (their
+    # expectation under uniform routing) and the calls' latencies; the router's world barrier
+    # right after synchronizes every rank at every MoE layer, the EP groups with them
+    moe = {k: t * cost.moe_token_time + cost.moe_layer_fixed() for k, t in tokens.items()}
+    recompute = cost.costs.recompute
+    kinds = m.layer_types
+    router = cost.costs.router_sync and ph.ranks > 1
+
+    def router_sync(n: int):
+        """The MoE layer's n all-reduces of its router statistics over the world (CostsConfig.router_sync)."""
+        if router:
+            tl.world_barrier(n * cost.hw.collective_latency)
+
+    for kind in kinds:
+        attention_layer(kind, FWD_COMPUTE)
+        tl.moe_exchange(moe[kind])
+        router_sync(ROUTER_FWD_COLLECTIVES)
+    tl.work(t_head * FWD_BWD_COMPUTE)  # LM head forward + backward
+    for kind in reversed(kinds):
+        if recompute == "full":  # the layer's forward again, exchanges and router statistics included
+            attention_layer(kind, FWD_COMPUTE)
+            router_sync(ROUTER_FWD_COLLECTIVES)
+        elif recompute == "selective":  # attention again, from saved inputs in its layout
+            tl.work(ph.full_attn if kind == "F" else ph.sparse_attn)
+        router_sync(ROUTER_BWD_COLLECTIVES)  # the MoE's backward comes before its attention's
+        attention_layer(kind, BWD_COMPUTE)
+    return tl, bytes_acc, calls
