@@ -723,18 +723,6 @@ class CostModel:
         per_byte = sum(self.exchange_time(1.0, 0, size, 0, 1.0)) - sum(self.exchange_time(0.0, 0, size, 0, 1.0))  # latencies cancel
         return (size - 1) / size / per_byte
 
-    def halo_layer_time(self, rows: float, across: bool) -> float:
-        """Seconds of one sparse layer's key/value halo exchange for a rank that receives `rows`
-        rows (and sends as many), every pass (forward, its gradients back in backward, forward
-        again under full recompute): point-to-point, each byte at its link's rate (`across`: the
-        neighbour is on another node), a halo call's latency each pass (and what crossing adds)."""
-        if rows <= 0:
-            return 0.0
-        hw = self.hw
-        bw = hw.inter_node_bw if across else hw.intra_node_bw
-        call = hw.halo_call_latency + (hw.a2a_inter_latency if across else 0.0) + rows * self.halo_row_bytes() / bw
-        return self.exchange_passes * call
-
     def halo_row_bytes(self) -> float:
         """Bytes of one halo row: a token's keys and values, or a linear kind's pre-convolution row."""
         if self.sparse.passing is not None:
@@ -764,24 +752,15 @@ class CostModel:
         n = np.asarray(lengths, dtype=np.float64)  # two recurrences a chunk: A's and B's
         return self.sparse.passing.map_flops(n, self.model) / self.sparse_rate + 2 * self.block_time(n)
 
-    def state_layer_time(self, maps: float, map_seconds: float, across: bool) -> float:
-        """Seconds of one linear layer's state passing for a rank that receives or sends `maps`
-        maps (the more of the two) and forms maps of `map_seconds` forward seconds: their
-        point-to-point call every exchange pass, like a halo's, and the maps' compute every
-        attention pass."""
-        if maps <= 0 and map_seconds <= 0:
-            return 0.0
-        hw = self.hw
-        bw = hw.inter_node_bw if across else hw.intra_node_bw
-        call = hw.halo_call_latency + (hw.a2a_inter_latency if across else 0.0) + maps * self.state_bytes() / bw
-        return self.exchange_passes * call * (maps > 0) + self.attention_passes * map_seconds
-
-    def halo_line(self, parent_size: int, rows: float, across: bool) -> tuple[float, float]:
+    def halo_line(self, parent_size: int, pass_seconds: float, map_seconds: float = 0.0) -> tuple[float, float]:
         """cost.rank_time's line of a halo child inside a parent of `parent_size`: its share of the
-        parent's full-layer exchanges per token, and its sparse layers' halo exchanges (a rank's
-        `rows` halo rows, the most any of its ranks receives) as the fixed part (no head exchange)."""
+        parent's full-layer exchanges per token; as the fixed part, its sparse layers' halo
+        exchanges (`pass_seconds` a pass at its slowest rank, solver.reference.halo_pass; every
+        exchange pass) and the forward seconds of the maps its slowest rank forms (a linear
+        kind's state passing; every attention pass). No head exchange."""
         m = self.model
-        return m.n_full * self.exchange_line(parent_size)[0], m.n_sparse * self.halo_layer_time(rows, across)
+        per_layer = self.exchange_passes * pass_seconds + self.attention_passes * map_seconds
+        return m.n_full * self.exchange_line(parent_size)[0], m.n_sparse * per_layer
 
     def layer_exchange_time(self, tokens: float, start: int, size: int, rank: int, layer_type: str = "F") -> float:
         """Forward + backward seconds of one layer's entry and exit exchanges (`layer_type` 'F' or 'S')."""

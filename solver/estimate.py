@@ -1,11 +1,18 @@
 """Closed-form step-time estimate of a plan, used by the solvers (the simulator is the detailed
 per-rank timeline; both use the same CostModel terms).
 
-A parent's time is CostModel.shared_time (full attention over its ranks and the fixed cost of its
-full-layer exchanges) plus the slowest of its children's cost.rank_time: everything that scales
-with the tokens a rank holds in the token layout (token-wise and sparse work, and the per-token
-cost of the full-layer exchanges, whose duration follows the rank that sends the most: a child
-rank holding more tokens than the parent's average slows the parent's entry and exit).
+Two prices. A parent's time (parent_time, parent_times) is what the searches balance: a parent
+alone, from its samples to its last layer. A whole plan's step (step_time) is what the solvers
+compare whole plans by: the simulator's own sequence (solver.timeline) run over the plan's
+children instead of its ranks (a Ulysses child one unit standing for its ranks, with its busiest
+rank's tokens; a halo child's ranks one unit each, since they hold different chunks, exchange
+different halos and form different maps), so it charges what the simulator charges: the full
+layers' exchanges synchronizing each parent at every full layer, the router's barrier
+synchronizing every rank at every MoE layer (a parent fastest over the whole step may still be
+the slowest at one kind of layer), the gradient sync and the optimizer. It is the simulator's
+step up to the order of float sums: between two synchronizations a Ulysses child's busiest rank
+is its slowest (every token-wise term and every send grows with its tokens, and it sends at
+least what it receives), and a test holds the two equal on every mode's plans.
 """
 
 from __future__ import annotations
@@ -17,6 +24,8 @@ import numpy as np
 
 from .cluster import Cluster
 from .cost import CostModel, rank_time
+from .layout import rank_tokens
+from .timeline import Groups, Phases, run_step
 
 
 class PlanEstimate:
@@ -113,3 +122,94 @@ class PlanEstimate:
 
     def plan_time(self, parents) -> float:
         return float(self.parent_times(parents).max())
+
+    def step_time(self, parents) -> float:
+        """Seconds of the whole step of these ParentPlans, as the simulator charges it (the module
+        docstring): any children, Ulysses or halo, folded or redistributed."""
+        from .reference import halo_seconds, state_load  # noqa: PLC0415 (the reference imports the plan, which imports the modes)
+
+        parents = list(parents)
+        cost, cluster = self.cost, self.cluster
+        world = cluster.world_size
+        kids = [(j, c) for j, pp in enumerate(parents) for c in sorted(pp.children, key=lambda c: c.start)]
+        nk = len(kids)
+        # per child: its samples' sums
+        counts = np.fromiter((len(c.samples) for _, c in kids), dtype=np.int64, count=nk)
+        rows = self.rows_of(chain.from_iterable(c.samples for _, c in kids), int(counts.sum()))
+        of = np.repeat(np.arange(nk), counts)
+        size = np.fromiter((c.size for _, c in kids), dtype=np.int64, count=nk)
+        owner = np.fromiter((j for j, _ in kids), dtype=np.int64, count=nk)
+        halo = np.fromiter((c.halo for _, c in kids), dtype=bool, count=nk)
+        psize = np.fromiter((pp.group.size for pp in parents), dtype=np.float64, count=len(parents))
+        lens = self._len[rows]
+        full_attn = np.bincount(owner, np.bincount(of, cost.full_attn_time(lens), nk), len(parents)) / psize
+        blocks = np.bincount(of, cost.block_time(lens), nk) / np.where(halo, size, 1)
+        sparse_attn = np.bincount(of, cost.sparse_attn_time(lens), nk) / size + blocks
+        # units: a Ulysses child is one, standing for its ranks; a halo child's ranks one each
+        split = halo & (size > 1)
+        per_child = np.where(split, size, 1)
+        unit_of = np.repeat(np.arange(nk), per_child)  # the child of each unit
+        nu = len(unit_of)
+        offset = np.arange(nu) - np.repeat(np.cumsum(per_child) - per_child, per_child)
+        first = np.fromiter((c.start for _, c in kids), dtype=np.int64, count=nk)[unit_of] + offset
+        order = np.argsort(first, kind="stable")
+
+        def busiest(per_rank: np.ndarray) -> np.ndarray:
+            """Per unit, the most of a per-rank figure over the ranks it stands for (units tile the ranks)."""
+            out = np.empty(nu)
+            out[order] = np.maximum.reduceat(per_rank, first[order])
+            return out
+
+        # a unit's tokens are its busiest rank's: every token-wise term and every send grows with
+        # them, so that rank is the unit's slowest between any two synchronizations
+        tok_s = busiest(rank_tokens([c for _, c in kids], self.length_of, world))
+        moved = np.fromiter((parents[j].redistributed for j, _ in kids), dtype=bool, count=nk)[unit_of]
+        tok_f = tok_s
+        if moved.any():  # a redistributing parent's full layers hold the parent's own layout
+            tok_f = np.where(moved, busiest(rank_tokens([pp.group for pp in parents], self.length_of, world)), tok_s)
+        unit_sparse = sparse_attn[unit_of]
+        zero = np.zeros(nu)
+
+        def ulysses(tok, groups, row_bytes):
+            """(intra, inter) seconds of one all-to-all for a rank of each unit holding `tok` rows."""
+            got = [cost.exchange_time(t, s, n, s, b) for t, (s, n), b in zip(tok.tolist(), groups, row_bytes)]
+            return np.array([x for x, _ in got], dtype=np.float64), np.array([y for _, y in got], dtype=np.float64)
+
+        pgroups = [(parents[kids[k][0]].group.start, parents[kids[k][0]].group.size) for k in unit_of.tolist()]
+        cgroups = [(kids[k][1].start, kids[k][1].size) for k in unit_of.tolist()]
+        f_in = ulysses(tok_f, pgroups, [cost.entry_row_bytes(n, "F") for _, n in pgroups])
+        f_out = ulysses(tok_f, pgroups, [cost.exit_row_bytes("F")] * nu)
+        s_in = ulysses(tok_s, cgroups, [cost.entry_row_bytes(n, "S") for _, n in cgroups])
+        s_out = ulysses(tok_s, cgroups, [cost.exit_row_bytes("S")] * nu)
+        for k in np.nonzero(split)[0].tolist():  # a halo child: keys and values (and states) point to point, no exit
+            c = kids[k][1]
+            at = np.nonzero(unit_of == k)[0]
+            s_in[0][at], s_in[1][at] = halo_seconds(c, self.length_of, cost), 0.0
+            s_out[0][at] = s_out[1][at] = 0.0
+            if cost.sparse.passing is not None:  # the maps each rank's chunks form
+                unit_sparse[at] += state_load(c, self.length_of, cost)[1]
+        redist = None
+        if moved.any():
+            redist = tuple((busiest(x[0] + x[1]), zero, zero, zero) for x in self._redistributions(parents))  # a rank's whole call
+        units_per_parent = np.bincount(owner[unit_of], minlength=len(parents))
+        held = units_per_parent > 0
+        phases = Phases(
+            ranks=world,
+            parent=Groups((np.cumsum(units_per_parent) - units_per_parent)[held], units_per_parent[held]),
+            child=Groups(np.cumsum(per_child) - per_child, per_child),
+            tokens={"S": tok_s, "F": tok_f},
+            full_attn=full_attn[owner][unit_of],
+            sparse_attn=unit_sparse,
+            full_x=((*f_in, zero, zero), (*f_out, zero, zero)),
+            sparse_x=((*s_in, zero, zero), (*s_out, zero, zero)),
+            redist=redist,
+        )
+        tl, _, _ = run_step(phases, cost)
+        return float(tl.t.max()) + cost.grad_sync_time(world) + cost.optimizer_time(world)
+
+    def _redistributions(self, parents):
+        """Per rank, a redistributing plan's two hidden-state all-to-alls (the simulator's)."""
+        from .plan import StepPlan  # noqa: PLC0415
+        from .simulator import redistributions  # noqa: PLC0415
+
+        return redistributions(StepPlan(self.cluster, tuple(self.length_of.items()), tuple(parents), "redistribute"), self.cost)

@@ -19,7 +19,7 @@ out of halo children rides on the full layers' entry and exit all-to-alls, as re
   each running Ulysses or halo, whichever is cheaper; all priced by parent_time here.
 
 Every candidate is priced by solver.reference.parent_time, the one definition of a parent's time
-(a halo child by its worst rank's halo, CostModel.halo_line), so the choice is the cost model's.
+(a halo child by its slowest rank's halo exchanges, solver.reference.halo_pass), so the choice is the cost model's.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from .cluster import Cluster, ceil_div
 from .cost import CostModel
 from .layout import Group
 from .plan import ParentPlan
-from .reference import child_time, parent_time, state_time
+from .reference import child_time, halo_pass, parent_time
 
 HALO_PARENT = "its own layout; sparse layers by halo exchange (parent+halo)"
 HALO_TARGET_SCALES = (1.0, 0.75, 1.5, 0.5, 2.0)  # per-rank targets (the parent's mean load x these) the halo solver tries
@@ -42,11 +42,11 @@ HALO_TARGET_SCALES = (1.0, 0.75, 1.5, 0.5, 2.0)  # per-rank targets (the parent'
 
 def passing_way(child: Group, length_of: Mapping[int, int], cost: CostModel) -> Group:
     """A halo child of a linear kind with the cheaper way to pass its states (Group.chain: the
-    chain, or every earlier map to each later chunk), as solver.reference.state_time prices them;
+    chain, or every earlier map to each later chunk), as solver.reference.halo_pass prices them;
     any other group as it is."""
     if not child.halo or child.size == 1 or cost.sparse.passing is None:
         return child
-    chain = bool(state_time(child, length_of, cost, True) < state_time(child, length_of, cost, False))
+    chain = bool(halo_pass(child, length_of, cost, chain=True) < halo_pass(child, length_of, cost, chain=False))
     return replace(child, chain=chain)
 
 
@@ -160,8 +160,9 @@ def solve_halo_children(parent: Group, length_of: Mapping[int, int], cluster: Cl
 def choose_children(
     parent: Group, repack: tuple[tuple[Group, ...], str], length_of: Mapping[int, int], cluster: Cluster, cost: CostModel
 ) -> ParentPlan:
-    """The cheapest of the parent's own layout, repack's children (`repack`, as the child solver
-    left them), halo children, and the mix of repack's children each as Ulysses or as halo."""
+    """The cheapest of the parent's own layout (Ulysses, or halo attention: parent+halo's), repack's
+    children (`repack`, as the child solver left them), halo children, and the mix of repack's
+    children each as Ulysses or as halo."""
     cost = cost.for_cluster(cluster)
     cands = [ParentPlan(parent, (parent,), "the parent layout is the cheapest (choose)")]
     kids, reason = repack
@@ -182,4 +183,5 @@ def choose_children(
         halo_kids, halo_reason = solve_halo_children(parent, length_of, cluster, cost)
         if halo_kids != (parent,):
             cands.append(ParentPlan(parent, halo_kids, halo_reason))
+        cands.append(own_layout_halo(parent, length_of, cost))
     return min(cands, key=lambda pp: parent_time(pp, length_of, cost))

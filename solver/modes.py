@@ -12,7 +12,8 @@ A mode's stages, in the order the planner runs them (solver.planner.make_plan):
 3. the parent solver (`solver`: rebalance the parents for the children they get) and, after it,
    the width search (`widths`: parents may change width and share);
 4. the per-parent choice (`cheapest`): each wide parent reworked to the cheapest of its own
-   layout, Ulysses children, halo children or a mix (solver.halo.choose_children);
+   layout, Ulysses children, halo children or a mix (solver.halo.choose_children), the whole plan
+   no slower than any single way's (solver.planner);
 5. how a repacked parent's layout change is made (`folded`): inside the full layers' entry and
    exit all-to-alls (the paper's folding), or by an all-to-all of the hidden states of its own at
    every full/sparse boundary (a redistribution). The plan records it per parent

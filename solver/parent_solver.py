@@ -6,8 +6,9 @@ Three stages, each never slower than the last:
    parents wider than a node (an anchor's child sized by the anchor rules below);
 2. rebalance: moves and swaps between parents (solver.rebalance), then polish_children inside
    each wide parent; the slowest parents also get a child solve from scratch;
-3. the result is kept only if PlanEstimate prices it no slower than the repack plan of the
-   assigned parents, so the planner never returns a plan estimated slower than its input.
+3. the result is kept only if its step (PlanEstimate.step_time, the step the simulator charges)
+   is no slower than the repack plan of the assigned parents', so the planner never returns a
+   plan estimated slower than its input.
 """
 
 from __future__ import annotations
@@ -336,8 +337,8 @@ def solve_parents(
     repack: bool = True,
     est: PlanEstimate | None = None,
 ) -> tuple[tuple[ParentPlan, ...], list[float]]:
-    """The parent solver: joint_parents, kept only if PlanEstimate prices it no slower than
-    `start` (the repack plan: the assigned parents with solved children; without repacking, the
+    """The parent solver: joint_parents, kept only if its step (PlanEstimate.step_time) is no
+    slower than `start`'s (the repack plan: the assigned parents with solved children; without repacking, the
     baseline plan), which is returned otherwise, so the result is never estimated slower than
     its input. Returns the parents and the PlanEstimate time of each (the width solver starts
     from them). `est`: the step's PlanEstimate, if the caller has one."""
@@ -346,6 +347,6 @@ def solve_parents(
     start = tuple(start)
     joint = joint_parents(samples, cluster, cost, est, repack)
     start_times = est.parent_times(start).tolist()
-    if joint is None or max(joint[1]) > max(start_times):
+    if joint is None or est.step_time(joint[0]) > est.step_time(start):  # whole plans by the step the simulator charges
         return start, start_times
     return joint

@@ -5,7 +5,8 @@ parent assignment every mode starts from (solver.assignment), each wide parent's
 its sparse layers (its own layout; node-local Ulysses children from the child solver,
 solver.children; halo children or its own layout with halo attention, solver.halo), the parent
 solver (solver.parent_solver, solver.rebalance) and the width search (solver.width_solver), the
-per-parent choice of the cheapest way (solver.halo.choose_children), and whether a repacked
+per-parent choice of the cheapest way (solver.halo.choose_children; the whole plan no slower than
+any single way's), and whether a repacked
 parent's layout change is folded into the full layers' all-to-alls or made by a redistribution
 of its own (recorded per parent in the plan). It never branches on a mode's name.
 """
@@ -26,7 +27,7 @@ from .cost import CostModel
 from .estimate import PlanEstimate
 from .halo import choose_children, own_layout_halo, solve_halo_children
 from .layout import Group
-from .modes import CHILDREN, HALO_CHILDREN, OWN, OWN_HALO, Mode, mode_of
+from .modes import CHILDREN, HALO_CHILDREN, MODE_TABLE, OWN, OWN_HALO, Mode, mode_of
 from .parent_solver import solve_parents
 from .plan import DISABLED, NODE_LOCAL, ParentPlan, StepPlan
 from .width_solver import solve_widths
@@ -64,21 +65,58 @@ def _cheapest(parents: Sequence[ParentPlan], length_of: dict[int, int], cluster:
     )
 
 
-def compose(mode: Mode, samples: Sequence[Sample], cluster: Cluster, cost: CostModel, assignment_pricing: str = "compute") -> StepPlan:
-    """The plan of `mode`'s stages, in order, for checked samples and a cost model bound to the cluster."""
+def compose(
+    mode: Mode, samples: Sequence[Sample], cluster: Cluster, cost: CostModel, assignment_pricing: str = "compute", memo: dict | None = None
+) -> StepPlan:
+    """The plan of `mode`'s stages, in order, for checked samples and a cost model bound to the
+    cluster. `memo`: stages already run on this step by another mode (the choice runs them all)."""
+    memo = {} if memo is None else memo
     length_of = {s.id: s.length for s in samples}
-    groups = assign_parents(samples, cluster, cost, pricing=assignment_pricing)
-    parents = _parent_plans(groups, length_of, cluster, cost, mode.start)
+    if "assignment" not in memo:
+        memo["assignment"] = assign_parents(samples, cluster, cost, pricing=assignment_pricing)
+    key = (mode.start,)
+    if key not in memo:
+        memo[key] = _parent_plans(memo["assignment"], length_of, cluster, cost, mode.start)
+    parents = memo[key]
     if mode.solver:
-        est = PlanEstimate(length_of, cluster, cost)  # one per step, shared by the solvers
-        parents, times = solve_parents(parents, samples, cluster, cost, mode.repacks, est)
+        if "estimate" not in memo:
+            memo["estimate"] = PlanEstimate(length_of, cluster, cost)  # one per step, shared by the solvers
+        est = memo["estimate"]
+        key += ("solver", mode.repacks)
+        if key not in memo:
+            memo[key] = solve_parents(parents, samples, cluster, cost, mode.repacks, est)
+        parents, times = memo[key]
         if mode.widths:
-            parents = solve_widths(parents, samples, cluster, cost, est, times)
+            key += ("widths",)
+            if key not in memo:
+                memo[key] = solve_widths(parents, samples, cluster, cost, est, times)
+            parents = memo[key]
     if mode.cheapest:
-        parents = _cheapest(parents, length_of, cluster, cost)
+        parents = _no_slower_than_any_way(_cheapest(parents, length_of, cluster, cost), samples, cluster, cost, assignment_pricing, memo)
     if not mode.folded:
         parents = tuple(replace(p, redistributed=p.repacked) for p in parents)
     return StepPlan(cluster, tuple((s.id, s.length) for s in samples), tuple(parents), mode.name).validate()
+
+
+def _no_slower_than_any_way(
+    chosen: tuple[ParentPlan, ...], samples: Sequence[Sample], cluster: Cluster, cost: CostModel, assignment_pricing: str, memo: dict
+) -> tuple[ParentPlan, ...]:
+    """The per-parent choice's plan, or the plan of a single way (every mode without the choice
+    that this sparse kind can run) where that one's step is faster: a parent's cheapest way alone
+    is not the step's, since the router's barrier makes each kind of layer wait for its own
+    slowest rank. Compared by PlanEstimate.step_time, the step the simulator charges."""
+    if "estimate" not in memo:
+        memo["estimate"] = PlanEstimate({s.id: s.length for s in samples}, cluster, cost)
+    est = memo["estimate"]
+    best, best_t = chosen, est.step_time(chosen)
+    for way in MODE_TABLE:
+        if way.cheapest or (way.needs_reach and cost.sparse.first_key is None):
+            continue
+        parents = compose(way, samples, cluster, cost, assignment_pricing, memo).parents
+        t = est.step_time(parents)
+        if t < best_t:
+            best, best_t = parents, t
+    return best
 
 
 def make_plan(

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from .cost import CostModel, rank_time
-from .layout import Group, TokenLayout, chunk_bounds, halo_pair_rows, state_hops
+from .layout import Group, TokenLayout, chunk_bounds, halo_pair_rows, state_hops, state_pair_maps
 from .plan import ParentPlan
 
 
@@ -33,17 +33,6 @@ def shared_time(parent: Group, length_of: Mapping[int, int], cost: CostModel) ->
     full_attention = sum(float(cost.full_cost(length_of[s])) for s in parent.samples) / parent.size
     latencies = cost.model.n_full * cost.layer_exchange_time(0.0, parent.start, parent.size, parent.start)
     return full_attention + latencies
-
-
-def halo_rows(group: Group, length_of: Mapping[int, int], cost: CostModel) -> np.ndarray:
-    """Halo rows each rank of `group` receives per sparse layer when it runs as a halo child."""
-    rows = np.zeros(group.size)
-    if group.size == 1:
-        return rows
-    layout = TokenLayout((group,), {s: length_of[s] for s in group.samples})
-    for (_, dst), n in halo_pair_rows(layout, group, cost.sparse.check_local(), cost.model.sparse_params).items():
-        rows[dst - group.start] += n
-    return rows
 
 
 def state_load(group: Group, length_of: Mapping[int, int], cost: CostModel) -> tuple[np.ndarray, np.ndarray]:
@@ -87,31 +76,57 @@ def chain_path(group: Group, length_of: Mapping[int, int], cost: CostModel) -> t
     return max(done.values(), key=sum)
 
 
-def state_time(group: Group, length_of: Mapping[int, int], cost: CostModel, chain: bool) -> float:
-    """Seconds of one linear layer's state passing in a halo child (every pass), at its worst
-    rank: every earlier map to each later chunk (chain=False, CostModel.state_layer_time), or
-    the chain (chain_path, every exchange pass); and forming the maps, every attention pass."""
-    maps, seconds = state_load(group, length_of, cost)
-    if not chain:
-        across = group.spans_nodes(cost.gpus_per_node)
-        return max((cost.state_layer_time(m, t, across) for m, t in zip(maps, seconds)), default=0.0)
-    return cost.exchange_passes * sum(chain_path(group, length_of, cost)) + cost.attention_passes * float(seconds.max(initial=0.0))
+def pairs_seconds(pairs: Mapping[tuple[int, int], float], group: Group, cost: CostModel) -> np.ndarray:
+    """Per rank of `group`, seconds of one point-to-point exchange of `pairs` (bytes per (source,
+    destination)) in which every rank of the group takes part: a halo call's latency, what
+    crossing nodes adds where any of its bytes cross, and each tier's bytes (the more of what it
+    sends and receives) at that tier's rate, one tier after the other."""
+    hw, g = cost.hw, cost.gpus_per_node
+    sent, got = np.zeros((group.size, 2)), np.zeros((group.size, 2))
+    for (src, dst), b in pairs.items():
+        tier = int(src // g != dst // g)
+        sent[src - group.start, tier] += b
+        got[dst - group.start, tier] += b
+    most = np.maximum(sent, got)
+    crossing = np.where(most[:, 1] > 0, hw.a2a_inter_latency, 0.0)
+    return hw.halo_call_latency + most[:, 0] / hw.intra_node_bw + most[:, 1] / hw.inter_node_bw + crossing
+
+
+def halo_seconds(group: Group, length_of: Mapping[int, int], cost: CostModel, chain: bool | None = None) -> np.ndarray:
+    """Per rank of a halo child, seconds of one pass of one sparse layer's exchanges: its keys and
+    values (halo_pair_rows), and a linear kind's states the way the child passes them (`chain`,
+    default the child's own: the chain's longest path of hops, chain_path, which every rank of
+    the child waits; else every earlier map to each later chunk in one round, a second call)."""
+    if group.size == 1:
+        return np.zeros(1)
+    layout = TokenLayout((group,), {s: length_of[s] for s in group.samples})
+    row = cost.halo_row_bytes()
+    rows = {k: n * row for k, n in halo_pair_rows(layout, group, cost.sparse.check_local(), cost.model.sparse_params).items()}
+    seconds = pairs_seconds(rows, group, cost)
+    if cost.sparse.passing is None:
+        return seconds
+    if group.chain if chain is None else chain:
+        return seconds + sum(chain_path(group, length_of, cost))
+    maps = {k: n * cost.state_bytes() for k, n in state_pair_maps(layout, group).items()}
+    return seconds + pairs_seconds(maps, group, cost)
+
+
+def halo_pass(group: Group, length_of: Mapping[int, int], cost: CostModel, chain: bool | None = None) -> float:
+    """halo_seconds at the child's slowest rank: a pass lasts until its last rank is done."""
+    return float(halo_seconds(group, length_of, cost, chain).max())
 
 
 def child_time(child: Group, parent: Group, length_of: Mapping[int, int], cost: CostModel) -> float:
     """Seconds a rank of `child` (inside `parent`; the parent itself when it is not repacked) spends
     on everything that runs in the child layout, with its tokens split evenly over the child. A
     halo child (Group.halo): its even share of the work and of the parent's full-layer exchanges
-    per token, and its worst rank's halo exchanges (CostModel.halo_line)."""
+    per token, its slowest rank's halo exchanges every pass (halo_pass) and the maps its slowest
+    rank forms every attention pass (CostModel.halo_line)."""
     if child.halo:
         lin = sum(float(cost.linear_cost(length_of[s])) for s in child.samples)
         tokens = sum(length_of[s] for s in child.samples)
-        rows = float(halo_rows(child, length_of, cost).max(initial=0.0))
-        across = child.spans_nodes(cost.gpus_per_node)
-        a, b = cost.halo_line(parent.size, rows, across)
-        if cost.sparse.passing is not None:  # a linear kind: its states too, the way the child passes them
-            b += cost.model.n_sparse * state_time(child, length_of, cost, child.chain)
-        return rank_time(lin, tokens, child.size, (a, b))
+        maps = float(state_load(child, length_of, cost)[1].max(initial=0.0)) if cost.sparse.passing is not None else 0.0
+        return rank_time(lin, tokens, child.size, cost.halo_line(parent.size, halo_pass(child, length_of, cost), maps))
     m = cost.model
     tokens_per_rank = sum(length_of[s] for s in child.samples) / child.size
     work = sum(float(cost.linear_cost(length_of[s])) for s in child.samples) / child.size

@@ -11,8 +11,8 @@ member's transfers (intra-node and inter-node phases added, a conservative no-ov
 group across nodes under the "group" ratio reading moves all its bytes at the cross-node rate).
 The step ends at the slowest rank, then every rank pays the exposed gradient sync and the
 optimizer step. A layer's fixed cost (HardwareConfig.layer_overhead, measured by the
-calibration) is paid by every rank in every pass. The same CostModel prices the solvers'
-estimates, which leave out the terms every rank pays alike.
+calibration) is paid by every rank in every pass. The sequence itself is solver.timeline's, which
+the solvers' step estimate (PlanEstimate.step_time) runs over children instead of ranks.
 """
 
 from __future__ import annotations

@@ -15,8 +15,9 @@ parent S (the step's time is the slowest parent's):
 
 A candidate re-places only the samples of the parents it changes (the parent solver's joint fill,
 parent_solver._BinFill, on those parents alone), then solves each new wide parent's children;
-it is taken only if every parent it makes is faster than S was, so the step estimate never rises
-and the result is never estimated slower than the input. Positions do not enter the prices:
+it is taken only if every parent it makes is faster than S was. The search's result is kept only
+if its whole step (PlanEstimate.step_time, the step the simulator charges) is no slower than the
+input's, so the result is never estimated slower than the input. Positions do not enter the prices:
 parents are laid out widest first at the end (power-of-two widths stay aligned), and a wide
 parent's node-local children inside it.
 """
@@ -219,7 +220,7 @@ def solve_widths(
     start = tuple(start)
     times = est.parent_times(start).tolist() if times is None else list(times)
     parents = [_Parent(pp.group.size, pp.group.samples, pp, t, pp.group.start) for pp, t in zip(start, times)]
-    before = max(p.time for p in parents)
-    improved = search.improve(parents)
-    # the search only takes moves that lower the slowest parent: never slower (checked all the same)
-    return _laid_out(improved, cluster) if max(p.time for p in improved) <= before else tuple(start)
+    improved = _laid_out(search.improve(parents), cluster)
+    # the search lowers the slowest parent; kept only if the whole step (PlanEstimate.step_time, the
+    # router's barrier and every layer's synchronizations included) is no slower
+    return improved if est.step_time(improved) <= est.step_time(start) else start

@@ -420,7 +420,7 @@ def test_a_gdn_hybrid_plans_in_every_mode_and_the_simulator_prices_state_passing
 def test_a_linear_halo_child_passes_states_the_way_the_simulator_prices_cheaper():
     """The planner marks each halo child of a linear kind with the cheaper way to pass its states
     (every earlier map in one round, or the chain, one hop after another), as
-    solver.reference.state_time prices them; on the paper's GDN hybrid at 32 ranks the other
+    solver.reference.halo_pass prices them; on the paper's GDN hybrid at 32 ranks the other
     way's plan never simulates faster. Both ways occur: the paper's 2 MB maps go by the chain,
     the maps of heads of 16 (32 KB) in one round, where a call's latency outweighs their bytes."""
     import numpy as np

@@ -1,11 +1,12 @@
 """The solvers' fast paths price a parent as the slow, readable definition does (solver.reference):
 PlanEstimate (one parent, and many at once with numpy), the parent solver's joint fill (a bin's
 time, and the bin a placement picks), the rebalance's trial moves, and the child solver's child
-time, on random parents, children, samples and hardware."""
+time, on random parents, children, samples and hardware; and the price of a whole plan's step
+(PlanEstimate.step_time) is the simulator's, in every mode."""
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from config import Cluster, CostsConfig, HardwareConfig, ModelConfig
@@ -13,9 +14,11 @@ from solver import CostModel, Group, make_plan
 from solver import reference as ref
 from solver.children import child_problem
 from solver.estimate import PlanEstimate
+from solver.modes import MODE_TABLE
 from solver.parent_solver import _BinFill
 from solver.plan import NODE_LOCAL, ParentPlan
 from solver.rebalance import _GroupState, _StepPrices
+from solver.simulator import simulate
 from tests.strategies import batches, clusters
 
 REL = 1e-9  # the fast paths sum in another order
@@ -24,7 +27,8 @@ REL = 1e-9  # the fast paths sum in another order
 @st.composite
 def costs(draw):
     """A cost model with every term switched on somewhere: both ratio readings, latencies inside
-    and across nodes, every recompute; attention and linear (Gated DeltaNet) S layers."""
+    and across nodes, every recompute, the router's barrier on and off; attention and linear (Gated
+    DeltaNet) S layers."""
     model = ModelConfig.from_name(draw(st.sampled_from(["tiny", "tiny-gqa", "paper", "tiny-gdn", "paper-gdn"])))
     hw = HardwareConfig(
         ratio_reading=draw(st.sampled_from(["group", "link"])),
@@ -32,7 +36,8 @@ def costs(draw):
         a2a_latency=draw(st.sampled_from([0.0, 25e-6])),
         a2a_inter_latency=draw(st.sampled_from([0.0, 1e-3])),
     )
-    return CostModel(model, hw, costs=CostsConfig(recompute=draw(st.sampled_from(["full", "selective", "none"]))))
+    costs = CostsConfig(recompute=draw(st.sampled_from(["full", "selective", "none"])), router_sync=draw(st.booleans()))
+    return CostModel(model, hw, costs=costs)
 
 
 @st.composite
@@ -86,6 +91,23 @@ def test_every_modes_plan_is_priced_as_the_reference(data):
         plan = make_plan(samples, cluster, cost, mode)
         want = [ref.parent_time(p, length_of, cost) for p in plan.parents]
         np.testing.assert_allclose(est.parent_times(plan.parents), want, rtol=REL, err_msg=mode)
+
+
+@settings(max_examples=25, deadline=None)  # nine modes planned and simulated per example
+@given(st.data())
+def test_the_step_estimate_is_the_simulators_step_in_every_mode(data):
+    """PlanEstimate.step_time, the price the solvers compare whole plans by, is the simulator's
+    step (every term, the router's barrier and each layer's synchronizations included) on every
+    mode's plan, halo and redistributed ones too: the solvers plan the step the simulator charges."""
+    cluster = data.draw(clusters(max_nodes=4))
+    samples = data.draw(batches(cluster, fill=0.6))
+    cost = data.draw(costs()).for_cluster(cluster)
+    est = PlanEstimate({s.id: s.length for s in samples}, cluster, cost)
+    for mode in MODE_TABLE:
+        if mode.needs_reach and cost.sparse.first_key is None:
+            continue
+        plan = make_plan(samples, cluster, cost, mode.name)
+        assert est.step_time(plan.parents) == pytest.approx(simulate(plan, cost).step_time, rel=REL), mode.name
 
 
 @given(parents(), st.data())

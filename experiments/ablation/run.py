@@ -245,6 +245,28 @@ def _range(e, key, scale=1.0, fmt="+.2f") -> str:
     return f"{scale * v['mean']:{fmt}} [{scale * v['min']:{fmt}}, {scale * v['max']:{fmt}}]"
 
 
+def _fastest_ways(rows: list[dict], chooser: str) -> str:
+    """How often the choosing mode's step is no slower than the fastest mode without a choice, and
+    each of those modes' share of the steps where it is the fastest (ties: the first in the
+    mode table), over the steps every mode ran."""
+    steps: dict = {}
+    for r in rows:
+        steps.setdefault((r["seed"], r["step"]), {})[r["mode"]] = r["step_time_s"]
+    singles = [m.name for m in MODE_TABLE if not m.cheapest]
+    wins: dict[str, int] = {}
+    no_slower = total = 0
+    for times in steps.values():
+        ran = [m for m in singles if m in times]
+        if chooser not in times or not ran:
+            continue
+        best = min(ran, key=times.get)
+        wins[best] = wins.get(best, 0) + 1
+        no_slower += times[chooser] <= times[best]
+        total += 1
+    shares = ", ".join(f"{m} {100 * wins[m] / total:.0f}%" for m in singles if m in wins)
+    return f"no slower on {no_slower} of {total} steps; the fastest way without it: {shares}"
+
+
 def print_tables(rows, summary, out=None):
     p = lambda *a: print(*a, file=out or sys.stdout)
     cfg = summary["config"]
@@ -334,6 +356,7 @@ def print_tables(rows, summary, out=None):
             f"{chooser}: of its {wide} wide parents, {rep} take new children and {wide - rep} keep the parent's layout; "
             f"{halo} run sparse attention by halo exchange, {across} of them with a halo child across nodes"
         )
+        p(f"{chooser} against the fastest way without a choice, step by step: {_fastest_ways(rows, chooser)}")
     halo_off = [m.name for m in MODE_TABLE if m.needs_reach and m.name not in modes]
     if halo_off:
         p(f"{', '.join(halo_off)}: not run, the sparse kind {cfg['model']['sparse_kind']!r} declares no reach (halo children need one)")
