@@ -49,6 +49,7 @@ class PlanEstimate:
         self._len = lens
         self._lin = np.asarray(cost.linear_cost(lens), dtype=np.float64)
         self._full = np.asarray(cost.full_cost(lens), dtype=np.float64)
+        self._steps: dict[int, tuple] = {}  # id -> (parents tuple, its step_time)
         self.linear = dict(zip(ids, self._lin.tolist()))
         self.full = dict(zip(ids, self._full.tolist()))
 
@@ -125,7 +126,18 @@ class PlanEstimate:
 
     def step_time(self, parents) -> float:
         """Seconds of the whole step of these ParentPlans, as the simulator charges it (the module
-        docstring): any children, Ulysses or halo, folded or redistributed."""
+        docstring): any children, Ulysses or halo, folded or redistributed. A tuple priced before
+        (the same object: the stages hand their plans on) is not priced again."""
+        if isinstance(parents, tuple):
+            known = self._steps.get(id(parents))
+            if known is not None and known[0] is parents:
+                return known[1]
+            t = self._step_time(parents)
+            self._steps[id(parents)] = (parents, t)  # held, so its id is not reused while known
+            return t
+        return self._step_time(parents)
+
+    def _step_time(self, parents) -> float:
         from .reference import halo_seconds, state_load  # noqa: PLC0415 (the reference imports the plan, which imports the modes)
 
         parents = list(parents)
@@ -162,7 +174,7 @@ class PlanEstimate:
 
         # a unit's tokens are its busiest rank's: every token-wise term and every send grows with
         # them, so that rank is the unit's slowest between any two synchronizations
-        tok_s = busiest(rank_tokens([c for _, c in kids], self.length_of, world))
+        tok_s = busiest(rank_tokens([c for _, c in kids], self.length_of, world, lens))
         moved = np.fromiter((parents[j].redistributed for j, _ in kids), dtype=bool, count=nk)[unit_of]
         tok_f = tok_s
         if moved.any():  # a redistributing parent's full layers hold the parent's own layout
@@ -170,17 +182,19 @@ class PlanEstimate:
         unit_sparse = sparse_attn[unit_of]
         zero = np.zeros(nu)
 
-        def ulysses(tok, groups, row_bytes):
-            """(intra, inter) seconds of one all-to-all for a rank of each unit holding `tok` rows."""
-            got = [cost.exchange_time(t, s, n, s, b) for t, (s, n), b in zip(tok.tolist(), groups, row_bytes)]
-            return np.array([x for x, _ in got], dtype=np.float64), np.array([y for _, y in got], dtype=np.float64)
+        def ulysses(tok: np.ndarray, sizes: np.ndarray, layer_type: str, entry: bool):
+            """(intra, inter) seconds of one all-to-all for a rank of each unit holding `tok` rows
+            in an aligned group of `sizes` (its peers on and off its node follow from the size)."""
+            lines = np.zeros((4, nu))
+            for n in np.unique(sizes).tolist():
+                rb = cost.entry_row_bytes(n, layer_type) if entry else cost.exit_row_bytes(layer_type)
+                zero, one = cost.exchange_time(0.0, 0, n, 0, rb), cost.exchange_time(1.0, 0, n, 0, rb)
+                lines[:, sizes == n] = np.array([one[0] - zero[0], zero[0], one[1] - zero[1], zero[1]])[:, None]
+            return lines[0] * tok + lines[1], lines[2] * tok + lines[3]
 
-        pgroups = [(parents[kids[k][0]].group.start, parents[kids[k][0]].group.size) for k in unit_of.tolist()]
-        cgroups = [(kids[k][1].start, kids[k][1].size) for k in unit_of.tolist()]
-        f_in = ulysses(tok_f, pgroups, [cost.entry_row_bytes(n, "F") for _, n in pgroups])
-        f_out = ulysses(tok_f, pgroups, [cost.exit_row_bytes("F")] * nu)
-        s_in = ulysses(tok_s, cgroups, [cost.entry_row_bytes(n, "S") for _, n in cgroups])
-        s_out = ulysses(tok_s, cgroups, [cost.exit_row_bytes("S")] * nu)
+        psizes, csizes = psize.astype(np.int64)[owner][unit_of], size[unit_of]
+        f_in, f_out = ulysses(tok_f, psizes, "F", True), ulysses(tok_f, psizes, "F", False)
+        s_in, s_out = ulysses(tok_s, csizes, "S", True), ulysses(tok_s, csizes, "S", False)
         for k in np.nonzero(split)[0].tolist():  # a halo child: keys and values (and states) point to point, no exit
             c = kids[k][1]
             at = np.nonzero(unit_of == k)[0]
@@ -204,7 +218,7 @@ class PlanEstimate:
             sparse_x=((*s_in, zero, zero), (*s_out, zero, zero)),
             redist=redist,
         )
-        tl, _, _ = run_step(phases, cost)
+        tl, _, _ = run_step(phases, cost, accounts=False)
         return float(tl.t.max()) + cost.grad_sync_time(world) + cost.optimizer_time(world)
 
     def _redistributions(self, parents):

@@ -77,12 +77,16 @@ def chunk_bounds(length: int, parts: int) -> np.ndarray:
     return (length * k) // parts
 
 
-def rank_tokens(groups, length_of: Mapping[int, int], world: int) -> np.ndarray:
+def rank_tokens(groups, length_of: Mapping[int, int], world: int, lengths: np.ndarray | None = None) -> np.ndarray:
     """Tokens each of `world` ranks holds in these groups, every sample cut over its group's
     ranks in order (chunk_bounds: rank j of s ranks holds (n (j + 1)) // s - (n j) // s of n
-    tokens), for all the groups' samples at once."""
+    tokens), for all the groups' samples at once. `lengths`: the groups' samples' lengths in
+    order, where the caller has them."""
     counts = np.fromiter((len(g.samples) for g in groups), dtype=np.int64, count=len(groups))
-    n = np.fromiter((length_of[s] for g in groups for s in g.samples), dtype=np.int64, count=int(counts.sum()))
+    if lengths is None:
+        n = np.fromiter((length_of[s] for g in groups for s in g.samples), dtype=np.int64, count=int(counts.sum()))
+    else:
+        n = np.asarray(lengths).astype(np.int64)
     sizes = np.repeat(np.fromiter((g.size for g in groups), dtype=np.int64, count=len(groups)), counts)
     starts = np.repeat(np.fromiter((g.start for g in groups), dtype=np.int64, count=len(groups)), counts)
     per = np.repeat(np.arange(len(n)), sizes)  # one entry per (sample, rank of its group)

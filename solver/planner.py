@@ -70,8 +70,17 @@ def compose(
 ) -> StepPlan:
     """The plan of `mode`'s stages, in order, for checked samples and a cost model bound to the
     cluster. `memo`: stages already run on this step by another mode (the choice runs them all)."""
-    memo = {} if memo is None else memo
-    length_of = {s.id: s.length for s in samples}
+    parents = _parents(mode, samples, cluster, cost, assignment_pricing, {} if memo is None else memo)
+    return StepPlan(cluster, tuple((s.id, s.length) for s in samples), parents, mode.name).validate()
+
+
+def _parents(
+    mode: Mode, samples: Sequence[Sample], cluster: Cluster, cost: CostModel, assignment_pricing: str, memo: dict
+) -> tuple[ParentPlan, ...]:
+    """compose's parents, before the plan is laid out and validated."""
+    if "lengths" not in memo:
+        memo["lengths"] = {s.id: s.length for s in samples}
+    length_of = memo["lengths"]
     if "assignment" not in memo:
         memo["assignment"] = assign_parents(samples, cluster, cost, pricing=assignment_pricing)
     key = (mode.start,)
@@ -95,7 +104,7 @@ def compose(
         parents = _no_slower_than_any_way(_cheapest(parents, length_of, cluster, cost), samples, cluster, cost, assignment_pricing, memo)
     if not mode.folded:
         parents = tuple(replace(p, redistributed=p.repacked) for p in parents)
-    return StepPlan(cluster, tuple((s.id, s.length) for s in samples), tuple(parents), mode.name).validate()
+    return tuple(parents)
 
 
 def _no_slower_than_any_way(
@@ -106,13 +115,13 @@ def _no_slower_than_any_way(
     is not the step's, since the router's barrier makes each kind of layer wait for its own
     slowest rank. Compared by PlanEstimate.step_time, the step the simulator charges."""
     if "estimate" not in memo:
-        memo["estimate"] = PlanEstimate({s.id: s.length for s in samples}, cluster, cost)
+        memo["estimate"] = PlanEstimate(memo["lengths"], cluster, cost)
     est = memo["estimate"]
     best, best_t = chosen, est.step_time(chosen)
     for way in MODE_TABLE:
         if way.cheapest or (way.needs_reach and cost.sparse.first_key is None):
             continue
-        parents = compose(way, samples, cluster, cost, assignment_pricing, memo).parents
+        parents = _parents(way, samples, cluster, cost, assignment_pricing, memo)
         t = est.step_time(parents)
         if t < best_t:
             best, best_t = parents, t

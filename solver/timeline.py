@@ -36,8 +36,9 @@ class Groups:
 class Timeline:
     """Per unit (a rank, or a child standing for its ranks): the clock and where its time went."""
 
-    def __init__(self, world: int):
+    def __init__(self, world: int, accounts: bool = True):
         self.t = np.zeros(world)
+        self.accounts = accounts  # False: the clock alone (the estimate needs no breakdown)
         self.compute = np.zeros(world)
         self.intra = np.zeros(world)
         self.inter = np.zeros(world)
@@ -47,22 +48,30 @@ class Timeline:
 
     def work(self, dt: np.ndarray):
         self.t += dt
-        self.compute += dt
+        if self.accounts:
+            self.compute += dt
 
     def moe_exchange(self, dt: np.ndarray):
         self.t += dt
-        self.moe += dt
-        self.blocked["moe"] += dt
+        if self.accounts:
+            self.moe += dt
+            self.blocked["moe"] += dt
 
     def world_barrier(self, dt: float):
         """A collective of every rank (the router's statistics): all wait for the slowest, then dt."""
         top = self.t.max()
+        if not self.accounts:
+            self.t[:] = top + dt
+            return
         self.wait += top - self.t
         self.t[:] = top + dt
         self.moe += dt
 
     def sync_exchange(self, layout: Groups, intra_s: np.ndarray, inter_s: np.ndarray, site: str):
         """All-to-all over each group of `layout`: wait for the group, then its slowest transfer."""
+        if not self.accounts:
+            self.t = layout.group_max(self.t) + layout.group_max(intra_s + inter_s)
+            return
         start = layout.group_max(self.t)
         self.wait += start - self.t
         own = intra_s + inter_s
@@ -96,9 +105,10 @@ class Phases:
     redist: tuple | None  # (to the parent layout, back) of a redistributing plan's full layers
 
 
-def run_step(ph: Phases, cost: CostModel) -> tuple[Timeline, dict, dict]:
+def run_step(ph: Phases, cost: CostModel, accounts: bool = True) -> tuple[Timeline, dict, dict]:
     """The step's timeline over the units of `ph` (up to the slowest unit; the gradient sync and
-    the optimizer come after): the timeline, bytes sent per site ([intra, inter]) and calls per site."""
+    the optimizer come after): the timeline, bytes sent per site ([intra, inter]) and calls per
+    site. accounts=False: the clock alone, no breakdown of where the time went."""
     m = cost.model
     units = len(ph.full_attn)
     tokens, parent, child = ph.tokens, ph.parent, ph.child
@@ -113,14 +123,14 @@ def run_step(ph: Phases, cost: CostModel) -> tuple[Timeline, dict, dict]:
     t_head = tokens["S"] * cost.head_token_time
     full_x, sparse_x, redist = ph.full_x, ph.sparse_x, ph.redist
 
-    tl = Timeline(units)
+    tl = Timeline(units, accounts)
     bytes_acc = {"full": [0.0, 0.0], "sparse": [0.0, 0.0], "redist": [0.0, 0.0]}
     calls = {"full": 0, "sparse": 0}
 
     def exchange(layout, val, key, redistribution=False):
         intra_s, inter_s, b_in, b_out = val
         tl.sync_exchange(layout, intra_s, inter_s, key)  # zero for groups of one rank
-        for site in (key, "redist") if redistribution else (key,):  # a redistribution is a full layer's (and counted apart)
+        for site in ((key, "redist") if redistribution else (key,)) if accounts else ():  # a redistribution is a full layer's
             bytes_acc[site][0] += float(np.sum(b_in))
             bytes_acc[site][1] += float(np.sum(b_out))
         calls[key] += 1
