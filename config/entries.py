@@ -38,7 +38,7 @@ SWEEP_FACTORS = {
     "long_share": [2.5e-4, 5e-4, 1e-3, 2e-3],
     "window": [1024, 4096, 16384],
     "kind": ["sliding_window", "chunked"],
-    "cluster": [32, 64, 128],
+    "cluster": [32, 64, 128, 1024, 4096],
     "state": [32, 64, 128, 256],  # a linear kind's head_k_dim = head_v_dim: its state's size
 }
 LINEAR_ONLY = ("state",)  # factors of a linear kind's model (docs/cost-model.md); not in the default list
