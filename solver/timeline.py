@@ -164,22 +164,51 @@ def run_step(ph: Phases, cost: CostModel, accounts: bool = True) -> tuple[Timeli
     kinds = m.layer_types
     router = cost.costs.router_sync and ph.ranks > 1
 
-    def router_sync(n: int):
-        """The MoE layer's n all-reduces of its router statistics over the world (CostsConfig.router_sync)."""
-        if router:
-            tl.world_barrier(n * cost.hw.collective_latency)
-
+    # the step in order: a layer's pass ("layer", kind, factor), its experts' all-to-all ("moe",
+    # kind), the LM head ("head",), selective recompute's attention ("again", kind), the router's
+    # all-reduces ("sync", how many)
+    ops: list[tuple] = []
     for kind in kinds:
-        attention_layer(kind, FWD_COMPUTE)
-        tl.moe_exchange(moe[kind])
-        router_sync(ROUTER_FWD_COLLECTIVES)
-    tl.work(t_head * FWD_BWD_COMPUTE)  # LM head forward + backward
+        ops += [("layer", kind, FWD_COMPUTE), ("moe", kind), ("sync", ROUTER_FWD_COLLECTIVES)]
+    ops.append(("head",))  # LM head forward + backward
     for kind in reversed(kinds):
         if recompute == "full":  # the layer's forward again, exchanges and router statistics included
-            attention_layer(kind, FWD_COMPUTE)
-            router_sync(ROUTER_FWD_COLLECTIVES)
+            ops += [("layer", kind, FWD_COMPUTE), ("sync", ROUTER_FWD_COLLECTIVES)]
         elif recompute == "selective":  # attention again, from saved inputs in its layout
-            tl.work(ph.full_attn if kind == "F" else ph.sparse_attn)
-        router_sync(ROUTER_BWD_COLLECTIVES)  # the MoE's backward comes before its attention's
-        attention_layer(kind, BWD_COMPUTE)
+            ops.append(("again", kind))
+        ops += [("sync", ROUTER_BWD_COLLECTIVES), ("layer", kind, BWD_COMPUTE)]  # the MoE's backward before its attention's
+
+    def run(op: tuple) -> None:
+        if op[0] == "layer":
+            attention_layer(op[1], op[2])
+        elif op[0] == "moe":
+            tl.moe_exchange(moe[op[1]])
+        elif op[0] == "head":
+            tl.work(t_head * FWD_BWD_COMPUTE)
+        elif op[0] == "again":
+            tl.work(ph.full_attn if op[1] == "F" else ph.sparse_attn)
+        elif router:  # the MoE layer's all-reduces of its router statistics over the world (CostsConfig.router_sync)
+            tl.world_barrier(op[1] * cost.hw.collective_latency)
+
+    if accounts or not router:
+        for op in ops:
+            run(op)
+        return tl, bytes_acc, calls
+    # the clock alone, under the router's barrier: every unit leaves a barrier at the same time, so
+    # a stretch between two barriers lasts what it lasts from zero, and alike stretches (the same
+    # layer types and passes) are run once
+    total, lasts, body = 0.0, {}, []
+    for op in [*ops, ("sync", 0)]:
+        if op[0] != "sync":
+            body.append(op)
+            continue
+        key = tuple(body)
+        if key not in lasts:
+            tl.t = np.zeros(units)
+            for o in key:
+                run(o)
+            lasts[key] = float(tl.t.max())
+        total += lasts[key] + op[1] * cost.hw.collective_latency
+        body = []
+    tl.t = np.full(units, total)
     return tl, bytes_acc, calls
