@@ -25,6 +25,9 @@ import numpy as np
 from .cluster import Cluster
 from .cost import CostModel, rank_time
 from .layout import rank_tokens
+from .plan import StepPlan
+from .reference import halo_seconds, state_load
+from .simulator import redistributions
 from .timeline import Groups, Phases, run_step
 
 
@@ -138,8 +141,6 @@ class PlanEstimate:
         return self._step_time(parents)
 
     def _step_time(self, parents) -> float:
-        from .reference import halo_seconds, state_load  # noqa: PLC0415 (the reference imports the plan, which imports the modes)
-
         parents = list(parents)
         cost, cluster = self.cost, self.cluster
         world = cluster.world_size
@@ -188,8 +189,8 @@ class PlanEstimate:
             lines = np.zeros((4, nu))
             for n in np.unique(sizes).tolist():
                 rb = cost.entry_row_bytes(n, layer_type) if entry else cost.exit_row_bytes(layer_type)
-                zero, one = cost.exchange_time(0.0, 0, n, 0, rb), cost.exchange_time(1.0, 0, n, 0, rb)
-                lines[:, sizes == n] = np.array([one[0] - zero[0], zero[0], one[1] - zero[1], zero[1]])[:, None]
+                at0, at1 = cost.exchange_time(0.0, 0, n, 0, rb), cost.exchange_time(1.0, 0, n, 0, rb)
+                lines[:, sizes == n] = np.array([at1[0] - at0[0], at0[0], at1[1] - at0[1], at0[1]])[:, None]
             return lines[0] * tok + lines[1], lines[2] * tok + lines[3]
 
         psizes, csizes = psize.astype(np.int64)[owner][unit_of], size[unit_of]
@@ -223,7 +224,4 @@ class PlanEstimate:
 
     def _redistributions(self, parents):
         """Per rank, a redistributing plan's two hidden-state all-to-alls (the simulator's)."""
-        from .plan import StepPlan  # noqa: PLC0415
-        from .simulator import redistributions  # noqa: PLC0415
-
         return redistributions(StepPlan(self.cluster, tuple(self.length_of.items()), tuple(parents), "redistribute"), self.cost)
