@@ -77,7 +77,7 @@ class _Layout(Groups):
         counts = np.fromiter((len(g.samples) for g in groups), dtype=np.int64, count=len(groups))
         of = np.repeat(np.arange(len(groups)), counts)
         n = np.fromiter((lengths[s] for g in groups for s in g.samples), dtype=np.int64, count=int(counts.sum()))
-        tokens = rank_tokens(groups, lengths, world)
+        tokens = rank_tokens(groups, lengths, world, n)  # the lengths just gathered
         lens = n.astype(np.float64)
         halo = np.array([g.halo for g in groups], dtype=bool)
         full_attn = np.bincount(of, cost.full_attn_time(lens), len(groups)) / self.sizes
