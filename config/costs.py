@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .base import FRACTION, POSITIVE_INT, POWER_OF_TWO, Section, SettingError, number_in, optional, profile_section, setting
+from .base import FRACTION, POSITIVE_INT, POWER_OF_TWO, Section, SettingError, int_in, number_in, optional, profile_section, setting
 
 RECOMPUTE = ("full", "selective", "none")
 EP_PLACEMENTS = ("intra", "inter")
@@ -59,6 +59,13 @@ class CostsConfig(Section):
         30.0, "bytes the optimizer moves per parameter", number_in(0, 1e6, lo_open=True),
         source="AdamW: fp32 weight, gradient and two moments read; weight, moments and the bf16 copy written",
     )  # fmt: skip
+    overlap_blocks: int = setting(
+        1, "head blocks each attention layer's exchanges are pipelined in, a block's exchange under another block's attention "
+        "(every mode alike: a full layer's all-to-alls, a Ulysses child's, a halo child's point-to-point sends; each block a call "
+        "of its own). 1: none, every exchange exposed. A priced what-if: the runtime does not pipeline (docs/cost-model.md)",
+        int_in(1, 64),
+        source="head-blocked Ulysses all-to-alls, as frameworks overlap them with attention; 1 is the paper's accounting",
+    )
     router_sync: bool = setting(
         True, "the router's statistics are all-reduced over the world at every MoE layer (a barrier per layer)",
         source="what the runtime does, so a distributed step's loss equals one process's (model/layers.py)",

@@ -40,8 +40,11 @@ SWEEP_FACTORS = {
     "kind": ["sliding_window", "chunked"],
     "cluster": [32, 64, 128, 1024, 4096],
     "state": [32, 64, 128, 256],  # a linear kind's head_k_dim = head_v_dim: its state's size
+    "overlap": [1, 2, 4, 8, 16],  # head blocks the attention's exchanges are pipelined in (costs.overlap_blocks)
 }
-LINEAR_ONLY = ("state",)  # factors of a linear kind's model (docs/cost-model.md); not in the default list
+LINEAR_ONLY = ("state",)  # factors of a linear kind's model (docs/cost-model.md)
+WHAT_IF = ("overlap",)  # factors the runtime cannot run, priced only (docs/cost-model.md)
+NOT_DEFAULT = LINEAR_ONLY + WHAT_IF  # asked for by name, not in the default list
 
 
 # ----- settings several entry points hold, declared once -----------------------------------------
@@ -90,8 +93,9 @@ class SweepOptions(Section):
     SECTION = "sweep"
 
     factors: str = setting(
-        ",".join(f for f in SWEEP_FACTORS if f not in LINEAR_ONLY),
-        f"the factors to sweep, comma-separated, from {list(SWEEP_FACTORS)} (state: a linear kind's head dims)",
+        ",".join(f for f in SWEEP_FACTORS if f not in NOT_DEFAULT),
+        f"the factors to sweep, comma-separated, from {list(SWEEP_FACTORS)} (state: a linear kind's head dims; overlap: the "
+        f"exchanges pipelined in head blocks, a priced what-if)",
         list_from(SWEEP_FACTORS),
     )
     seeds: int = setting(3, "workload seeds, from --seed on (a mean without its range over seeds is not a result)", POSITIVE_INT)

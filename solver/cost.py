@@ -423,6 +423,8 @@ class CostModel:
         self._lines: dict[tuple[int, str], tuple[float, float]] = {}  # exchange_line per (group size, layer type)
         self._child_lines: dict[tuple[int, int], tuple[float, float]] = {}  # child_line per (size, parent)
         self._parent_fixed: dict[int, float] = {}  # parent_fixed per parent size
+        self.byte_share = 1.0  # of each exchanged row's bytes a call moves (head_block's 1 / overlap_blocks)
+        self._block: CostModel | None = None
 
     def for_cluster(self, cluster) -> CostModel:
         """This cost model with the exchanges priced for `cluster`'s nodes (Cluster.gpus_per_node)."""
@@ -432,6 +434,17 @@ class CostModel:
             bound._bound = self._bound  # siblings share one table: binding again returns the same object
             self._bound[g] = bound
         return self._bound[g]
+
+    def head_block(self) -> CostModel:
+        """This model pricing one head block of an exchange pipelined in CostsConfig.overlap_blocks
+        blocks: the same calls (each block pays a call's latency), each exchanged row's bytes split
+        over the blocks (the full and sparse layers' heads, a halo's rows, a linear kind's maps and
+        states; not a redistribution's hidden states, which are not pipelined). Made once."""
+        if self._block is None:
+            block = CostModel(self.model, self.hw, self.gpus_per_node, self.costs)
+            block.byte_share = 1.0 / self.costs.overlap_blocks
+            self._block = block
+        return self._block
 
     def widest_group(self, cluster) -> int:
         """The widest group the planner may use: an aligned power of two within the cluster whose
@@ -635,12 +648,12 @@ class CostModel:
         """Bytes of one token's Q, K, V (all heads; a linear kind's S layer: what it declares,
         ulysses_parts) in an entry exchange, key/value heads replicated up to a wider group."""
         (parts, width), _ = ulysses_parts(self.model, layer_type)
-        return exchanged_heads(parts, group_size) * width * self.hw.bytes_per_element
+        return exchanged_heads(parts, group_size) * width * self.hw.bytes_per_element * self.byte_share
 
     def kv_row_bytes(self) -> float:
         """Bytes of one token's keys and values (all key/value heads): a halo exchange's row."""
         m = self.model
-        return 2 * m.n_kv_heads * m.head_dim * self.hw.bytes_per_element
+        return 2 * m.n_kv_heads * m.head_dim * self.hw.bytes_per_element * self.byte_share
 
     def hidden_row_bytes(self) -> float:
         """Bytes of one token's hidden state: a redistribution's row."""
@@ -649,7 +662,7 @@ class CostModel:
     def exit_row_bytes(self, layer_type: str = "F") -> float:
         """Bytes of one token's attention output (a linear kind's S layer: its declared exit) in an exit exchange."""
         _, (parts, width) = ulysses_parts(self.model, layer_type)
-        return sum(parts) * width * self.hw.bytes_per_element
+        return sum(parts) * width * self.hw.bytes_per_element * self.byte_share
 
     def peers(self, start: int, size: int, rank: int) -> tuple[int, int]:
         """(other peers on rank's node, peers on other nodes) inside group [start, start + size)."""
@@ -726,20 +739,20 @@ class CostModel:
     def halo_row_bytes(self) -> float:
         """Bytes of one halo row: a token's keys and values, or a linear kind's pre-convolution row."""
         if self.sparse.passing is not None:
-            return self.sparse.passing.halo_elements(self.model.sparse_params) * self.hw.bytes_per_element
+            return self.sparse.passing.halo_elements(self.model.sparse_params) * self.hw.bytes_per_element * self.byte_share
         return self.kv_row_bytes()
 
     def state_bytes(self) -> float:
         """Bytes of one chunk's map (A, B) a linear kind's state passing sends (0 for other kinds)."""
         if self.sparse.passing is None:
             return 0.0
-        return self.sparse.passing.state_elements(self.model.sparse_params) * self.state_element_bytes()
+        return self.sparse.passing.state_elements(self.model.sparse_params) * self.state_element_bytes() * self.byte_share
 
     def carried_bytes(self) -> float:
         """Bytes of one state the chain carries from a chunk to the next (a linear kind's; 0 otherwise)."""
         if self.sparse.passing is None:
             return 0.0
-        return self.sparse.passing.carried_elements(self.model.sparse_params) * self.state_element_bytes()
+        return self.sparse.passing.carried_elements(self.model.sparse_params) * self.state_element_bytes() * self.byte_share
 
     def state_element_bytes(self) -> int:
         """Bytes of one element of a linear kind's maps and states (its state_dtype)."""

@@ -183,26 +183,32 @@ class PlanEstimate:
         unit_sparse = sparse_attn[unit_of]
         zero = np.zeros(nu)
 
-        def ulysses(tok: np.ndarray, sizes: np.ndarray, layer_type: str, entry: bool):
+        def ulysses(priced: CostModel, tok: np.ndarray, sizes: np.ndarray, layer_type: str, entry: bool):
             """(intra, inter) seconds of one all-to-all for a rank of each unit holding `tok` rows
             in an aligned group of `sizes` (its peers on and off its node follow from the size)."""
             lines = np.zeros((4, nu))
             for n in np.unique(sizes).tolist():
-                rb = cost.entry_row_bytes(n, layer_type) if entry else cost.exit_row_bytes(layer_type)
-                at0, at1 = cost.exchange_time(0.0, 0, n, 0, rb), cost.exchange_time(1.0, 0, n, 0, rb)
+                rb = priced.entry_row_bytes(n, layer_type) if entry else priced.exit_row_bytes(layer_type)
+                at0, at1 = priced.exchange_time(0.0, 0, n, 0, rb), priced.exchange_time(1.0, 0, n, 0, rb)
                 lines[:, sizes == n] = np.array([at1[0] - at0[0], at0[0], at1[1] - at0[1], at0[1]])[:, None]
             return lines[0] * tok + lines[1], lines[2] * tok + lines[3]
 
         psizes, csizes = psize.astype(np.int64)[owner][unit_of], size[unit_of]
-        f_in, f_out = ulysses(tok_f, psizes, "F", True), ulysses(tok_f, psizes, "F", False)
-        s_in, s_out = ulysses(tok_s, csizes, "S", True), ulysses(tok_s, csizes, "S", False)
-        for k in np.nonzero(split)[0].tolist():  # a halo child: keys and values (and states) point to point, no exit
-            c = kids[k][1]
-            at = np.nonzero(unit_of == k)[0]
-            s_in[0][at], s_in[1][at] = halo_seconds(c, self.length_of, cost), 0.0
-            s_out[0][at] = s_out[1][at] = 0.0
-            if cost.sparse.passing is not None:  # the maps each rank's chunks form
-                unit_sparse[at] += state_load(c, self.length_of, cost)[1]
+
+        def exchanges(priced: CostModel):
+            """(full entry, full exit, sparse entry, sparse exit), each (intra, inter) per unit."""
+            f_in, f_out = ulysses(priced, tok_f, psizes, "F", True), ulysses(priced, tok_f, psizes, "F", False)
+            s_in, s_out = ulysses(priced, tok_s, csizes, "S", True), ulysses(priced, tok_s, csizes, "S", False)
+            for k in np.nonzero(split)[0].tolist():  # a halo child: keys and values (and states) point to point, no exit
+                at = np.nonzero(unit_of == k)[0]
+                s_in[0][at], s_in[1][at] = halo_seconds(kids[k][1], self.length_of, priced), 0.0
+                s_out[0][at] = s_out[1][at] = 0.0
+            return [(*x, zero, zero) for x in (f_in, f_out, s_in, s_out)]
+
+        f_in, f_out, s_in, s_out = exchanges(cost)
+        if cost.sparse.passing is not None:  # the maps each rank's chunks form
+            for k in np.nonzero(split)[0].tolist():
+                unit_sparse[unit_of == k] += state_load(kids[k][1], self.length_of, cost)[1]
         redist = None
         if moved.any():
             redist = tuple((busiest(x[0] + x[1]), zero, zero, zero) for x in self._redistributions(parents))  # a rank's whole call
@@ -215,10 +221,13 @@ class PlanEstimate:
             tokens={"S": tok_s, "F": tok_f},
             full_attn=full_attn[owner][unit_of],
             sparse_attn=unit_sparse,
-            full_x=((*f_in, zero, zero), (*f_out, zero, zero)),
-            sparse_x=((*s_in, zero, zero), (*s_out, zero, zero)),
+            full_x=(f_in, f_out),
+            sparse_x=(s_in, s_out),
             redist=redist,
         )
+        if cost.costs.overlap_blocks > 1:  # one head block's exchanges (CostModel.head_block)
+            fb_in, fb_out, sb_in, sb_out = exchanges(cost.head_block())
+            phases.full_xb, phases.sparse_xb = (fb_in, fb_out), (sb_in, sb_out)
         tl, _, _ = run_step(phases, cost, accounts=False)
         return float(tl.t.max()) + cost.grad_sync_time(world) + cost.optimizer_time(world)
 

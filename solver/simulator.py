@@ -9,6 +9,8 @@ included; selective recompute: attention only). Every all-to-all is a synchroniz
 its group: it starts when the group's last rank arrives and lasts as long as its slowest
 member's transfers (intra-node and inter-node phases added, a conservative no-overlap model; a
 group across nodes under the "group" ratio reading moves all its bytes at the cross-node rate).
+With CostsConfig.overlap_blocks > 1 (a priced what-if) an attention's exchanges are pipelined in
+head blocks with it (solver.timeline.Timeline.pipelined_exchange).
 The step ends at the slowest rank, then every rank pays the exposed gradient sync and the
 optimizer step. A layer's fixed cost (HardwareConfig.layer_overhead, measured by the
 calibration) is paid by every rank in every pass. The sequence itself is solver.timeline's, which
@@ -326,6 +328,10 @@ def simulate(plan: StepPlan, cost: CostModel) -> StepResult:
         sparse_x=_sparse_exchanges(plan, cost, child),
         redist=redistributions(plan, cost) if plan.redistributes else None,
     )
+    if cost.costs.overlap_blocks > 1:  # one head block's exchanges: the same calls, each row's bytes / blocks
+        block = cost.head_block()
+        phases.full_xb = _layer_exchanges(block, parent, tokens["F"], g, "F")
+        phases.sparse_xb = _sparse_exchanges(plan, block, child)
     tl, bytes_acc, calls = run_step(phases, cost)
     moe_bytes = cost.moe_token_bytes()
     kinds = m.layer_types

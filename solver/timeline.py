@@ -74,16 +74,51 @@ class Timeline:
             return
         start = layout.group_max(self.t)
         self.wait += start - self.t
-        own = intra_s + inter_s
-        dur = layout.group_max(own)
+        dur, crit_intra = _slowest(layout, intra_s, inter_s)
         self.blocked[site] += start - self.t + dur
         # attribute the blocked time like the group's critical member splits it
-        crit_intra = layout.group_max(np.where(own == dur, intra_s, -np.inf))
-        crit_intra = np.where(np.isfinite(crit_intra), crit_intra, 0.0)
         frac_intra = np.divide(crit_intra, dur, out=np.zeros_like(dur), where=dur > 0)
         self.intra += dur * frac_intra
         self.inter += dur * (1 - frac_intra)
         self.t = start + dur
+
+    def pipelined_exchange(self, layout: Groups, first: tuple, attn: np.ndarray, last: tuple, blocks: int, site: str):
+        """An attention between two exchanges of its group, pipelined in `blocks` head blocks
+        (CostsConfig.overlap_blocks). `first` and `last`: (intra, inter) seconds per unit of one
+        block's exchange; `attn`: each unit's attention (all blocks). The schedule: the group
+        starts together; the first exchange's blocks run back to back; a block's attention starts
+        once its first exchange is in and the previous block's attention is done; the last
+        exchange's blocks follow the first's, each once every unit's attention of that block is
+        done (a collective of the group). With f, l the group's slowest block exchanges and a its
+        slowest attention, that schedule lasts
+            max(f + a + l, k (f + l), k f + a/k + l, f + a/k + k l),
+        (a block's attention ends at max(f + i a/k, i f + a/k), each term linear in the block i,
+        so the last exchange's end is set by the first or the last block); k = 1 is the
+        unpipelined f + a + l. The exposed exchange is that less a."""
+        k = blocks
+        start = layout.group_max(self.t)
+        f, f_intra = _slowest(layout, *first)
+        last_b, l_intra = _slowest(layout, *last)
+        a = layout.group_max(attn)
+        span = np.maximum(np.maximum(f + a + last_b, k * (f + last_b)), np.maximum(k * f + a / k + last_b, f + a / k + k * last_b))
+        if self.accounts:
+            self.wait += start - self.t + a - attn
+            self.compute += attn
+            self.blocked[site] += start - self.t + span - attn
+            exposed = span - a
+            both = f + last_b
+            frac_intra = np.divide(f_intra + l_intra, both, out=np.zeros_like(both), where=both > 0)
+            self.intra += exposed * frac_intra
+            self.inter += exposed * (1 - frac_intra)
+        self.t = start + span
+
+
+def _slowest(layout: Groups, intra_s: np.ndarray, inter_s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per unit, its group's slowest transfer (intra + inter seconds) and that transfer's intra part."""
+    own = intra_s + inter_s
+    dur = layout.group_max(own)
+    crit_intra = layout.group_max(np.where(own == dur, intra_s, -np.inf))
+    return dur, np.where(np.isfinite(crit_intra), crit_intra, 0.0)
 
 
 @dataclass
@@ -92,7 +127,9 @@ class Phases:
     `tokens` (per layer type, 'F' and 'S') and pay `full_attn` and `sparse_attn` forward seconds;
     an exchange is (intra seconds, inter seconds, intra bytes sent, inter bytes sent) per unit;
     `parent` and `child` group the units as the full and the sparse layers' exchanges synchronize
-    them. `ranks`: the cluster's ranks (the router's barrier needs more than one)."""
+    them. `ranks`: the cluster's ranks (the router's barrier needs more than one). Where the
+    attention's exchanges are pipelined (CostsConfig.overlap_blocks > 1), `full_xb` and `sparse_xb`
+    are one head block's (entry, exit), as the whole exchanges (CostModel.head_block)."""
 
     ranks: int
     parent: Groups
@@ -103,6 +140,8 @@ class Phases:
     full_x: tuple  # (entry, exit) of one full layer
     sparse_x: tuple  # (entry, exit) of one sparse layer
     redist: tuple | None  # (to the parent layout, back) of a redistributing plan's full layers
+    full_xb: tuple | None = None  # (entry, exit) of one head block of a full layer's exchanges
+    sparse_xb: tuple | None = None  # and of a sparse layer's
 
 
 def run_step(ph: Phases, cost: CostModel, accounts: bool = True) -> tuple[Timeline, dict, dict]:
@@ -126,22 +165,34 @@ def run_step(ph: Phases, cost: CostModel, accounts: bool = True) -> tuple[Timeli
     tl = Timeline(units, accounts)
     bytes_acc = {"full": [0.0, 0.0], "sparse": [0.0, 0.0], "redist": [0.0, 0.0]}
     calls = {"full": 0, "sparse": 0}
+    blocks = cost.costs.overlap_blocks
+    if blocks > 1 and (ph.full_xb is None or ph.sparse_xb is None):
+        raise ValueError(f"costs.overlap_blocks={blocks} pipelines the exchanges, and these Phases carry no head block's exchanges")
+
+    def count(val, key, redistribution=False, n=1):
+        """An exchange's bytes (in all, of every block) and its calls."""
+        for site in ((key, "redist") if redistribution else (key,)) if accounts else ():  # a redistribution is a full layer's
+            bytes_acc[site][0] += float(np.sum(val[2]))
+            bytes_acc[site][1] += float(np.sum(val[3]))
+        calls[key] += n
 
     def exchange(layout, val, key, redistribution=False):
-        intra_s, inter_s, b_in, b_out = val
-        tl.sync_exchange(layout, intra_s, inter_s, key)  # zero for groups of one rank
-        for site in ((key, "redist") if redistribution else (key,)) if accounts else ():  # a redistribution is a full layer's
-            bytes_acc[site][0] += float(np.sum(b_in))
-            bytes_acc[site][1] += float(np.sum(b_out))
-        calls[key] += 1
+        tl.sync_exchange(layout, val[0], val[1], key)  # zero for groups of one rank
+        count(val, key, redistribution)
 
     def attention_layer(kind: str, factor: float):
         """One layer's forward (factor FWD_COMPUTE) or backward (BWD_COMPUTE, in reverse order)."""
-        layout, attn, (entry, exit_) = (parent, ph.full_attn, full_x) if kind == "F" else (child, ph.sparse_attn, sparse_x)
+        layout, attn, (entry, exit_), per_block = (
+            (parent, ph.full_attn, full_x, ph.full_xb) if kind == "F" else (child, ph.sparse_attn, sparse_x, ph.sparse_xb)
+        )
         # forward: pre -> entry -> attention -> exit -> post ; backward mirrors it. A redistribute
         # plan's full layer starts and ends with its redistributions (its MoE's all-to-all, priced
-        # after the layer, runs before the second: the same calls, bytes and group waits)
-        order = [("work", t_pre[kind]), ("x", entry), ("work", attn), ("x", exit_), ("work", t_post[kind])]
+        # after the layer, runs before the second: the same calls, bytes and group waits). Pipelined
+        # (overlap_blocks > 1): entry, attention and exit in head blocks, one op
+        if blocks == 1:
+            order = [("work", t_pre[kind]), ("x", entry), ("work", attn), ("x", exit_), ("work", t_post[kind])]
+        else:
+            order = [("work", t_pre[kind]), ("piped", ((entry, per_block[0]), attn, (exit_, per_block[1]))), ("work", t_post[kind])]
         if kind == "F" and redist is not None:
             order = [("redist", redist[0]), *order, ("redist", redist[1])]
         if factor != FWD_COMPUTE:
@@ -153,6 +204,11 @@ def run_step(ph: Phases, cost: CostModel, accounts: bool = True) -> tuple[Timeli
                 tl.work(val * factor)
             elif op == "x":
                 exchange(layout, val, key)
+            elif op == "piped":  # backward: the exit's exchange first
+                first, att, last = val if factor == FWD_COMPUTE else val[::-1]
+                tl.pipelined_exchange(layout, first[1][:2], att * factor, last[1][:2], blocks, key)
+                count(first[0], key, n=blocks)
+                count(last[0], key, n=blocks)
             else:
                 exchange(parent, val, "full", redistribution=True)
 

@@ -25,10 +25,10 @@ REL = 1e-9  # the fast paths sum in another order
 
 
 @st.composite
-def costs(draw):
+def costs(draw, pipelined: bool = False):
     """A cost model with every term switched on somewhere: both ratio readings, latencies inside
     and across nodes, every recompute, the router's barrier on and off; attention and linear (Gated
-    DeltaNet) S layers."""
+    DeltaNet) S layers; `pipelined`: exchanges pipelined in head blocks too (overlap_blocks)."""
     model = ModelConfig.from_name(draw(st.sampled_from(["tiny", "tiny-gqa", "paper", "tiny-gdn", "paper-gdn"])))
     hw = HardwareConfig(
         ratio_reading=draw(st.sampled_from(["group", "link"])),
@@ -36,7 +36,11 @@ def costs(draw):
         a2a_latency=draw(st.sampled_from([0.0, 25e-6])),
         a2a_inter_latency=draw(st.sampled_from([0.0, 1e-3])),
     )
-    costs = CostsConfig(recompute=draw(st.sampled_from(["full", "selective", "none"])), router_sync=draw(st.booleans()))
+    costs = CostsConfig(
+        recompute=draw(st.sampled_from(["full", "selective", "none"])),
+        router_sync=draw(st.booleans()),
+        overlap_blocks=draw(st.sampled_from([1, 2, 8])) if pipelined else 1,
+    )
     return CostModel(model, hw, costs=costs)
 
 
@@ -98,10 +102,11 @@ def test_every_modes_plan_is_priced_as_the_reference(data):
 def test_the_step_estimate_is_the_simulators_step_in_every_mode(data):
     """PlanEstimate.step_time, the price the solvers compare whole plans by, is the simulator's
     step (every term, the router's barrier and each layer's synchronizations included) on every
-    mode's plan, halo and redistributed ones too: the solvers plan the step the simulator charges."""
+    mode's plan, halo and redistributed ones too, exchanges pipelined or not: the solvers plan the
+    step the simulator charges."""
     cluster = data.draw(clusters(max_nodes=4))
     samples = data.draw(batches(cluster, fill=0.6))
-    cost = data.draw(costs()).for_cluster(cluster)
+    cost = data.draw(costs(pipelined=True)).for_cluster(cluster)
     est = PlanEstimate({s.id: s.length for s in samples}, cluster, cost)
     for mode in MODE_TABLE:
         if mode.needs_reach and cost.sparse.first_key is None:

@@ -6,6 +6,8 @@ import re
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 import experiments.ablation.__main__ as ablation
 from config import Cluster, CostsConfig, HardwareConfig, ModelConfig, SettingError
@@ -17,6 +19,7 @@ from solver.modes import MODE_TABLE, MODES
 from solver.plan import NODE_LOCAL, ParentPlan, StepPlan
 from solver.reference import parent_time
 from solver.simulator import simulate, sparse_layer_bytes
+from solver.timeline import Groups, Timeline
 
 HALO_MODES = tuple(m.name for m in MODE_TABLE if m.needs_reach or m.cheapest)  # the modes whose plans may hold halo children
 
@@ -351,3 +354,76 @@ def test_a_wide_parent_left_empty_has_no_anchor():
     used = (Group(0, 4, (0,)), Group(4, 2, (1,)), Group(6, 1, ()), Group(7, 1, ()))
     plan = StepPlan(Cluster(8, 2, 32), lengths, tuple(ParentPlan(g, (g,), plain) for g in used), "baseline").validate()
     assert anchor_load_ratio(plan) == pytest.approx((53 / 4) / (72 / 8))
+
+
+def _block_schedule(start, first, attn, last, blocks, group_of):
+    """Event by event, when each unit leaves an attention pipelined in head blocks: per group, its
+    first exchange's blocks back to back from when its last unit arrives (each a collective lasting
+    its slowest unit's block), each unit's attention block once its exchange block is in and its
+    previous attention block done, then the last exchange's blocks, each once the network is free
+    and every unit of the group has done that block's attention."""
+    out = np.zeros(len(start))
+    for grp in np.unique(group_of):
+        at = group_of == grp
+        f, l_, a = first[at].max(), last[at].max(), attn[at] / blocks
+        net = start[at].max()
+        in_at = []
+        for _ in range(blocks):
+            net += f
+            in_at.append(net)
+        done = np.full(at.sum(), start[at].max())
+        finished = []
+        for i in range(blocks):
+            done = np.maximum(done, in_at[i]) + a
+            finished.append(done.max())
+        for i in range(blocks):
+            net = max(net, finished[i]) + l_
+        out[at] = net
+    return out
+
+
+@given(st.integers(1, 9), st.lists(st.tuples(st.floats(0, 2), st.floats(0, 1), st.floats(0, 3), st.floats(0, 1)), min_size=1, max_size=6), st.data())
+def test_a_pipelined_attention_lasts_what_its_block_schedule_lasts(blocks, units, data):
+    """Timeline.pipelined_exchange's closed form against the schedule played out block by block
+    (_block_schedule), for groups of units arriving at different times with different attention
+    and exchange times; one block is the unpipelined exchange, attention, exchange."""
+    start, first, attn, last = (np.array(x) for x in zip(*units))
+    cuts = sorted(data.draw(st.sets(st.integers(1, len(units) - 1), max_size=len(units) - 1)) if len(units) > 1 else [])
+    starts = np.array([0, *cuts])
+    layout = Groups(starts, np.diff([*starts, len(units)]))
+    group_of = np.repeat(np.arange(len(starts)), layout.sizes)
+    tl = Timeline(len(units))
+    tl.t = start.copy()
+    tl.pipelined_exchange(layout, (first, np.zeros_like(first)), attn, (np.zeros_like(last), last), blocks, "full")
+    np.testing.assert_allclose(tl.t, _block_schedule(start, first, attn, last, blocks, group_of), rtol=1e-12, atol=1e-12)
+    # the breakdown adds up: every unit's time went to compute, waiting or exchanges
+    np.testing.assert_allclose(tl.compute + tl.wait + tl.intra + tl.inter, tl.t - start, rtol=1e-12, atol=1e-12)
+    if blocks == 1:
+        plain = Timeline(len(units))
+        plain.t = start.copy()
+        plain.sync_exchange(layout, first, np.zeros_like(first), "full")
+        plain.work(attn)
+        plain.sync_exchange(layout, np.zeros_like(last), last, "full")
+        np.testing.assert_allclose(tl.t, plain.t, rtol=1e-12)
+
+
+def test_pipelined_exchanges_hide_under_attention_and_pay_a_call_per_block():
+    """CostsConfig.overlap_blocks on each mode's plan of one step: with calls free, the plan's
+    step is faster pipelined than not, the same bytes move, in blocks times the calls; with a
+    call's latency, many blocks cost more than a few."""
+    lengths = [120_000, 40_000] + [3000 + 97 * i for i in range(60)]
+    cluster = Cluster(32, 8, 32768)
+    free = HardwareConfig(a2a_latency=0.0)
+    plans = {m: make_plan(samples_from_lengths(lengths), cluster, CostModel(PAPER.model, free), m) for m in ("baseline", "repack+solver", "halo")}
+
+    def run(mode, blocks, hw):
+        return simulate(plans[mode], CostModel(PAPER.model, hw, costs=PAPER.costs.replace(overlap_blocks=blocks)))
+
+    for mode in ("baseline", "repack+solver", "halo"):
+        plain, piped = run(mode, 1, free), run(mode, 4, free)
+        assert piped.step_time < plain.step_time, mode
+        assert piped.intra_comm + piped.inter_comm < plain.intra_comm + plain.inter_comm, mode
+        assert piped.full_inter_bytes == plain.full_inter_bytes and piped.sparse_inter_bytes == plain.sparse_inter_bytes
+        assert piped.a2a_calls_full == 4 * plain.a2a_calls_full
+    costly = HardwareConfig(a2a_latency=2e-3)
+    assert run("baseline", 64, costly).step_time > run("baseline", 4, costly).step_time

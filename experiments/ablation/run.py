@@ -308,6 +308,11 @@ def print_tables(rows, summary, out=None):
         f"optimizer {'on' if tr['optimizer'] else 'off'}, router statistics "
         f"{'a world barrier per MoE layer' if tr.get('router_sync', False) else 'off'}"
     )
+    if tr.get("overlap_blocks", 1) > 1:
+        p(
+            f"exchanges pipelined with attention in {tr['overlap_blocks']} head blocks, every mode alike (--overlap-blocks): a "
+            f"priced what-if, the runtime does not pipeline"
+        )
     p(
         f"seeds {seeds}: {sum(n_selected.values())} selected steps with SP16/32 parents "
         f"({', '.join(str(n) for n in n_selected.values())} of {cfg['workload']['steps']} per seed; the paper: 22 of 200)"

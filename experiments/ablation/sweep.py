@@ -3,6 +3,7 @@
     python -m experiments.ablation.sweep                           # every factor, both assignment pricings
     python -m experiments.ablation.sweep --factors fill --seeds 5  # one factor, more seeds
     python -m experiments.ablation.sweep --model paper-gdn --factors fill,ratio,cluster,state --out results/sweep-gdn
+    python -m experiments.ablation.sweep --factors overlap --out results/sweep-overlap
 
 Factors: the fill (global batch over cluster capacity), the inter/intra-node ratio under both
 of its readings (per group, per link), the long-document rate, the sliding window, the sparse kind
@@ -10,7 +11,8 @@ of its readings (per group, per link), the long-document rate, the sliding windo
 ranks, so a step holds as many long documents as on the default 64 ranks: a bigger cluster at the
 same fill packs proportionally more documents per step); for a linear kind's model (paper-gdn),
 the state's size (`state`: both head dims of its linear layers; not in the default list, which
-is the windowed model's). Every point runs every mode, the other
+is the windowed model's); the exchanges pipelined with attention in head blocks (`overlap`, a priced
+what-if the runtime does not run; not in the default list). Every point runs every mode, the other
 ways to run the sparse layers among them (redistribute, halo, parent+halo, choose), under both
 assignment pricings, for every seed. Writes one CSV (results/sweep/sweep.csv) with a row per
 (factor, value, pricing, reading, seed, mode).
@@ -52,6 +54,8 @@ def point(base: Settings, factor: str, value, pricing: str, reading: str | None)
         return s.replace(model=s.model.replace(sparse_params={**s.model.sparse_params, "window": value}))
     if factor == "kind":  # the kind with its declared defaults (prepare fills them in)
         return s.replace(model=s.model.replace(sparse_kind=value, sparse_params={}))
+    if factor == "overlap":  # every mode's attention exchanges pipelined in `value` head blocks (a priced what-if)
+        return s.replace(costs=s.costs.replace(overlap_blocks=value))
     if factor == "state":  # a linear kind's state, v_heads x head_k_dim x head_v_dim per sample: both head dims
         return s.replace(model=s.model.replace(sparse_params={**s.model.sparse_params, "head_k_dim": value, "head_v_dim": value}))
     # the cluster: as many long documents per step as on 64 ranks

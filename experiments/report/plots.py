@@ -146,6 +146,7 @@ SWEEP_FACTORS = {  # the sweep plot's columns (those a sweep ran), and their axe
     "ratio": "inter/intra-node all-to-all ratio",
     "window": "sliding window W (tokens)",
     "state": "linear layers' head_k_dim = head_v_dim (state size)",
+    "overlap": "head blocks the exchanges are pipelined in (1: none)",
 }
 
 
@@ -174,7 +175,7 @@ def plot_sweep(path: str | None = None, axes=None):
                 ax.plot(agg["value"], agg["mean"], style, marker="o", color=colour[mode], label=label)
                 ax.fill_between(agg["value"], agg["min"], agg["max"], color=colour[mode], alpha=0.12)
             ax.axhline(0, color="gray", lw=0.8)
-            if factor in ("window", "state"):
+            if factor in ("window", "state", "overlap"):
                 ax.set_xscale("log", base=2)
             ax.set(title=f"Gain vs {factor}, {pricing} pricing", xlabel=xlabel, ylabel="change of mean step time (%)")
             ax.legend(fontsize=7, title="dashed: link reading" if factor == "ratio" else None, title_fontsize=7)

@@ -82,6 +82,11 @@ def check_options(settings: Settings) -> None:
         raise SettingError(f"--repeats={t.repeats} needs --mode all (no optimizer step between repeats); got --mode {t.mode}")
     if t.tokens and not t.doc_offsets:
         raise SettingError("--tokens needs --doc-offsets (document boundaries)")
+    if settings.costs.overlap_blocks != 1:
+        raise SettingError(
+            f"costs.overlap_blocks (--overlap-blocks)={settings.costs.overlap_blocks} is a priced what-if of the simulator: the "
+            f"runtime runs each exchange whole, not pipelined in head blocks (use 1, or run the ablation)"
+        )
     steps = min(settings.workload.steps, t.stop_after or settings.workload.steps)  # the rows the run writes, at most
     check_output_dir(t.out, "--out", need=steps * (len(MODES) if t.mode == "all" else 1) * ROW_BYTES)
     if t.save_every or t.resume or t.resume_step is not None:
