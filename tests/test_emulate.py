@@ -5,8 +5,8 @@ import subprocess
 
 import pytest
 
-from experiments.calibrate.emulate import EmulatedCluster, compare, paired_steps, unavailable
-from experiments.common.results import write_run
+from experiments.calibrate.emulate import EmulatedCluster, compare, unavailable
+from experiments.common.results import gap_by_part, paired_steps, write_run
 
 WHY = unavailable()
 
@@ -80,9 +80,31 @@ def test_the_comparison_joins_steps_and_modes_and_reports_changes(tmp_path):
     assert r["change_gap_pp"] == pytest.approx(10.0) and r["worst_abs_rel_error_pct"] == pytest.approx(55.0)
 
 
+def test_a_gap_splits_into_the_parts_of_the_step_it_comes_from(tmp_path):
+    """gap_by_part: repack is predicted to save its sparse exchanges' 0.2 s of a 1 s baseline step
+    (-20%); measured against a 2 s baseline it saves only half of its 0.4 s, its full-layer
+    exchanges take 0.2 s longer and the rest of its step 0.2 s less (-10%). Of the -10 pp gap
+    (less gain measured than predicted), -10 pp come from the sparse exchanges, -10 from the full
+    ones, +10 from the rest and 0 from the experts: the parts add up to compare()'s gap."""
+
+    def row(engine, mode, step, full, sparse, moe):
+        return {"engine": engine, "mode": mode, "step": 0, "step_time_s": step, "mfu": 0.1, "plan_hash": mode,
+                "exchange_full_s": full, "exchange_sparse_s": sparse, "exchange_moe_s": moe}  # fmt: skip
+
+    write_run(str(tmp_path / "sim"), [row("sim", "baseline", 1.0, 0.1, 0.2, 0.1), row("sim", "repack", 0.8, 0.1, 0.0, 0.1)], {"modes": {}})
+    meas = [row("torch", "baseline", 2.0, 0.2, 0.4, 0.2), row("torch", "repack", 1.8, 0.4, 0.2, 0.2)]
+    write_run(str(tmp_path / "meas"), meas, {"modes": {}})
+    pairs = paired_steps(str(tmp_path / "sim"), str(tmp_path / "meas"))
+    got = gap_by_part(pairs)["repack"]
+    assert got["full"] == pytest.approx(-10.0) and got["sparse"] == pytest.approx(-10.0)
+    assert got["experts"] == pytest.approx(0.0) and got["rest"] == pytest.approx(10.0)
+    assert got["gap"] == pytest.approx(compare(pairs)[1]["repack"]["change_gap_pp"])
+
+
 def test_several_runs_render_each_gap_and_their_median(tmp_path):
     """The emulated-runs block: per mode each run's change vs baseline and gap, and the median of
-    the gaps (signed, and of their size), beside what each run's calibration fitted."""
+    the gaps (signed, and of their size), beside what each run's calibration fitted; under it each
+    gap by the part of the step it comes from, from the runs' steps."""
     import json
 
     from config import HardwareConfig
@@ -98,6 +120,17 @@ def test_several_runs_render_each_gap_and_their_median(tmp_path):
         (folder / "compare.json").write_text(json.dumps({"modes": modes, "cluster": cluster, "model": "tiny-gdn", "provenance": {}}))
         hw = HardwareConfig(a2a_latency=4e-3, halo_latency=halo, linear_block_latency=1e-3).to_dict()
         (folder / "calibrate" / "profile.json").write_text(json.dumps({"hardware": hw}))
+        # the steps behind it: repack's sparse exchanges predicted 5% of the baseline's step faster,
+        # measured 5% + gap faster, the rest alike, so the whole gap is the sparse exchanges'
+        sparse = 0.4 - 2 * (gap + 5) / 100
+
+        def row(engine, m, step, sp, scale):
+            return {"engine": engine, "mode": m, "step": 0, "step_time_s": step * scale, "mfu": 0.1, "plan_hash": m,
+                    "exchange_full_s": 0.1 * scale, "exchange_sparse_s": sp, "exchange_moe_s": 0.1 * scale}  # fmt: skip
+
+        write_run(str(folder / "predicted"), [row("sim", "baseline", 1.0, 0.2, 1), row("sim", "repack", 0.95, 0.15, 1)], {"modes": {}})
+        measured = [row("torch", "baseline", 1.0, 0.4, 2), row("torch", "repack", 1.0 + (sparse - 0.4) / 2, sparse, 2)]
+        write_run(str(folder / "measured"), measured, {"modes": {}})
         return str(folder)
 
     text, prov = emulated_runs(run(1, 3.0, 1e-3), run(2, -1.0, 6e-3), run(3, 0.5, 2e-3))
@@ -107,3 +140,6 @@ def test_several_runs_render_each_gap_and_their_median(tmp_path):
     assert "3 runs, 4 emulated nodes x 2 gloo ranks, 800 Mbit/s between nodes, the tiny-gdn model." in text
     assert "run 2: ratio 7.00x (group), all-to-all call 4.0 ms, halo call 6.0 ms, 1.00 ms per recurrence block" in text
     assert len(prov) == 3 and "| baseline" not in text
+    split = text.split("Each gap by the part of the step it comes from")[1]
+    repack = next(line for line in split.splitlines() if line.startswith("| repack"))
+    assert repack.split(" | ")[2] == "+0.5 (+3.0, -1.0, +0.5)"  # the sparse exchanges', as each run's gap

@@ -382,7 +382,10 @@ def _block_schedule(start, first, attn, last, blocks, group_of):
     return out
 
 
-@given(st.integers(1, 9), st.lists(st.tuples(st.floats(0, 2), st.floats(0, 1), st.floats(0, 3), st.floats(0, 1)), min_size=1, max_size=6), st.data())
+UNIT = st.tuples(st.floats(0, 2), st.floats(0, 1), st.floats(0, 3), st.floats(0, 1))  # arrival, first block, attention, last block
+
+
+@given(st.integers(1, 9), st.lists(UNIT, min_size=1, max_size=6), st.data())
 def test_a_pipelined_attention_lasts_what_its_block_schedule_lasts(blocks, units, data):
     """Timeline.pipelined_exchange's closed form against the schedule played out block by block
     (_block_schedule), for groups of units arriving at different times with different attention
@@ -414,7 +417,8 @@ def test_pipelined_exchanges_hide_under_attention_and_pay_a_call_per_block():
     lengths = [120_000, 40_000] + [3000 + 97 * i for i in range(60)]
     cluster = Cluster(32, 8, 32768)
     free = HardwareConfig(a2a_latency=0.0)
-    plans = {m: make_plan(samples_from_lengths(lengths), cluster, CostModel(PAPER.model, free), m) for m in ("baseline", "repack+solver", "halo")}
+    planned = CostModel(PAPER.model, free)
+    plans = {m: make_plan(samples_from_lengths(lengths), cluster, planned, m) for m in ("baseline", "repack+solver", "halo")}
 
     def run(mode, blocks, hw):
         return simulate(plans[mode], CostModel(PAPER.model, hw, costs=PAPER.costs.replace(overlap_blocks=blocks)))

@@ -49,7 +49,7 @@ from experiments.common import entry
 from experiments.common.errors import USER_ERRORS
 from experiments.common.files import check_output_dir
 from experiments.common.provenance import provenance
-from experiments.common.results import read_run
+from experiments.common.results import GAP_PARTS, gap_by_part, paired_steps
 from experiments.common.workload import generate_steps
 from solver.modes import MODES, REFERENCE
 
@@ -187,14 +187,6 @@ def _run_or_fail(cluster: EmulatedCluster, args: list[str], rpn: int, timeout: f
         raise RuntimeError(f"{what} failed on the emulated cluster (return codes {codes}); node 0's log ends:\n{tail}")
 
 
-def paired_steps(sim_dir: str, measured_dir: str) -> list[tuple[dict, dict]]:
-    """(simulated row, measured row) of every (step, mode) both runs have, in the measured order."""
-    sim_rows, _ = read_run(sim_dir)
-    meas_rows, _ = read_run(measured_dir)
-    sim = {(r["step"], r["mode"]): r for r in sim_rows}
-    return [(sim[(r["step"], r["mode"])], r) for r in meas_rows if (r["step"], r["mode"]) in sim]
-
-
 def compare(pairs: list[tuple[dict, dict]]) -> tuple[list[dict], dict]:
     """Rows per (step, mode) of paired_steps with the predicted and measured step time, and per
     mode the errors and the changes vs baseline (means over the steps both have)."""
@@ -290,6 +282,7 @@ def run_compare(s) -> None:
     }
     with open(os.path.join(out, "compare.json"), "w") as f:
         json.dump(result, f, indent=1)
+    gaps = gap_by_part(pairs)
     print(f"\nsimulated against measured ({len(rows)} step x mode pairs; predicted under the calibrated profile):")
     print(f"{'mode':>15} {'steps':>5} {'median |err|':>13} {'worst |err|':>12} {'predicted':>10} {'measured':>9} {'gap pp':>7} same plans")
     for mode, e in summary.items():
@@ -314,6 +307,10 @@ def run_compare(s) -> None:
             f"{p['compute_s']:7.3f} {p['imbalance_wait_s']:6.3f} {p['grad_sync_s']:6.3f} | "
             f"{m['host_s']:6.3f} {m['forward_s']:6.3f} {m['backward_s']:6.3f} {m['exchange_a2a_s']:6.3f}"
         )
+    print("\neach mode's gap (predicted minus measured change vs baseline, pp) by the part of the step it comes from:")
+    print(f"{'mode':>15} | " + " ".join(f"{p:>10}" for p in (*GAP_PARTS, "gap")))
+    for mode, g in gaps.items():
+        print(f"{mode:>15} | " + " ".join(f"{g[p]:+10.2f}" for p in (*GAP_PARTS, "gap")))
     print(f"wrote {out}/compare.csv and compare.json (commit {result['provenance']['commit']})")
 
 

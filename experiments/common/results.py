@@ -273,3 +273,47 @@ def read_ablation(folder: str) -> tuple[list[dict], dict]:
             f"node), so no mode is compared: run more steps (--steps, 200 by default) or a workload with longer documents"
         )
     return rows, summary
+
+
+def paired_steps(sim_dir: str, measured_dir: str) -> list[tuple[dict, dict]]:
+    """(simulated row, measured row) of every (step, mode) both runs have, in the measured order."""
+    sim_rows, _ = read_run(sim_dir)
+    meas_rows, _ = read_run(measured_dir)
+    sim = {(r["step"], r["mode"]): r for r in sim_rows}
+    return [(sim[(r["step"], r["mode"])], r) for r in meas_rows if (r["step"], r["mode"]) in sim]
+
+
+# the parts of a step both sides time alike (a rank's time from arriving at a site's exchanges to
+# their end, waits included: the simulator's exchange_*_s, the driver's --timers), and the rest
+GAP_PARTS = ("full", "sparse", "experts", "rest")
+
+
+def gap_by_part(pairs: list[tuple[dict, dict]]) -> dict[str, dict[str, float]]:
+    """Per mode but the baseline, its gap (predicted minus measured change of step time vs the
+    baseline's same step, pp, mean over steps) split by the part of the step it comes from: a
+    part's share is (its predicted change / the baseline's predicted step) less (its measured
+    change / the baseline's measured step), so the parts add up to the gap exactly. Where a mode
+    measures less gain than predicted, this says which exchanges (or the rest of the step) took it."""
+    keys = {"full": "exchange_full_s", "sparse": "exchange_sparse_s", "experts": "exchange_moe_s"}
+
+    def parts(row: dict) -> dict[str, float]:
+        out = {p: float(row[k] or 0.0) for p, k in keys.items()}
+        out["rest"] = float(row["step_time_s"]) - sum(out.values())
+        return out
+
+    base = {m["step"]: (parts(s), float(s["step_time_s"]), parts(m), float(m["step_time_s"])) for s, m in pairs if m["mode"] == REFERENCE}
+    out: dict[str, dict[str, float]] = {}
+    for mode in MODES:
+        mine = [(s, m) for s, m in pairs if m["mode"] == mode and m["step"] in base and mode != REFERENCE]
+        if not mine:
+            continue
+        share = {p: [] for p in GAP_PARTS}
+        for s, m in mine:
+            bp, bp_step, bm, bm_step = base[m["step"]]
+            ps, ms = parts(s), parts(m)
+            for p in GAP_PARTS:
+                share[p].append(100 * ((ps[p] - bp[p]) / bp_step - (ms[p] - bm[p]) / bm_step))
+        out[mode] = {p: float(np.mean(v)) for p, v in share.items()}
+        out[mode]["gap"] = sum(out[mode][p] for p in GAP_PARTS)
+    return out
+

@@ -17,7 +17,7 @@ from config import Section
 from config.base import flag_of, profile_section
 from experiments.common.errors import InputError
 from experiments.common.memory import GIB, estimate
-from experiments.common.results import PAPER, read_ablation
+from experiments.common.results import GAP_PARTS, PAPER, gap_by_part, paired_steps, read_ablation
 from experiments.common.settings import cost_model, default_settings
 from solver.modes import CHILDREN, HALO_CHILDREN, MODE_TABLE, MODES, OWN, OWN_HALO, REFERENCE, mode_of, modes_where
 
@@ -583,6 +583,15 @@ def emulated_runs(*folders: str) -> tuple[str, list[dict]]:
         )
     if fitted:
         text += " Calibrated in each run: " + "; ".join(fitted) + "."
+    parts = [gap_by_part(paired_steps(os.path.join(f, "predicted"), os.path.join(f, "measured"))) for f in folders]
+    split = []
+    for mode in parts[0]:
+        each = [p[mode] for p in parts if mode in p]
+        cells = (f"{float(np.median([e[k] for e in each])):+.1f} ({', '.join(f'{e[k]:+.1f}' for e in each)})" for k in GAP_PARTS)
+        split.append([mode, *cells])
+    text += "\n\nEach gap by the part of the step it comes from (pp; a part's predicted change less its measured one, each over the " + (
+        "baseline's step; negative: less gain measured than predicted), median (each run):\n\n"
+    ) + table(["mode", "full-layer exchanges", "sparse-layer exchanges", "experts' all-to-all", "the rest of the step"], split)
     return text, [run_provenance(r, f) for r, f in zip(runs, folders)]
 
 
