@@ -6,7 +6,7 @@ import subprocess
 import pytest
 
 from experiments.calibrate.emulate import EmulatedCluster, compare, unavailable
-from experiments.common.results import gap_by_part, paired_steps, write_run
+from experiments.common.results import gap_by_part, imbalance_paid, paired_steps, write_run
 
 WHY = unavailable()
 
@@ -101,6 +101,24 @@ def test_a_gap_splits_into_the_parts_of_the_step_it_comes_from(tmp_path):
     assert got["gap"] == pytest.approx(compare(pairs)[1]["repack"]["change_gap_pp"])
 
 
+def test_imbalance_paid_is_the_share_of_a_predicted_wait_the_measured_step_shows(tmp_path):
+    """Two steps, three modes: the rest of each mode's step (its step less its exchanges) is
+    predicted to differ from the baseline's by 0.1 s, 0.2 s, -0.1 s ... and measured to differ
+    by half of it, plus exchanges that change on their own: the slope is 0.5."""
+    extra = {"repack": 0.1, "halo": 0.2, "choose": -0.1}
+    sim, meas = [], []
+    for step in (0, 1):
+        for mode, d in {"baseline": 0.0, **extra}.items():
+            d *= 1 + step  # a second step with twice the changes
+            x = 0.05 * len(mode)  # each mode's exchanges, apart from the rest
+            common = {"mode": mode, "step": step, "mfu": 0.1, "plan_hash": mode, "exchange_moe_s": 0.0}
+            sim.append({**common, "engine": "sim", "step_time_s": 1.0 + d + x, "exchange_full_s": x, "exchange_sparse_s": 0.0})
+            meas.append({**common, "engine": "torch", "step_time_s": 2.0 + d / 2 + 2 * x, "exchange_full_s": x, "exchange_sparse_s": x})
+    write_run(str(tmp_path / "sim"), sim, {"modes": {}})
+    write_run(str(tmp_path / "meas"), meas, {"modes": {}})
+    assert imbalance_paid(paired_steps(str(tmp_path / "sim"), str(tmp_path / "meas"))) == pytest.approx(0.5)
+
+
 def test_several_runs_render_each_gap_and_their_median(tmp_path):
     """The emulated-runs block: per mode each run's change vs baseline and gap, and the median of
     the gaps (signed, and of their size), beside what each run's calibration fitted; under it each
@@ -143,3 +161,4 @@ def test_several_runs_render_each_gap_and_their_median(tmp_path):
     split = text.split("Each gap by the part of the step it comes from")[1]
     repack = next(line for line in split.splitlines() if line.startswith("| repack"))
     assert repack.split(" | ")[2] == "+0.5 (+3.0, -1.0, +0.5)"  # the sparse exchanges', as each run's gap
+    assert "the measured rest shows n/a, n/a, n/a in each run" in text  # one step and mode: no slope to fit

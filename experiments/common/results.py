@@ -317,3 +317,27 @@ def gap_by_part(pairs: list[tuple[dict, dict]]) -> dict[str, dict[str, float]]:
         out[mode]["gap"] = sum(out[mode][p] for p in GAP_PARTS)
     return out
 
+
+def imbalance_paid(pairs: list[tuple[dict, dict]]) -> float:
+    """How much of a predicted change in the rest of the step (the step less its exchanges, which
+    between modes on the same tokens differs by their imbalance wait) the measured rest shows: the
+    least-squares slope of the measured change on the predicted one, against the baseline's same
+    step, over every step and mode. 1: the cluster pays imbalance as priced (ranks on devices of
+    their own); below 1: less (ranks sharing cores, where a waiting rank's share of the cores goes
+    to the busy ones); nan with fewer than two distinct predicted changes."""
+
+    def rest(row: dict) -> float:
+        return float(row["step_time_s"]) - sum(float(row[k] or 0.0) for k in ("exchange_full_s", "exchange_sparse_s", "exchange_moe_s"))
+
+    base = {m["step"]: (rest(s), rest(m)) for s, m in pairs if m["mode"] == REFERENCE}
+    x, y = [], []
+    for s, m in pairs:
+        if m["mode"] != REFERENCE and m["step"] in base:
+            x.append(rest(s) - base[m["step"]][0])
+            y.append(rest(m) - base[m["step"]][1])
+    x_arr, y_arr = np.array(x), np.array(y)
+    if len(set(x)) < 2:
+        return float("nan")
+    xc = x_arr - x_arr.mean()
+    return float(np.sum(xc * (y_arr - y_arr.mean())) / np.sum(xc * xc))
+

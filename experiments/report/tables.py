@@ -17,7 +17,7 @@ from config import Section
 from config.base import flag_of, profile_section
 from experiments.common.errors import InputError
 from experiments.common.memory import GIB, estimate
-from experiments.common.results import GAP_PARTS, PAPER, gap_by_part, paired_steps, read_ablation
+from experiments.common.results import GAP_PARTS, PAPER, gap_by_part, imbalance_paid, paired_steps, read_ablation
 from experiments.common.settings import cost_model, default_settings
 from solver.modes import CHILDREN, HALO_CHILDREN, MODE_TABLE, MODES, OWN, OWN_HALO, REFERENCE, mode_of, modes_where
 
@@ -583,7 +583,8 @@ def emulated_runs(*folders: str) -> tuple[str, list[dict]]:
         )
     if fitted:
         text += " Calibrated in each run: " + "; ".join(fitted) + "."
-    parts = [gap_by_part(paired_steps(os.path.join(f, "predicted"), os.path.join(f, "measured"))) for f in folders]
+    pairs = [paired_steps(os.path.join(f, "predicted"), os.path.join(f, "measured")) for f in folders]
+    parts = [gap_by_part(p) for p in pairs]
     split = []
     for mode in parts[0]:
         each = [p[mode] for p in parts if mode in p]
@@ -592,6 +593,11 @@ def emulated_runs(*folders: str) -> tuple[str, list[dict]]:
     text += "\n\nEach gap by the part of the step it comes from (pp; a part's predicted change less its measured one, each over the " + (
         "baseline's step; negative: less gain measured than predicted), median (each run):\n\n"
     ) + table(["mode", "full-layer exchanges", "sparse-layer exchanges", "experts' all-to-all", "the rest of the step"], split)
+    paid = ", ".join(f"{v:.2f}" if np.isfinite(v) else "n/a" for v in map(imbalance_paid, pairs))
+    text += (
+        "\n\nOf a predicted change in the rest of the step (between modes, their imbalance wait), the measured rest shows "
+        f"{paid} in each run (least-squares slope over the steps and modes; 1: imbalance paid as priced)."
+    )
     return text, [run_provenance(r, f) for r, f in zip(runs, folders)]
 
 
