@@ -286,6 +286,14 @@ def paired_steps(sim_dir: str, measured_dir: str) -> list[tuple[dict, dict]]:
 # the parts of a step both sides time alike (a rank's time from arriving at a site's exchanges to
 # their end, waits included: the simulator's exchange_*_s, the driver's --timers), and the rest
 GAP_PARTS = ("full", "sparse", "experts", "rest")
+_EXCHANGE_COLUMNS = {"full": "exchange_full_s", "sparse": "exchange_sparse_s", "experts": "exchange_moe_s"}
+
+
+def _step_parts(row: dict) -> dict[str, float]:
+    """A step row's seconds by GAP_PARTS: each site's exchanges, and the rest of the step."""
+    out = {p: float(row[k] or 0.0) for p, k in _EXCHANGE_COLUMNS.items()}
+    out["rest"] = float(row["step_time_s"]) - sum(out.values())
+    return out
 
 
 def gap_by_part(pairs: list[tuple[dict, dict]]) -> dict[str, dict[str, float]]:
@@ -294,13 +302,7 @@ def gap_by_part(pairs: list[tuple[dict, dict]]) -> dict[str, dict[str, float]]:
     part's share is (its predicted change / the baseline's predicted step) less (its measured
     change / the baseline's measured step), so the parts add up to the gap exactly. Where a mode
     measures less gain than predicted, this says which exchanges (or the rest of the step) took it."""
-    keys = {"full": "exchange_full_s", "sparse": "exchange_sparse_s", "experts": "exchange_moe_s"}
-
-    def parts(row: dict) -> dict[str, float]:
-        out = {p: float(row[k] or 0.0) for p, k in keys.items()}
-        out["rest"] = float(row["step_time_s"]) - sum(out.values())
-        return out
-
+    parts = _step_parts
     base = {m["step"]: (parts(s), float(s["step_time_s"]), parts(m), float(m["step_time_s"])) for s, m in pairs if m["mode"] == REFERENCE}
     out: dict[str, dict[str, float]] = {}
     for mode in MODES:
@@ -327,7 +329,7 @@ def imbalance_paid(pairs: list[tuple[dict, dict]]) -> float:
     to the busy ones); nan with fewer than two distinct predicted changes."""
 
     def rest(row: dict) -> float:
-        return float(row["step_time_s"]) - sum(float(row[k] or 0.0) for k in ("exchange_full_s", "exchange_sparse_s", "exchange_moe_s"))
+        return _step_parts(row)["rest"]
 
     base = {m["step"]: (rest(s), rest(m)) for s, m in pairs if m["mode"] == REFERENCE}
     x, y = [], []
