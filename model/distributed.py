@@ -218,7 +218,7 @@ def halo_rank_args(layout: TokenLayout, group: Group, rank: int, first_key, para
     are the halo rows its queries reach back to, then the chunk's own rows: `key rows` gathers
     them, segment after segment, from the received rows followed by the local ones (every row of
     both once: a permutation)."""
-    transfers = halo_transfers(layout, group, first_key, params)
+    transfers = halo_transfers(layout, group, first_key, params, rank)
     chunks = layout.local_chunks(rank)
     offset, at = {}, 0
     for sid, a, b in chunks:

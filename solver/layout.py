@@ -440,27 +440,32 @@ class HaloTransfer:
     hi: int
 
 
-def halo_transfers(layout: TokenLayout, group: Group, first_key, params: dict) -> list[HaloTransfer]:
+def halo_transfers(layout: TokenLayout, group: Group, first_key, params: dict, rank: int | None = None) -> list[HaloTransfer]:
     """Every key/value halo a halo group's sparse layers move: for each sample of the group and
     each of its chunks [a, b) on rank k, the rows [first_key(a), a) it reaches back to, from the
     earlier ranks that hold them (none for a chunk whose reach stays inside it: the first, or one
     that starts a chunk of a chunked kind). Ordered by destination, source, then sample and
-    position: the order every rank packs and unpacks in."""
+    position: the order every rank packs and unpacks in.
+
+    `rank`: only the transfers that rank sends or receives, in the same order (what its own
+    exchange needs). A rank of a wide halo group builds its share without building the group's
+    every transfer: an SP32 halo child of a full step has thousands."""
+    me = None if rank is None else rank - group.start
     out = []
     for sid in group.samples:
         bounds = chunk_bounds(layout.lengths[sid], group.size)
-        starts = bounds[:-1]
-        reach = np.asarray(first_key(starts, params), dtype=np.int64)
-        for k in range(1, group.size):
-            a, lo = int(bounds[k]), int(reach[k])
-            if bounds[k + 1] == a or lo >= a:  # an empty chunk, or a reach inside it
-                continue
-            for j in range(k - 1, -1, -1):
-                hi_j, lo_j = int(bounds[j + 1]), int(bounds[j])
-                if hi_j <= lo:
-                    break
-                if hi_j > lo_j:
-                    out.append(HaloTransfer(group.start + j, group.start + k, sid, max(lo, lo_j), hi_j))
+        reach = np.asarray(first_key(bounds[:-1], params), dtype=np.int64)
+        held = bounds[1:] > bounds[:-1]
+        # the chunks that reach back before their start: non-empty, after the first
+        takers = np.nonzero(held & (reach < bounds[:-1]))[0]
+        takers = takers[takers >= (1 if me is None else max(me, 1))]  # a rank takes from earlier ranks, sends to later ones
+        for k in takers.tolist():
+            if me is None or k == me:  # every earlier non-empty chunk that ends after the reach
+                sources = np.nonzero(held[:k] & (bounds[1 : k + 1] > reach[k]))[0].tolist()
+            else:  # a later chunk: only what `rank` sends it
+                sources = [me] if held[me] and bounds[me + 1] > reach[k] else []
+            lo = int(reach[k])
+            out.extend(HaloTransfer(group.start + j, group.start + k, sid, max(lo, int(bounds[j])), int(bounds[j + 1])) for j in sources)
     order = {sid: i for i, sid in enumerate(group.samples)}
     return sorted(out, key=lambda t: (t.dst, t.src, order[t.sample], t.lo))
 

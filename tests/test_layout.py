@@ -223,3 +223,24 @@ def test_halo_rows_are_the_keys_each_rank_sees_on_other_ranks(size, lengths, kin
         assert t.src < t.dst and all(owner[(t.sample, x)] == t.src for x in (t.lo, t.hi - 1))
         moved[(t.src, t.dst)] = moved.get((t.src, t.dst), 0) + t.hi - t.lo
     assert moved == want
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.integers(2, 12),
+    st.lists(st.one_of(st.sampled_from([1, 2, 7]), st.integers(1, 400)), min_size=1, max_size=5),
+    st.sampled_from(sorted(KIND_MASKS)),
+    st.sampled_from([1, 2, 5, 33, 128]),
+    st.integers(0, 5),
+)
+def test_a_ranks_own_halo_transfers_are_its_share_of_the_groups_in_the_same_order(size, lengths, kind, reach, start):
+    from solver.cost import sparse_cost  # noqa: PLC0415
+    from solver.layout import halo_transfers  # noqa: PLC0415
+
+    params = {"window": reach} if kind == "sliding_window" else {"chunk": reach}
+    group = Group(start, size, tuple(range(len(lengths)))[::-1], halo=True)  # the samples' order is not their ids'
+    layout = TokenLayout((group,), dict(enumerate(lengths)))
+    first_key = sparse_cost(kind).first_key
+    every = halo_transfers(layout, group, first_key, params)
+    for r in group.ranks:  # what the runtime builds for one rank, against the whole group's list
+        assert halo_transfers(layout, group, first_key, params, r) == [t for t in every if r in (t.src, t.dst)], r
