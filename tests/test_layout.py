@@ -190,21 +190,24 @@ KIND_MASKS = {
 }
 
 
+@st.composite
+def halo_cases(draw):
+    """(layout, group, kind, params) of one halo group over a few samples, in ids' order or not."""
+    size, start = draw(st.integers(2, 12)), draw(st.integers(0, 5))
+    lengths = draw(st.lists(st.one_of(st.sampled_from([1, 2, 7]), st.integers(1, 400)), min_size=1, max_size=5))
+    kind, reach = draw(st.sampled_from(sorted(KIND_MASKS))), draw(st.sampled_from([1, 2, 5, 33, 128]))
+    ids = tuple(range(len(lengths)))
+    group = Group(start, size, ids[::-1] if draw(st.booleans()) else ids, halo=True)
+    return TokenLayout((group,), dict(enumerate(lengths))), group, kind, {"window": reach} if kind == "sliding_window" else {"chunk": reach}
+
+
 @settings(max_examples=60, deadline=None)
-@given(
-    st.integers(2, 9),
-    st.lists(st.one_of(st.sampled_from([1, 2, 7]), st.integers(1, 400)), min_size=1, max_size=4),
-    st.sampled_from(sorted(KIND_MASKS)),
-    st.sampled_from([1, 2, 5, 33, 128]),
-    st.integers(0, 5),
-)
-def test_halo_rows_are_the_keys_each_rank_sees_on_other_ranks(size, lengths, kind, reach, start):
+@given(halo_cases())
+def test_halo_rows_are_the_keys_each_rank_sees_on_other_ranks(case):
     from solver.cost import sparse_cost  # noqa: PLC0415
     from solver.layout import halo_pair_rows, halo_transfers  # noqa: PLC0415
 
-    params = {"window": reach} if kind == "sliding_window" else {"chunk": reach}
-    group = Group(start, size, tuple(range(len(lengths))), halo=True)
-    layout = TokenLayout((group,), dict(enumerate(lengths)))
+    layout, group, kind, params = case
     owner = {(s, t): r for r in group.ranks for s, a, b in layout.local_chunks(r) for t in range(a, b)}
     want: dict[tuple[int, int], int] = {}
     for r in group.ranks:
@@ -226,20 +229,12 @@ def test_halo_rows_are_the_keys_each_rank_sees_on_other_ranks(size, lengths, kin
 
 
 @settings(max_examples=40, deadline=None)
-@given(
-    st.integers(2, 12),
-    st.lists(st.one_of(st.sampled_from([1, 2, 7]), st.integers(1, 400)), min_size=1, max_size=5),
-    st.sampled_from(sorted(KIND_MASKS)),
-    st.sampled_from([1, 2, 5, 33, 128]),
-    st.integers(0, 5),
-)
-def test_a_ranks_own_halo_transfers_are_its_share_of_the_groups_in_the_same_order(size, lengths, kind, reach, start):
+@given(halo_cases())
+def test_a_ranks_own_halo_transfers_are_its_share_of_the_groups_in_the_same_order(case):
     from solver.cost import sparse_cost  # noqa: PLC0415
     from solver.layout import halo_transfers  # noqa: PLC0415
 
-    params = {"window": reach} if kind == "sliding_window" else {"chunk": reach}
-    group = Group(start, size, tuple(range(len(lengths)))[::-1], halo=True)  # the samples' order is not their ids'
-    layout = TokenLayout((group,), dict(enumerate(lengths)))
+    layout, group, kind, params = case
     first_key = sparse_cost(kind).first_key
     every = halo_transfers(layout, group, first_key, params)
     for r in group.ranks:  # what the runtime builds for one rank, against the whole group's list
