@@ -302,17 +302,20 @@ def gap_by_part(pairs: list[tuple[dict, dict]]) -> dict[str, dict[str, float]]:
     part's share is (its predicted change / the baseline's predicted step) less (its measured
     change / the baseline's measured step), so the parts add up to the gap exactly. Where a mode
     measures less gain than predicted, this says which exchanges (or the rest of the step) took it."""
-    parts = _step_parts
-    base = {m["step"]: (parts(s), float(s["step_time_s"]), parts(m), float(m["step_time_s"])) for s, m in pairs if m["mode"] == REFERENCE}
+    base = {
+        m["step"]: (_step_parts(s), float(s["step_time_s"]), _step_parts(m), float(m["step_time_s"]))
+        for s, m in pairs
+        if m["mode"] == REFERENCE
+    }
     out: dict[str, dict[str, float]] = {}
-    for mode in MODES:
-        mine = [(s, m) for s, m in pairs if m["mode"] == mode and m["step"] in base and mode != REFERENCE]
+    for mode in (m for m in MODES if m != REFERENCE):
+        mine = [(s, m) for s, m in pairs if m["mode"] == mode and m["step"] in base]
         if not mine:
             continue
         share = {p: [] for p in GAP_PARTS}
         for s, m in mine:
             bp, bp_step, bm, bm_step = base[m["step"]]
-            ps, ms = parts(s), parts(m)
+            ps, ms = _step_parts(s), _step_parts(m)
             for p in GAP_PARTS:
                 share[p].append(100 * ((ps[p] - bp[p]) / bp_step - (ms[p] - bm[p]) / bm_step))
         out[mode] = {p: float(np.mean(v)) for p, v in share.items()}
