@@ -143,6 +143,13 @@ class CalibrateOptions(Section):
         None, "timed runs each figure is the median of (default: 3 with --quick, else 7)", optional(POSITIVE_INT), type_=int
     )
     step_tokens: int = setting(STEP_SAMPLE_TOKENS, "tokens per rank of the runtime steps that fit the fixed costs", int_at_least(2))
+    step_rounds: int = setting(
+        None,
+        "rounds the runtime steps are timed in, every step once a round, each fixed cost the median of its rounds' fits "
+        "(default: 3 x --median-of)",
+        optional(POSITIVE_INT),
+        type_=int,
+    )
     datasheet_peak: float = setting(
         None,
         "the peak FLOP/s the efficiencies are relative to (default: the measured matmul rate)",

@@ -127,6 +127,32 @@ def test_the_fixed_cost_fits_recover_what_a_step_was_priced_with(field, size, to
             fit_fixed_cost(step, cfg, hw, 8, 2, field, 1 if field == "a2a_latency" else 2)
 
 
+def test_the_fixed_costs_fitted_round_by_round_are_the_median_of_each_rounds_fit():
+    """Runtime steps priced by the simulator with known fixed costs, timed in five rounds, two of
+    them spoilt (a slow spell over a whole round; one round's wide step alone 5x): every cost fits
+    back to the known value, each round's fit on the known values of the costs before it, and the
+    spoilt rounds show in the rounds' fits. Rounds of unequal length are an error."""
+    from experiments.calibrate.measure import STEP_FITS, fit_fixed_costs
+
+    cfg = ModelConfig.from_name("tiny")
+    known = {"layer_overhead": 2.1e-3, "a2a_latency": 3.3e-3, "a2a_inter_latency": 4.7e-3, "halo_latency": 1.9e-3}
+    hw = HardwareConfig(collective_latency=2e-3, layer_overhead=1e-4, a2a_latency=1e-4, a2a_inter_latency=1e-4, halo_latency=1e-4)
+    costs = CostsConfig(recompute="full", moe_all_to_all=False, optimizer=False)
+    priced = CostModel(cfg, hw.replace(**known), costs=costs)
+    sizes = {"own": 1, "node": 2, "wide": 8, "node-halo": 2}
+    clean = {key: simulate(runtime_step_plan(8, 2, sizes[key], 2, key == "node-halo"), priced).step_time for key in sizes}
+    rounds = {key: [t * 3, t * (5 if key == "wide" else 1), t, t, t] for key, t in clean.items()}
+    fitted_hw, fitted, each = fit_fixed_costs(rounds, cfg, hw, 8, 2, sizes, 2)
+    for field, _ in STEP_FITS:
+        assert fitted[field] == pytest.approx(known[field], rel=1e-9), field
+        assert getattr(fitted_hw, field) == pytest.approx(known[field], rel=1e-9), field
+        assert each[field][2:] == pytest.approx([known[field]] * 3, rel=1e-9), field
+    assert each["a2a_inter_latency"][1] > 2 * known["a2a_inter_latency"]  # the round whose wide step alone was slow
+    assert each["a2a_latency"][1] == pytest.approx(known["a2a_latency"], rel=1e-9)  # ...spoils no other cost of it
+    with pytest.raises(ValueError, match="unequal rounds"):
+        fit_fixed_costs({**rounds, "wide": rounds["wide"][:4]}, cfg, hw, 8, 2, sizes, 2)
+
+
 def test_a_fixed_cost_fitted_at_its_floor_is_kept_flagged_and_unflagged_when_refitted():
     from experiments.calibrate.measure import keep_fit
 

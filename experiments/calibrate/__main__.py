@@ -67,6 +67,7 @@ def main(argv=None):
             c.attn_backend,
             c.median_of,
             c.step_tokens,
+            c.step_rounds,
         )
     except Exception as e:  # noqa: BLE001 - every failure ends the job with its rank and reason
         print(f"[rank {rank}] failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)

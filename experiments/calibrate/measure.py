@@ -20,7 +20,9 @@ once as in a training step, it measures:
    groups of a node's ranks whose sparse layers run by halo exchange. In that order each plan
    fits one fixed cost, the value that makes the simulator's price of the step equal its
    measured time: the layer's per pass, an all-to-all call's latency, what a call across nodes
-   adds, a halo call's latency. Each is kept where it is above the isolated measurement's (the
+   adds, a halo call's latency. The four steps are timed in rounds (every step once a round) and
+   fitted round by round, each cost's figure the median of its rounds' fits. Each is kept where
+   it is above the isolated measurement's (the
    sharding and recompute hooks, and the collectives and scheduling around a call in a step, are
    fixed costs a bare layer and a lone all-to-all leave out); the halo call's, which has no
    isolated measurement, as fitted.
@@ -66,20 +68,22 @@ def _sync(device):
         torch.cuda.synchronize()
 
 
+def time_once(fn, device) -> float:
+    """The slowest rank's seconds for one fn() that every rank starts at once."""
+    dist.barrier()
+    _sync(device)
+    t0 = time.perf_counter()
+    fn()
+    _sync(device)
+    t = torch.tensor([time.perf_counter() - t0], dtype=torch.float64, device=device)  # NCCL reduces device tensors
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t)
+
+
 def timed(fn, device, repeats: int) -> float:
     """The median over repeats of the slowest rank's seconds for fn() (every rank runs it at once)."""
     fn()  # warm-up
-    out = []
-    for _ in range(repeats):
-        dist.barrier()
-        _sync(device)
-        t0 = time.perf_counter()
-        fn()
-        _sync(device)
-        t = torch.tensor([time.perf_counter() - t0], dtype=torch.float64, device=device)  # NCCL reduces device tensors
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        out.append(float(t))
-    return float(np.median(out))
+    return float(np.median([time_once(fn, device) for _ in range(repeats)]))
 
 
 # ----- 1. all-to-all --------------------------------------------------------------------------------
@@ -328,15 +332,19 @@ def measure_runtime_steps(
     node: int,
     device,
     dtype,
-    repeats: int,
+    rounds: int,
     sizes: dict[str, int],
     tokens: int = STEP_SAMPLE_TOKENS,
-) -> dict[str, float]:
+) -> dict[str, list[float]]:
     """Seconds of the driver's whole step (model.distributed.run_step: FSDP2 over every rank, full
     recompute, the router's statistics summed over the world) on runtime_step_plan(size, tokens)
     for each named size (a name in HALO_STEPS: its halo plan), one sharded model for all: next to
     no work, so what a step takes is the runtime's fixed costs as the step pays them (layers,
-    sharding and recompute hooks, collectives, and with size > 1 the exchanges' calls)."""
+    sharding and recompute hooks, collectives, and with size > 1 the exchanges' calls).
+
+    In `rounds` rounds, each timing every plan once, in turn (the slowest rank's seconds): a slow
+    spell of the machine lands on the plans of one round alike rather than on one plan's repeats,
+    and fit_fixed_costs pairs each round's steps. Returns each plan's seconds, round by round."""
     from model.distributed import run_step  # noqa: PLC0415
     from model.sharding import shard_model  # noqa: PLC0415
 
@@ -345,7 +353,7 @@ def measure_runtime_steps(
     model = HybridMoE(cfg, "full").to(device=device, dtype=dtype)
     if world > 1:
         shard_model(model, device)
-    out = {}
+    steps = {}
     for name, size in sizes.items():
         plan = runtime_step_plan(world, node, size, tokens, name in HALO_STEPS)
         gen = np.random.default_rng(0)
@@ -355,7 +363,12 @@ def measure_runtime_steps(
             run_step(model, plan, batch, groups)
             model.zero_grad(set_to_none=True)
 
-        out[name] = timed(step, device, repeats)
+        step()  # warm-up
+        steps[name] = step
+    out = {name: [] for name in steps}
+    for _ in range(rounds):
+        for name, step in steps.items():
+            out[name].append(time_once(step, device))
     return out
 
 
@@ -363,6 +376,9 @@ def measure_runtime_steps(
 # before (the halo step's full layers pay the all-to-all latency the node step fitted)
 STEP_FITS = (("layer_overhead", "own"), ("a2a_latency", "node"), ("a2a_inter_latency", "wide"), ("halo_latency", "node-halo"))
 HALO_STEPS = frozenset({"node-halo"})  # the runtime steps whose plan is a halo plan
+# the runtime steps' rounds per median_of: the fixed costs are differences of steps, noisier than
+# any one figure, and a round of a few steps on next to no tokens costs little
+STEP_ROUNDS_PER_MEDIAN = 3
 
 
 def fit_fixed_cost(
@@ -401,6 +417,33 @@ def keep_fit(hw: HardwareConfig, field: str, fitted: float) -> HardwareConfig:
     kept = fitted if field == "halo_latency" else max(getattr(hw, field), fitted)
     floored = tuple(f for f in hw.floored if f != field) + ((field,) if kept == 0.0 else ())
     return hw.replace(**{field: kept, "floored": floored})
+
+
+def fit_fixed_costs(
+    rounds: dict[str, list[float]], cfg: ModelConfig, hw: HardwareConfig, world: int, node: int, sizes: dict[str, int], tokens: int
+) -> tuple[HardwareConfig, dict[str, float], dict[str, list[float]]]:
+    """The fixed costs of STEP_FITS from measure_runtime_steps' rounds. Each round is fitted on its
+    own, in STEP_FITS' order, each fit keeping the ones before it from the same round (the wide
+    step's call latency is what that round's wide step took beyond that round's layers and calls
+    inside a node), and each cost's figure is the median of its rounds' fits, kept by keep_fit in
+    order. A difference of two medians taken over separate spells of a shared machine is what made
+    single fits swing between runs (docs/calibration.md); the rounds' median drops a spell that
+    slowed one round. Returns the hardware, each cost's median fit, and its rounds' fits."""
+    present = [(field, key) for field, key in STEP_FITS if key in rounds]
+    count = {len(rounds[key]) for _, key in present}
+    if len(count) > 1:
+        raise ValueError(f"the runtime steps were timed in unequal rounds ({sorted(count)}): each round times every step")
+    each: dict[str, list[float]] = {field: [] for field, _ in present}
+    for r in range(count.pop() if count else 0):
+        h = hw
+        for field, key in present:
+            v = fit_fixed_cost(rounds[key][r], cfg, h, world, node, field, sizes[key], tokens, key in HALO_STEPS)
+            each[field].append(v)
+            h = keep_fit(h, field, v)
+    fitted = {field: float(np.median(v)) for field, v in each.items()}
+    for field, _ in present:
+        hw = keep_fit(hw, field, fitted[field])
+    return hw, fitted, each
 
 
 def measure_attention(cfg: ModelConfig, lengths: list[int], backend: str, device, dtype, repeats: int) -> list[dict]:
@@ -532,10 +575,12 @@ def calibrate(
     backend: str = "auto",
     median_of: int | None = None,
     step_tokens: int = STEP_SAMPLE_TOKENS,
+    step_rounds: int | None = None,
 ) -> dict:
     """Measure and fit on the current process group; every rank returns the same profile.
     `median_of`: the timed runs each figure is the median of (default: the quick or full sizes');
-    `step_tokens`: tokens per rank of the runtime steps that fit the fixed costs."""
+    `step_tokens`: tokens per rank of the runtime steps that fit the fixed costs; `step_rounds`: the
+    rounds they are timed in (default STEP_ROUNDS_PER_MEDIAN x median_of)."""
     world = dist.get_world_size()
     if world % node:
         raise SettingError(f"the world size {world} is not a multiple of --gpus-per-node={node}")
@@ -567,7 +612,8 @@ def calibrate(
         del step_sizes["node"], step_sizes["node-halo"]
     elif sparse_cost(cfg.sparse_kind).first_key is None:  # a kind without a reach runs no halo exchange
         del step_sizes["node-halo"]
-    runtime_steps = measure_runtime_steps(cfg, groups, node, device, dtype, sizes["median_of"], step_sizes, step_tokens)
+    rounds = step_rounds or STEP_ROUNDS_PER_MEDIAN * sizes["median_of"]
+    runtime_rounds = measure_runtime_steps(cfg, groups, node, device, dtype, rounds, step_sizes, step_tokens)
     experts_a2a = measure_experts_all_to_all(groups, node, sizes["bytes"], cfg, device, dtype, sizes["median_of"])
     overlap = measure_experts_overlap(cfg, groups, node, device, dtype, sizes["median_of"], EXPERTS_STEP_TOKENS)
     peak = peak_flops or dev["matmul_flops"]
@@ -601,13 +647,7 @@ def calibrate(
     # leave out the sharding and recompute hooks; a lone all-to-all, the collectives and the
     # scheduling around it in a step); each never below what the isolated measurement says, but
     # the halo call's, which has none
-    from_step = {}
-    for field, key in STEP_FITS:
-        if key in runtime_steps:
-            from_step[field] = fit_fixed_cost(
-                runtime_steps[key], cfg, hw, world, node, field, step_sizes[key], step_tokens, key in HALO_STEPS
-            )
-            hw = keep_fit(hw, field, from_step[field])
+    hw, from_step, from_rounds = fit_fixed_costs(runtime_rounds, cfg, hw, world, node, step_sizes, step_tokens)
     costs = {} if overlap["moe_overlap"] is None else {"moe_overlap": overlap["moe_overlap"]}
     return {
         "hardware": hw.to_dict(),
@@ -633,10 +673,12 @@ def calibrate(
             "collective_s": collective,
             "layer_1_token_s": layer,
             # by plan: "own" (groups of 1), "node", "wide", "node-halo" (groups of a node, halo sparse layers)
-            "runtime_step_s": runtime_steps,
+            "runtime_step_s": {k: float(np.median(v)) for k, v in runtime_rounds.items()},  # each plan's median
+            "runtime_step_rounds_s": runtime_rounds,  # each plan's seconds, round by round (every plan once a round)
             "runtime_step_sizes": step_sizes,
             "runtime_step_tokens": step_tokens,  # per rank
-            "from_runtime_step": from_step,  # each fixed cost's fit to its step
+            "from_runtime_step": from_step,  # each fixed cost's fit to its step: the median of its rounds' fits
+            "from_runtime_step_rounds": from_rounds,  # each fixed cost's fit in each round
             "token_work": work,
             "attention": attn,
             **({"linear": mixer} if linear else {}),
@@ -683,13 +725,18 @@ def report(profile: dict) -> str:
         f"  fixed costs, fitted to the runtime's step on {m['runtime_step_tokens']} tokens per rank (kept where above the isolated, "
         "the halo call's as fitted):"
     )
+    rounds = m.get("from_runtime_step_rounds", {})
     for field, key in STEP_FITS:
         if field in m["from_runtime_step"]:
             label, alone = isolated[field]
+            spread = ""
+            if rounds.get(field):
+                lo, hi = 1e3 * np.percentile(rounds[field], [25, 75])
+                spread = f" (median of {len(rounds[field])} rounds, quartiles {lo:.2f}-{hi:.2f})"
             lines.append(
                 f"    groups of {m['runtime_step_sizes'][key]}{', halo sparse layers' if key in HALO_STEPS else ''}: "
                 f"{1e3 * m['runtime_step_s'][key]:.1f} ms -> "
-                f"{1e3 * m['from_runtime_step'][field]:.2f} ms {label}: {1e3 * alone:.2f} ms; kept {1e3 * hw[field]:.2f} ms"
+                f"{1e3 * m['from_runtime_step'][field]:.2f} ms{spread} {label}: {1e3 * alone:.2f} ms; kept {1e3 * hw[field]:.2f} ms"
             )
     for field in hw.get("floored", ()):
         lines.append(f"    {field} fitted at the floor of its range (0): the step took no longer than its price without it; priced free")
