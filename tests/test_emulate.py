@@ -136,7 +136,7 @@ def test_several_runs_render_each_gap_and_their_median(tmp_path):
         modes["repack"] = {**mode, "measured_change_pct": -5.0 - gap, "change_gap_pp": gap}
         cluster = {"nodes": 4, "ranks_per_node": 2, "inter_mbit": 800.0}
         (folder / "compare.json").write_text(json.dumps({"modes": modes, "cluster": cluster, "model": "tiny-gdn", "provenance": {}}))
-        hw = HardwareConfig(a2a_latency=4e-3, halo_latency=halo, linear_block_latency=1e-3).to_dict()
+        hw = HardwareConfig(a2a_latency=4e-3, a2a_inter_latency=2.5e-3, halo_latency=halo, linear_block_latency=1e-3).to_dict()
         (folder / "calibrate" / "profile.json").write_text(json.dumps({"hardware": hw}))
         # the steps behind it: repack's sparse exchanges predicted 5% of the baseline's step faster,
         # measured 5% + gap faster, the rest alike, so the whole gap is the sparse exchanges'
@@ -156,7 +156,8 @@ def test_several_runs_render_each_gap_and_their_median(tmp_path):
     assert "-5.0% vs -8.0%, -5.0% vs -4.0%, -5.0% vs -5.5%" in repack
     assert "| +3.0, -1.0, +0.5 | +0.5 (1.0) | 11%, 12%, 13% |" in repack
     assert "3 runs, 4 emulated nodes x 2 gloo ranks, 800 Mbit/s between nodes, the tiny-gdn model." in text
-    assert "run 2: ratio 7.00x (group), all-to-all call 4.0 ms, halo call 6.0 ms, 1.00 ms per recurrence block" in text
+    run2 = "run 2: ratio 7.00x (group), all-to-all call 4.0 ms (+2.5 ms across nodes), halo call 6.0 ms, 1.00 ms per recurrence block"
+    assert run2 in text
     assert len(prov) == 3 and "| baseline" not in text
     split = text.split("Each gap by the part of the step it comes from")[1]
     repack = next(line for line in split.splitlines() if line.startswith("| repack"))

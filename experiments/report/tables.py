@@ -533,8 +533,9 @@ def emulated(folder: str) -> tuple[str, list[dict]]:
 def emulated_runs(*folders: str) -> tuple[str, list[dict]]:
     """Several emulated comparisons of one setting (emulated's folders): per mode each run's gap
     (predicted minus measured change vs baseline, in pp) and their median, and each run's median
-    step-time error; under it, what each run's calibration fitted (the ratio, an all-to-all and a
-    halo call's latency, a linear kind's per-block cost), the figures that move between runs."""
+    step-time error; under it, what each run's calibration fitted (the ratio, an all-to-all call's
+    latency and what crossing nodes adds to it, a halo call's latency, a linear kind's per-block
+    cost), the figures that move between runs."""
     runs = []
     for folder in folders:
         path = os.path.join(folder, "compare.json")
@@ -577,7 +578,8 @@ def emulated_runs(*folders: str) -> tuple[str, list[dict]]:
         halo = hw.get("halo_latency")
         block = hw.get("linear_block_latency") or 0.0
         fitted.append(
-            f"run {k}: ratio {hw['inter_intra_ratio']:.2f}x ({hw['ratio_reading']}), all-to-all call {1e3 * hw['a2a_latency']:.1f} ms, "
+            f"run {k}: ratio {hw['inter_intra_ratio']:.2f}x ({hw['ratio_reading']}), all-to-all call {1e3 * hw['a2a_latency']:.1f} ms "
+            f"(+{1e3 * hw['a2a_inter_latency']:.1f} ms across nodes), "
             + (f"halo call {1e3 * halo:.1f} ms" if halo is not None else "halo call as an all-to-all's")
             + (f", {1e3 * block:.2f} ms per recurrence block" if block else "")
         )
