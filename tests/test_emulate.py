@@ -6,7 +6,7 @@ import subprocess
 import pytest
 
 from experiments.calibrate.emulate import EmulatedCluster, compare, unavailable
-from experiments.common.results import gap_by_part, imbalance_paid, paired_steps, write_run
+from experiments.common.results import exchanges_paid, gap_by_part, imbalance_paid, paired_steps, write_run
 
 WHY = unavailable()
 
@@ -104,7 +104,8 @@ def test_a_gap_splits_into_the_parts_of_the_step_it_comes_from(tmp_path):
 def test_imbalance_paid_is_the_share_of_a_predicted_wait_the_measured_step_shows(tmp_path):
     """Two steps, three modes: the rest of each mode's step (its step less its exchanges) is
     predicted to differ from the baseline's by 0.1 s, 0.2 s, -0.1 s ... and measured to differ
-    by half of it, plus exchanges that change on their own: the slope is 0.5."""
+    by half of it, plus exchanges that change on their own: the slope is 0.5. The exchanges are
+    measured at twice their price (x in each of two sites against x in one): their slope is 2."""
     extra = {"repack": 0.1, "halo": 0.2, "choose": -0.1}
     sim, meas = [], []
     for step in (0, 1):
@@ -116,7 +117,9 @@ def test_imbalance_paid_is_the_share_of_a_predicted_wait_the_measured_step_shows
             meas.append({**common, "engine": "torch", "step_time_s": 2.0 + d / 2 + 2 * x, "exchange_full_s": x, "exchange_sparse_s": x})
     write_run(str(tmp_path / "sim"), sim, {"modes": {}})
     write_run(str(tmp_path / "meas"), meas, {"modes": {}})
-    assert imbalance_paid(paired_steps(str(tmp_path / "sim"), str(tmp_path / "meas"))) == pytest.approx(0.5)
+    pairs = paired_steps(str(tmp_path / "sim"), str(tmp_path / "meas"))
+    assert imbalance_paid(pairs) == pytest.approx(0.5)
+    assert exchanges_paid(pairs) == pytest.approx(2.0)
 
 
 def test_several_runs_render_each_gap_and_their_median(tmp_path):
@@ -163,3 +166,4 @@ def test_several_runs_render_each_gap_and_their_median(tmp_path):
     repack = next(line for line in split.splitlines() if line.startswith("| repack"))
     assert repack.split(" | ")[2] == "+0.5 (+3.0, -1.0, +0.5)"  # the sparse exchanges', as each run's gap
     assert "the measured rest shows n/a, n/a, n/a in each run" in text  # one step and mode: no slope to fit
+    assert "the measured exchanges show n/a, n/a, n/a" in text

@@ -323,26 +323,40 @@ def gap_by_part(pairs: list[tuple[dict, dict]]) -> dict[str, dict[str, float]]:
     return out
 
 
-def imbalance_paid(pairs: list[tuple[dict, dict]]) -> float:
-    """How much of a predicted change in the rest of the step (the step less its exchanges, which
-    between modes on the same tokens differs by their imbalance wait) the measured rest shows: the
-    least-squares slope of the measured change on the predicted one, against the baseline's same
-    step, over every step and mode. 1: the cluster pays imbalance as priced (ranks on devices of
-    their own); below 1: less (ranks sharing cores, where a waiting rank's share of the cores goes
-    to the busy ones); nan with fewer than two distinct predicted changes."""
+def change_slope(pairs: list[tuple[dict, dict]], parts: tuple[str, ...]) -> float:
+    """How much of a predicted change in these GAP_PARTS of the step the measurement shows: the
+    least-squares slope of the measured change (against the baseline's same step) on the
+    predicted one, over every step and mode; nan with fewer than two distinct predicted changes."""
 
-    def rest(row: dict) -> float:
-        return _step_parts(row)["rest"]
+    def seconds(row: dict) -> float:
+        split = _step_parts(row)
+        return sum(split[p] for p in parts)
 
-    base = {m["step"]: (rest(s), rest(m)) for s, m in pairs if m["mode"] == REFERENCE}
+    base = {m["step"]: (seconds(s), seconds(m)) for s, m in pairs if m["mode"] == REFERENCE}
     x, y = [], []
     for s, m in pairs:
         if m["mode"] != REFERENCE and m["step"] in base:
-            x.append(rest(s) - base[m["step"]][0])
-            y.append(rest(m) - base[m["step"]][1])
+            x.append(seconds(s) - base[m["step"]][0])
+            y.append(seconds(m) - base[m["step"]][1])
     x_arr, y_arr = np.array(x), np.array(y)
     if len(set(x)) < 2:
         return float("nan")
     xc = x_arr - x_arr.mean()
     return float(np.sum(xc * (y_arr - y_arr.mean())) / np.sum(xc * xc))
+
+
+def imbalance_paid(pairs: list[tuple[dict, dict]]) -> float:
+    """How much of a predicted change in the rest of the step (the step less its exchanges, which
+    between modes on the same tokens differs by their imbalance wait) the measured rest shows
+    (change_slope). 1: the cluster pays imbalance as priced (ranks on devices of their own); below
+    1: less (ranks sharing cores, where a waiting rank's share of the cores goes to the busy ones)."""
+    return change_slope(pairs, ("rest",))
+
+
+def exchanges_paid(pairs: list[tuple[dict, dict]]) -> float:
+    """How much of a predicted change in the step's exchanges (every site's) the measured exchanges
+    show (change_slope). 1: an exchange saved saves what it was priced at; above 1: more (on shared
+    cores a busy step's exchanges also wait for time-sliced peers, which the calibration's lone
+    calls and near-empty steps do not)."""
+    return change_slope(pairs, tuple(p for p in GAP_PARTS if p != "rest"))
 
