@@ -471,22 +471,31 @@ def halo_transfers(layout: TokenLayout, group: Group, first_key, params: dict, r
 
 
 def halo_pair_rows(layout: TokenLayout, group: Group, first_key, params: dict) -> dict[tuple[int, int], int]:
-    """Rows per (source, destination) of halo_transfers, summed, with numpy per sample: what the
-    simulator prices (tests tie the two)."""
-    out: dict[tuple[int, int], int] = {}
+    """Rows per (source, destination) of halo_transfers, summed: what the simulator prices (tests
+    tie the two). With numpy over the group's samples at once (in blocks that bound the
+    [samples, ranks, ranks] arrays): for each sample, rank j < k sends rank k the rows of j's
+    chunk at or after the first key k's chunk reads, max(0, end_j - max(start_j, first_key(start_k)))."""
     m = group.size
-    for sid in group.samples:
-        bounds = chunk_bounds(layout.lengths[sid], m)
-        lo = np.asarray(first_key(bounds[:-1], params), dtype=np.int64)
-        for k in np.nonzero((bounds[1:] > bounds[:-1]) & (lo < bounds[:-1]))[0].tolist():
-            if k == 0:
-                continue
-            seg_lo = np.maximum(bounds[:k], lo[k])  # each earlier rank's rows inside [first_key(a_k), a_k)
-            seg_hi = bounds[1 : k + 1]
-            for j in np.nonzero(seg_hi > seg_lo)[0].tolist():
-                key = (group.start + j, group.start + k)
-                out[key] = out.get(key, 0) + int(seg_hi[j] - seg_lo[j])
-    return out
+    if m < 2 or not group.samples:
+        return {}
+    n = np.fromiter((layout.lengths[sid] for sid in group.samples), dtype=np.int64, count=len(group.samples))
+    cut = np.arange(m + 1, dtype=np.int64)
+    earlier = cut[:-1, None] < cut[None, :-1]  # [j, k]: j < k
+    total = np.zeros((m, m), dtype=np.int64)
+    step = max(1, HALO_ROWS_BLOCK // (m * m))
+    for i in range(0, n.size, step):
+        bounds = (n[i : i + step, None] * cut) // m  # chunk_bounds of each sample
+        lo, hi = bounds[:, :-1], bounds[:, 1:]
+        reads = np.asarray(first_key(lo.ravel(), params), dtype=np.int64).reshape(lo.shape)  # each chunk's first key
+        rows = hi[:, :, None] - np.maximum(lo[:, :, None], reads[:, None, :])  # [sample, j, k]
+        keep = earlier[None] & (hi > lo)[:, None, :] & (rows > 0)
+        total += np.where(keep, rows, 0).sum(axis=0)
+    js, ks = np.nonzero(total)
+    return {(group.start + j, group.start + k): int(total[j, k]) for j, k in zip(js.tolist(), ks.tolist())}
+
+
+# halo_pair_rows' elements per block of samples (samples x ranks x ranks)
+HALO_ROWS_BLOCK = 1 << 18
 
 
 def state_transfers(layout: TokenLayout, group: Group) -> list[HaloTransfer]:

@@ -221,6 +221,13 @@ def test_halo_rows_are_the_keys_each_rank_sees_on_other_ranks(case):
                     want[(owner[(s, j)], r)] = want.get((owner[(s, j)], r), 0) + 1
     first_key = sparse_cost(kind).first_key
     assert halo_pair_rows(layout, group, first_key, params) == want  # what the simulator prices
+    import solver.layout  # noqa: PLC0415
+
+    block, solver.layout.HALO_ROWS_BLOCK = solver.layout.HALO_ROWS_BLOCK, 1  # one sample a block: the blocks add up
+    try:
+        assert halo_pair_rows(layout, group, first_key, params) == want
+    finally:
+        solver.layout.HALO_ROWS_BLOCK = block
     moved: dict[tuple[int, int], int] = {}
     for t in halo_transfers(layout, group, first_key, params):  # what the runtime moves
         assert t.src < t.dst and all(owner[(t.sample, x)] == t.src for x in (t.lo, t.hi - 1))
