@@ -71,10 +71,11 @@ class Group:
         return Group(int(obj[0]), int(obj[1]), tuple(int(s) for s in obj[2]), mark is not None, mark == CHAIN_MARK)
 
 
-def chunk_bounds(length: int, parts: int) -> np.ndarray:
-    """Offsets [parts + 1] of the contiguous chunks of a sample cut over `parts` ranks."""
+def chunk_bounds(length, parts: int) -> np.ndarray:
+    """Offsets [parts + 1] of the contiguous chunks of a sample cut over `parts` ranks; for an
+    array of lengths [n], every sample's at once: [n, parts + 1]."""
     k = np.arange(parts + 1, dtype=np.int64)
-    return (length * k) // parts
+    return np.multiply.outer(np.asarray(length, dtype=np.int64), k) // parts
 
 
 def rank_tokens(groups, length_of: Mapping[int, int], world: int, lengths: np.ndarray | None = None) -> np.ndarray:
@@ -157,9 +158,8 @@ class TokenLayout:
         """Tokens on each of g's ranks, in rank order."""
         if g.size == 1:
             return [sum(self.lengths[s] for s in g.samples)]
-        # chunk_bounds of every sample at once: [n_samples, size + 1]
-        lens = np.array([self.lengths[s] for s in g.samples], dtype=np.int64).reshape(-1, 1)
-        return np.diff(lens * np.arange(g.size + 1, dtype=np.int64) // g.size, axis=1).sum(axis=0).tolist()
+        lens = np.array([self.lengths[s] for s in g.samples], dtype=np.int64)
+        return np.diff(chunk_bounds(lens, g.size), axis=1).sum(axis=0).tolist()
 
     def group_tokens(self, g: Group) -> int:
         return sum(self.lengths[s] for s in g.samples)
@@ -307,7 +307,7 @@ def _group_token_rows(src: TokenLayout, hg: Group) -> dict[int, np.ndarray]:
     for g in src.groups_within(hg):
         lens = np.array([src.lengths[s] for s in g.samples], dtype=np.int64)
         offs = np.array([offset[s] for s in g.samples], dtype=np.int64)
-        bounds = lens[:, None] * np.arange(g.size + 1, dtype=np.int64)[None, :] // g.size  # chunk_bounds of every sample
+        bounds = chunk_bounds(lens, g.size)  # every sample's: [samples, size + 1]
         for j in range(g.size):
             starts, n = bounds[:, j], bounds[:, j + 1] - bounds[:, j]
             before = np.cumsum(n) - n  # rows of this rank's earlier chunks
@@ -479,12 +479,12 @@ def halo_pair_rows(layout: TokenLayout, group: Group, first_key, params: dict) -
     if m < 2 or not group.samples:
         return {}
     n = np.fromiter((layout.lengths[sid] for sid in group.samples), dtype=np.int64, count=len(group.samples))
-    cut = np.arange(m + 1, dtype=np.int64)
-    earlier = cut[:-1, None] < cut[None, :-1]  # [j, k]: j < k
+    rank = np.arange(m)
+    earlier = rank[:, None] < rank[None, :]  # [j, k]: j < k
     total = np.zeros((m, m), dtype=np.int64)
     step = max(1, HALO_ROWS_BLOCK // (m * m))
     for i in range(0, n.size, step):
-        bounds = (n[i : i + step, None] * cut) // m  # chunk_bounds of each sample
+        bounds = chunk_bounds(n[i : i + step], m)  # [samples, m + 1]
         lo, hi = bounds[:, :-1], bounds[:, 1:]
         reads = np.asarray(first_key(lo.ravel(), params), dtype=np.int64).reshape(lo.shape)  # each chunk's first key
         rows = hi[:, :, None] - np.maximum(lo[:, :, None], reads[:, None, :])  # [sample, j, k]
