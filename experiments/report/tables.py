@@ -595,8 +595,10 @@ def emulated_runs(*folders: str) -> tuple[str, list[dict]]:
     text += "\n\nEach gap by the part of the step it comes from (pp; a part's predicted change less its measured one, each over the " + (
         "baseline's step; negative: less gain measured than predicted), median (each run):\n\n"
     ) + table(["mode", "full-layer exchanges", "sparse-layer exchanges", "experts' all-to-all", "the rest of the step"], split)
-    paid = ", ".join(f"{v:.2f}" if np.isfinite(v) else "n/a" for v in map(imbalance_paid, pairs))
-    moved = ", ".join(f"{v:.2f}" if np.isfinite(v) else "n/a" for v in map(exchanges_paid, pairs))
+    def each_run(slope) -> str:
+        return ", ".join(f"{v:.2f}" if np.isfinite(v) else "n/a" for v in map(slope, pairs))
+
+    paid, moved = each_run(imbalance_paid), each_run(exchanges_paid)
     text += (
         "\n\nOf a predicted change in the rest of the step (between modes, their imbalance wait), the measured rest shows "
         f"{paid} in each run (least-squares slope over the steps and modes; 1: imbalance paid as priced); of a predicted "
