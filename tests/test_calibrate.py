@@ -153,6 +153,20 @@ def test_the_fixed_costs_fitted_round_by_round_are_the_median_of_each_rounds_fit
         fit_fixed_costs({**rounds, "wide": rounds["wide"][:4]}, cfg, hw, 8, 2, sizes, 2)
 
 
+def test_an_all_to_all_whose_largest_transfer_took_no_longer_than_the_latency_fits_a_rate_the_hardware_accepts():
+    """Noise can make the largest transfer inside a node no slower than the fitted latency (a
+    calibration of one timed run each); its whole time then bounds the rate, and the profile's
+    hardware takes it (before, a 1 ps floor gave 1e18 B/s and the calibration failed)."""
+    rows = [
+        {"bytes_per_peer": b, "group_size": 2, "spans_nodes": False, "seconds": s}
+        for b, s in ((1 << 10, 4e-3), (1 << 16, 5e-3), (1 << 20, 3e-3))
+    ]
+    fit = fit_all_to_all(rows, 2)["intra"]
+    assert fit["a2a_latency"] > 3e-3  # the case: the largest transfer's 3 ms is within the fitted latency
+    assert fit["intra_node_bw"] == pytest.approx((1 << 20) / 3e-3, rel=1e-9)
+    HardwareConfig(intra_node_bw=fit["intra_node_bw"], experts_intra_bw=fit["intra_node_bw"])
+
+
 def test_a_fixed_cost_fitted_at_its_floor_is_kept_flagged_and_unflagged_when_refitted():
     from experiments.calibrate.measure import keep_fit
 

@@ -223,7 +223,9 @@ def fit_all_to_all(rows: list[dict], node: int) -> dict:
     lat = max(float(lat), 0.0)
     if inv_bw <= 0:  # noise swamps the slope: the rate from the largest transfer over the latency
         big = int(np.argmax(sent))
-        inv_bw = max(t[big] - lat, 1e-12) / sent[big]
+        # where even it took no longer than the latency, its whole time bounds the rate (a 1 ps floor
+        # put the rate at 1e18 B/s, which no hardware setting accepts)
+        inv_bw = (t[big] - lat if t[big] > lat else t[big]) / sent[big]
     res = float(np.sqrt(np.mean(((lat + sent * inv_bw - t) / t) ** 2)))
     out["intra"] = {"a2a_latency": lat, "intra_node_bw": 1.0 / float(inv_bw), "rel_rms": res, "points": len(intra)}
     if inter:
