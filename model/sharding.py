@@ -15,6 +15,8 @@ as the cost model's gradient sync assumes.
 
 from __future__ import annotations
 
+import sys
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -94,9 +96,11 @@ def replicate_experts(model: nn.Module, timeout=None) -> nn.Module:
 
 
 def is_sharded(model: nn.Module) -> bool:
-    from torch.distributed.fsdp import FSDPModule  # noqa: PLC0415
-
-    return isinstance(model, FSDPModule)
+    """The model is sharded by FSDP2. A model fully_shard made is an instance of a class from
+    torch.distributed.fsdp, so where that package was never imported no model is: asked so, it is
+    not imported (a second of imports, DTensor's and sympy's, for every rank of a replicated run)."""
+    fsdp = sys.modules.get("torch.distributed.fsdp")
+    return fsdp is not None and isinstance(model, fsdp.FSDPModule)
 
 
 def full_tensor(t: torch.Tensor) -> torch.Tensor:
