@@ -33,7 +33,14 @@ def _worker(rank, world_size, port, fn, args):
 def run_distributed(fn, world_size: int, *args):
     """Run fn(rank, world_size, *args) on `world_size` forked ranks; re-raises a rank's failure.
     Forked, not spawned: a rank starts with this process's imports (torch, the project) instead of
-    importing them again, seconds per rank on a small machine; nothing here has touched a GPU."""
+    importing them again, seconds per rank on a small machine; nothing here has touched a GPU.
+    FSDP2, the dynamo modules its first fully_shard imports, and DCP are imported here first for
+    the same reason: a rank that shards its model or writes a checkpoint would otherwise import
+    them itself (DTensor, dynamo and sympy: about two seconds a rank)."""
+    import torch._dynamo  # noqa: F401, PLC0415
+    import torch.distributed.checkpoint  # noqa: F401, PLC0415
+    import torch.distributed.fsdp  # noqa: F401, PLC0415
+
     mp.start_processes(_worker, args=(world_size, free_port(), fn, args), nprocs=world_size, join=True, start_method="fork")
 
 

@@ -29,7 +29,17 @@ from solver import CostModel
 from solver.modes import MODE_TABLE
 from solver.simulator import simulate
 from tests.dist_utils import run_distributed
-from tests.test_model_distributed import CONFIGS, LENGTHS, NODE, WORLD, make_model, reference, sample_tokens, solver_plans
+from tests.test_model_distributed import (
+    CONFIGS,
+    LENGTHS,
+    NODE,
+    WORLD,
+    distinct_layouts,
+    make_model,
+    reference,
+    sample_tokens,
+    solver_plans,
+)
 
 EPS = (2, 4)
 # the first mode of each layout a rank's tokens can be in when the experts see them
@@ -56,7 +66,7 @@ def _body(rank, world, refs):
             # the paper's best and the per-parent choice (the dispatch is the same code at every
             # degree: the degree changes where the slots go, which the byte checks below hold)
             wanted = set(LAYOUTS.values()) if name == "mha" and ep == 2 else {"repack+solver", "choose"}
-            for plan in [p for p in solver_plans(cfg) if p.mode in wanted]:
+            for plan in distinct_layouts(p for p in solver_plans(cfg) if p.mode in wanted):
                 model = shard_model(make_model(cfg).expert_parallel(ep, rank), torch.device("cpu"))
                 stats = CommStats(gpus_per_node=NODE)
                 recorded.clear()

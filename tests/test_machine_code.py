@@ -1,7 +1,8 @@
 """The pack kernels compiled for the GPUs they are for, on a machine without one (Triton's bundled
 ptxas and cuobjdump), and held to what their SASS must show.
 
-For the launches of the presets' exchanges on sm_80, sm_90 and sm_100, in bf16, fp16 and fp32, for
+For the launches of the presets' exchanges on sm_80, sm_90 and sm_100, in bf16 and fp32 (fp16, whose
+copies compile to bf16's code, on sm_90; on every arch under REPACK_EXPLORE=1), for
 head sizes 128, 64, the presets' 32 and 8, and an odd 97, and the experts' row gathers of the
 presets' hidden sizes (launch_matrix says which):
 - nothing spills to local memory;
@@ -45,13 +46,13 @@ def _heads(name: str) -> list[int]:
 
 
 def launch_matrix():
-    """Every arch x dtype x head size (128, 64, 97): the forward launches of the paper's SP16
-    exchanges; every arch: the other presets' heads at their own head sizes (32, 8) in bf16;
+    """Every arch x dtype x head size (128, 64, 97), fp16 on sm_90 only: the forward launches of
+    the paper's SP16 exchanges; every arch: the other presets' heads at their own head sizes (32, 8) in bf16;
     sm_90 bf16: every group size of the paper's exchanges, forward and backward. REPACK_EXPLORE=1:
     every launch of every preset's group sizes in every arch, dtype and head size."""
     specs = []
     for arch in ARCHS:
-        for dtype in DTYPES:
+        for dtype in [d for d in DTYPES if d != "fp16" or arch == 90 or EXPLORE]:
             for head_dim in (128, 64, ODD_HEAD_DIM):
                 specs += exchange_launches(_heads("paper"), 16, head_dim, dtype, arch)[: 4 if not EXPLORE else None]
         for name, p in (("small", 16), ("tiny", 8), ("tiny-gqa", 8)):
