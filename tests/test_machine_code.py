@@ -1,10 +1,11 @@
 """The pack kernels compiled for the GPUs they are for, on a machine without one (Triton's bundled
 ptxas and cuobjdump), and held to what their SASS must show.
 
-For the launches of the presets' exchanges on sm_80, sm_90 and sm_100, in bf16 and fp32 (fp16, whose
-copies compile to bf16's code, on sm_90; on every arch under REPACK_EXPLORE=1), for
-head sizes 128, 64, the presets' 32 and 8, and an odd 97, and the experts' row gathers of the
-presets' hidden sizes (launch_matrix says which):
+For the launches of the presets' exchanges on sm_90 (the H200's) in bf16, fp16 and fp32, for head
+sizes 128, 64, the presets' 32 and 8, and an odd 97; on sm_80 and sm_100 the same launches in bf16
+and fp32 for an aligned (128) and the odd head size (every arch, dtype and head size under
+REPACK_EXPLORE=1); and the experts' row gathers of the presets' hidden sizes on every arch
+(launch_matrix says which):
 - nothing spills to local memory;
 - where a head's row is 16-byte aligned, every data access is a 128-bit LDG.E.128 / STG.E.128,
   and a thread has all its data loads in flight before its first store;
@@ -46,16 +47,19 @@ def _heads(name: str) -> list[int]:
 
 
 def launch_matrix():
-    """Every arch x dtype x head size (128, 64, 97), fp16 on sm_90 only: the forward launches of
-    the paper's SP16 exchanges; every arch: the other presets' heads at their own head sizes (32, 8) in bf16;
-    sm_90 bf16: every group size of the paper's exchanges, forward and backward. REPACK_EXPLORE=1:
-    every launch of every preset's group sizes in every arch, dtype and head size."""
+    """sm_90: every dtype x head size (128, 64, 97) for the forward launches of the paper's SP16
+    exchanges, and the other presets' heads at their own head sizes (32, 8) in bf16; sm_80 and
+    sm_100 (whose code differs from sm_90's by the target, not by the tile): the paper's launches in
+    bf16 and fp32 at head sizes 128 and 97, the aligned and the odd row; sm_90 bf16: every group
+    size of the paper's exchanges, forward and backward. REPACK_EXPLORE=1: every launch of every
+    preset's group sizes in every arch, dtype and head size."""
     specs = []
     for arch in ARCHS:
-        for dtype in [d for d in DTYPES if d != "fp16" or arch == 90 or EXPLORE]:
-            for head_dim in (128, 64, ODD_HEAD_DIM):
+        every = arch == 90 or EXPLORE
+        for dtype in DTYPES if every else ("bf16", "fp32"):
+            for head_dim in (128, 64, ODD_HEAD_DIM) if every else (128, ODD_HEAD_DIM):
                 specs += exchange_launches(_heads("paper"), 16, head_dim, dtype, arch)[: 4 if not EXPLORE else None]
-        for name, p in (("small", 16), ("tiny", 8), ("tiny-gqa", 8)):
+        for name, p in (("small", 16), ("tiny", 8), ("tiny-gqa", 8)) if every else ():
             specs += exchange_launches(_heads(name), p, ModelConfig.from_name(name).head_dim, "bf16", arch)
     for p in (2, 4, 8, 32):
         specs += exchange_launches(_heads("paper"), p, 128, "bf16", 90)
