@@ -35,6 +35,7 @@ def small_plans(draw):
     return make_plan(draw(batches(cluster)), cluster, COST, draw(st.sampled_from(MODES)))
 
 
+@pytest.mark.slow  # every rank's four launches of each drawn plan, interpreted: a quarter of the fast loop
 @pytest.mark.usefixtures("poison_empty")
 @settings(
     max_examples=INTERPRETED_EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
