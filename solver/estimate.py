@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from itertools import chain
+from operator import attrgetter
 
 import numpy as np
 
@@ -29,6 +30,32 @@ from .plan import StepPlan
 from .reference import halo_seconds, state_load
 from .simulator import redistributions
 from .timeline import Groups, Phases, run_step
+
+
+def _gather(parents, by_start: bool = False):
+    """Every parent's children in one list (each parent's by first rank when `by_start`), and per
+    child, as arrays: its parent's index, sample count, size, first rank and halo flag. One pass
+    over the parents; most have one child."""
+    kids, owner = [], []
+    for j, pp in enumerate(parents):
+        ch = pp.children
+        if len(ch) == 1:
+            kids.append(ch[0])
+            owner.append(j)
+            continue
+        if by_start:
+            ch = sorted(ch, key=_first_rank)
+        kids += ch
+        owner += [j] * len(ch)
+    nk = len(kids)
+    counts = np.fromiter(map(len, map(_samples, kids)), dtype=np.int64, count=nk)
+    sizes = np.fromiter(map(_size, kids), dtype=np.int64, count=nk)
+    firsts = np.fromiter(map(_first_rank, kids), dtype=np.int64, count=nk)
+    halo = np.fromiter(map(_halo, kids), dtype=bool, count=nk)
+    return kids, np.array(owner, dtype=np.int64), counts, sizes, firsts, halo
+
+
+_first_rank, _samples, _size, _halo = attrgetter("start"), attrgetter("samples"), attrgetter("size"), attrgetter("halo")
 
 
 class PlanEstimate:
@@ -100,25 +127,24 @@ class PlanEstimate:
         if not parents:
             return np.zeros(0)
         self._refuse_halo(parents)
-        kids = [(j, c) for j, pp in enumerate(parents) for c in pp.children]
+        kids, owner, counts, sizes, _, _ = _gather(parents)
         nk = len(kids)
-        counts = np.fromiter((len(c.samples) for _, c in kids), dtype=np.int64, count=nk)
-        rows = self.rows_of(chain.from_iterable(c.samples for _, c in kids), int(counts.sum()))
+        rows = self.rows_of(chain.from_iterable(map(_samples, kids)), int(counts.sum()))
         of = np.repeat(np.arange(nk), counts)
-        parent_size = [pp.group.size for pp in parents]
-        line, fixed_of = self.cost.child_line, self.cost.parent_fixed
+        psize = np.fromiter((pp.group.size for pp in parents), dtype=np.int64, count=len(parents))
         lin = np.bincount(of, self._lin[rows], nk)
         tok = np.bincount(of, self._len[rows], nk)
         full = np.bincount(of, self._full[rows], nk)
-        sizes = np.fromiter((c.size for _, c in kids), dtype=np.int64, count=nk)
-        owner = np.fromiter((j for j, _ in kids), dtype=np.int64, count=nk)
-        psize = np.array(parent_size)
-        lines = np.array([line(c.size, parent_size[j]) for j, c in kids]).reshape(nk, 2)
+        # each (child size, parent size)'s cost line, and each parent size's fixed seconds, once
+        span = int(psize.max()) + 1
+        pairs, pair_of = np.unique(sizes * span + psize[owner], return_inverse=True)
+        lines = np.array([self.cost.child_line(k // span, k % span) for k in pairs.tolist()]).reshape(-1, 2)[pair_of]
         kid_time = (lin + lines[:, 0] * tok) / sizes + lines[:, 1]  # cost.rank_time
         slowest = np.full(len(parents), -np.inf)
         np.maximum.at(slowest, owner, kid_time)
         pfull = np.bincount(owner, full, len(parents))
-        fixed = np.array([fixed_of(p) for p in parent_size])
+        widths, width_of = np.unique(psize, return_inverse=True)
+        fixed = np.array([self.cost.parent_fixed(p) for p in widths.tolist()])[width_of]
         times = pfull / psize + fixed + slowest  # cost.shared_time + the slowest child
         empty = np.array([not pp.group.samples for pp in parents])
         times[empty] = 0.0
@@ -144,15 +170,11 @@ class PlanEstimate:
         parents = list(parents)
         cost, cluster = self.cost, self.cluster
         world = cluster.world_size
-        kids = [(j, c) for j, pp in enumerate(parents) for c in sorted(pp.children, key=lambda c: c.start)]
+        kids, owner, counts, size, starts, halo = _gather(parents, by_start=True)
         nk = len(kids)
         # per child: its samples' sums
-        counts = np.fromiter((len(c.samples) for _, c in kids), dtype=np.int64, count=nk)
-        rows = self.rows_of(chain.from_iterable(c.samples for _, c in kids), int(counts.sum()))
+        rows = self.rows_of(chain.from_iterable(map(_samples, kids)), int(counts.sum()))
         of = np.repeat(np.arange(nk), counts)
-        size = np.fromiter((c.size for _, c in kids), dtype=np.int64, count=nk)
-        owner = np.fromiter((j for j, _ in kids), dtype=np.int64, count=nk)
-        halo = np.fromiter((c.halo for _, c in kids), dtype=bool, count=nk)
         psize = np.fromiter((pp.group.size for pp in parents), dtype=np.float64, count=len(parents))
         lens = self._len[rows]
         full_attn = np.bincount(owner, np.bincount(of, cost.full_attn_time(lens), nk), len(parents)) / psize
@@ -164,7 +186,7 @@ class PlanEstimate:
         unit_of = np.repeat(np.arange(nk), per_child)  # the child of each unit
         nu = len(unit_of)
         offset = np.arange(nu) - np.repeat(np.cumsum(per_child) - per_child, per_child)
-        first = np.fromiter((c.start for _, c in kids), dtype=np.int64, count=nk)[unit_of] + offset
+        first = starts[unit_of] + offset
         order = np.argsort(first, kind="stable")
 
         def busiest(per_rank: np.ndarray) -> np.ndarray:
@@ -175,8 +197,8 @@ class PlanEstimate:
 
         # a unit's tokens are its busiest rank's: every token-wise term and every send grows with
         # them, so that rank is the unit's slowest between any two synchronizations
-        tok_s = busiest(rank_tokens([c for _, c in kids], self.length_of, world, lens))
-        moved = np.fromiter((parents[j].redistributed for j, _ in kids), dtype=bool, count=nk)[unit_of]
+        tok_s = busiest(rank_tokens(kids, self.length_of, world, lens, (counts, size, starts)))
+        moved = np.fromiter((pp.redistributed for pp in parents), dtype=bool, count=len(parents))[owner][unit_of]
         tok_f = tok_s
         if moved.any():  # a redistributing parent's full layers hold the parent's own layout
             tok_f = np.where(moved, busiest(rank_tokens([pp.group for pp in parents], self.length_of, world)), tok_s)
@@ -201,14 +223,14 @@ class PlanEstimate:
             s_in, s_out = ulysses(priced, tok_s, csizes, "S", True), ulysses(priced, tok_s, csizes, "S", False)
             for k in np.nonzero(split)[0].tolist():  # a halo child: keys and values (and states) point to point, no exit
                 at = np.nonzero(unit_of == k)[0]
-                s_in[0][at], s_in[1][at] = halo_seconds(kids[k][1], self.length_of, priced), 0.0
+                s_in[0][at], s_in[1][at] = halo_seconds(kids[k], self.length_of, priced), 0.0
                 s_out[0][at] = s_out[1][at] = 0.0
             return [(*x, zero, zero) for x in (f_in, f_out, s_in, s_out)]
 
         f_in, f_out, s_in, s_out = exchanges(cost)
         if cost.sparse.passing is not None:  # the maps each rank's chunks form
             for k in np.nonzero(split)[0].tolist():
-                unit_sparse[unit_of == k] += state_load(kids[k][1], self.length_of, cost)[1]
+                unit_sparse[unit_of == k] += state_load(kids[k], self.length_of, cost)[1]
         redist = None
         if moved.any():
             redist = tuple((busiest(x[0] + x[1]), zero, zero, zero) for x in self._redistributions(parents))  # a rank's whole call

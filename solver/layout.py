@@ -78,18 +78,24 @@ def chunk_bounds(length, parts: int) -> np.ndarray:
     return np.multiply.outer(np.asarray(length, dtype=np.int64), k) // parts
 
 
-def rank_tokens(groups, length_of: Mapping[int, int], world: int, lengths: np.ndarray | None = None) -> np.ndarray:
+def rank_tokens(groups, length_of: Mapping[int, int], world: int, lengths: np.ndarray | None = None, shape=None) -> np.ndarray:
     """Tokens each of `world` ranks holds in these groups, every sample cut over its group's
     ranks in order (chunk_bounds: rank j of s ranks holds (n (j + 1)) // s - (n j) // s of n
     tokens), for all the groups' samples at once. `lengths`: the groups' samples' lengths in
-    order, where the caller has them."""
-    counts = np.fromiter((len(g.samples) for g in groups), dtype=np.int64, count=len(groups))
+    order, where the caller has them; `shape`: the groups' (sample counts, sizes, first ranks) as
+    arrays, where the caller has them."""
+    if shape is None:
+        shape = (
+            np.fromiter((len(g.samples) for g in groups), dtype=np.int64, count=len(groups)),
+            np.fromiter((g.size for g in groups), dtype=np.int64, count=len(groups)),
+            np.fromiter((g.start for g in groups), dtype=np.int64, count=len(groups)),
+        )
+    counts = shape[0]
     if lengths is None:
         n = np.fromiter((length_of[s] for g in groups for s in g.samples), dtype=np.int64, count=int(counts.sum()))
     else:
         n = np.asarray(lengths).astype(np.int64)
-    sizes = np.repeat(np.fromiter((g.size for g in groups), dtype=np.int64, count=len(groups)), counts)
-    starts = np.repeat(np.fromiter((g.start for g in groups), dtype=np.int64, count=len(groups)), counts)
+    sizes, starts = np.repeat(shape[1], counts), np.repeat(shape[2], counts)
     per = np.repeat(np.arange(len(n)), sizes)  # one entry per (sample, rank of its group)
     j = np.arange(len(per)) - np.repeat(np.cumsum(sizes) - sizes, sizes)
     held = (n[per] * (j + 1)) // sizes[per] - (n[per] * j) // sizes[per]

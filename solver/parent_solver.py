@@ -346,7 +346,6 @@ def solve_parents(
     est = est or PlanEstimate({s.id: s.length for s in samples}, cluster, cost)
     start = tuple(start)
     joint = joint_parents(samples, cluster, cost, est, repack)
-    start_times = est.parent_times(start).tolist()
     if joint is None or est.step_time(joint[0]) > est.step_time(start):  # whole plans by the step the simulator charges
-        return start, start_times
+        return start, est.parent_times(start).tolist()
     return joint

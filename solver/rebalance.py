@@ -146,6 +146,35 @@ class _GroupState:
         return _Membership(cf.ids + [a], cf.tokens + n, cf.linear + lin, cf.full + c.full[a], cf.rank_tokens + ceil_div(n, self.size), kids)
 
 
+class _OwnLayouts:
+    """Parents in their own layout (_StepPrices.own_layouts): each one's members, sorted, and their
+    sums, held as arrays. A parent's _Membership is made only when a move reads it (most parents of
+    a large step are never the slowest nor among the fastest), and every parent's time is priced at
+    once, with the arithmetic _GroupState.price does for one, in its order (the same floats)."""
+
+    def __init__(self, ids: list[int], starts: list[int], counts: list[int], sizes: np.ndarray, sums: np.ndarray, toks: np.ndarray):
+        self.ids, self.starts, self.counts, self.sizes = ids, starts, counts, sizes
+        self.full, self.linear = sums
+        self.tokens, self.rank_tokens = toks
+
+    def members(self, j: int) -> list[int]:
+        a = self.starts[j]
+        return self.ids[a : a + self.counts[j]]
+
+    def membership(self, j: int) -> _Membership:
+        if not self.counts[j]:
+            return _Membership([], 0, 0.0, 0.0, 0, None)
+        return _Membership(self.members(j), int(self.tokens[j]), float(self.linear[j]), float(self.full[j]), int(self.rank_tokens[j]), None)
+
+    def times(self, cost: CostModel) -> np.ndarray:
+        """_GroupState.price of every parent: cost.shared_time plus rank_time on its own line (0 when empty)."""
+        widths, of = np.unique(self.sizes, return_inverse=True)
+        fixed = np.array([cost.parent_fixed(n) for n in widths.tolist()])[of]
+        line = np.array([cost.child_line(n, n) for n in widths.tolist()]).reshape(len(widths), 2)[of]
+        t = (self.full / self.sizes + fixed) + ((self.linear + line[:, 0] * self.tokens) / self.sizes + line[:, 1])
+        return np.where(np.asarray(self.counts) > 0, t, 0.0)
+
+
 class _StepPrices:
     """Per-sample prices of one step (linear and full-attention seconds: the step's PlanEstimate
     holds them), its child problems by parent size, and the samples' longest-first order: what
@@ -172,7 +201,7 @@ class _StepPrices:
         """A sample's seconds on one rank (cost.sample_cost: its linear plus its full-attention seconds)."""
         return self.linear[s] + self.full[s]
 
-    def own_layouts(self, groups: Sequence[Sequence[int]], sizes: Sequence[int]) -> list[_Membership]:
+    def own_layouts(self, groups: Sequence[Sequence[int]], sizes: Sequence[int]) -> _OwnLayouts:
         """The configuration of parents in their own layout, each with its members sorted (longest
         first, then by id) and their sums, as _GroupState.set and sums make them, for many parents
         at once. Every parent's members are sorted in one lexsort; the members of parents with as
@@ -185,26 +214,23 @@ class _StepPrices:
         owner = np.repeat(np.arange(len(groups)), counts)
         rows = rows[np.lexsort((self._rank[rows], owner))]  # each parent's members, longest first, then by id
         starts = np.concatenate(([0], np.cumsum(counts)[:-1])).astype(np.int64)
-        ids = est._ids[rows].tolist()
         full, linear, lens = est._full, est._lin, est._len.astype(np.int64)
         size_of = np.asarray(sizes, dtype=np.int64)
-        out: list[_Membership | None] = [None] * len(groups)
+        sums = np.zeros((2, len(groups)))  # full and linear seconds
+        toks = np.zeros((2, len(groups)), dtype=np.int64)  # tokens, tokens per rank
         for m in np.unique(counts).tolist():
-            js = np.nonzero(counts == m)[0]
             if m == 0:
-                for j in js.tolist():
-                    out[j] = _Membership([], 0, 0.0, 0.0, 0, None)
                 continue
+            js = np.nonzero(counts == m)[0]
             pos = rows[starts[js][None, :] + np.arange(m)[:, None]]  # [m, parents]: row r is each parent's r-th member
             f, lin = full[pos[0]].copy(), linear[pos[0]].copy()
             for r in range(1, m):  # row by row: the order Python's sum adds in
                 f += full[pos[r]]
                 lin += linear[pos[r]]
             n = lens[pos]
-            tokens, rank_tokens = n.sum(axis=0), (-(-n // size_of[js])).sum(axis=0)
-            for k, (j, a) in enumerate(zip(js.tolist(), starts[js].tolist())):
-                out[j] = _Membership(ids[a : a + m], int(tokens[k]), float(lin[k]), float(f[k]), int(rank_tokens[k]), None)
-        return out
+            sums[0, js], sums[1, js] = f, lin
+            toks[0, js], toks[1, js] = n.sum(axis=0), (-(-n // size_of[js])).sum(axis=0)
+        return _OwnLayouts(est._ids[rows].tolist(), starts.tolist(), counts.tolist(), size_of, sums, toks)
 
     def sums(self, ids, size: int) -> tuple[float, float, int, int]:
         """Full-attention and linear seconds, tokens, and tokens per rank (chunks of ceil(L / size))
@@ -259,10 +285,26 @@ def rebalance(
     prices = _StepPrices(length_of, cluster, cost.for_cluster(cluster), repack, est)
     node = cluster.gpus_per_node
     own = [j for j, (g, _) in enumerate(start) if not (repack and g.size > node)]  # parents that keep their own layout
-    configs = dict(zip(own, prices.own_layouts([start[j][0].samples for j in own], [start[j][0].size for j in own])))
-    states = [_GroupState(g, list(g.samples), prices, kids, configs.get(j)) for j, (g, kids) in enumerate(start)]
+    layouts = prices.own_layouts([start[j][0].samples for j in own], [start[j][0].size for j in own])
+    at = dict(zip(own, range(len(own))))  # a parent's place in `layouts`
+    states: list[_GroupState | None] = [None] * len(start)  # made when a move first reads the parent
+    for j, (g, kids) in enumerate(start):
+        if j not in at:
+            states[j] = _GroupState(g, list(g.samples), prices, kids)
+    times = np.zeros(len(start))
+    if own:
+        times[own] = layouts.times(prices.cost)
+    for j, s in enumerate(states):
+        if s is not None:
+            times[j] = s.time
+
+    def state(j: int) -> _GroupState:
+        s = states[j]
+        if s is None:
+            s = states[j] = _GroupState(start[j][0], [], prices, None, layouts.membership(at[j]))
+        return s
+
     max_moves = min(MOVES_PER_PARENT * len(states) + MOVES_BASE, MAX_MOVES) if max_moves is None else max_moves
-    times = np.array([s.time for s in states])
     history = []  # the step time before each move
     for _ in range(max_moves):
         worst = int(np.argmax(times))
@@ -270,7 +312,7 @@ def rebalance(
         history.append(cur)
         if len(history) > window and history[-window - 1] - cur < min_gain * cur:
             break
-        src = states[worst]
+        src = state(worst)
         by_cost = sorted(src.config.ids, key=lambda s: -prices.sample_cost(s))
         # a spread of sizes: large samples move much load, small ones fine-tune
         picks = sorted(set(np.linspace(0, len(by_cost) - 1, min(n_samples, len(by_cost))).round().astype(int)))
@@ -278,7 +320,7 @@ def rebalance(
         near = np.argpartition(times, min(n_targets, len(times) - 1))[: n_targets + 1]
         targets = [int(k) for k in sorted(near, key=lambda k: (times[k], k)) if k != worst][:n_targets]
         # swap partners come from each target's members, costliest first
-        ranked = {k: sorted(states[k].config.ids, key=lambda b: -prices.sample_cost(b)) for k in targets}
+        ranked = {k: sorted(state(k).config.ids, key=lambda b: -prices.sample_cost(b)) for k in targets}
         best = None
         for a in cands:
             out_w = src.removing(a)
@@ -287,7 +329,7 @@ def rebalance(
                 continue
             cost_a = prices.sample_cost(a)
             for k in targets:
-                dst = states[k]
+                dst = state(k)
                 moved = dst.adding(a)
                 if moved is not None:
                     t = max(t_worst, dst.price(moved))
@@ -305,12 +347,19 @@ def rebalance(
             break
         _, k, new_w, new_k = best
         src.set(new_w.ids, new_w)
-        states[k].set(new_k.ids, new_k)
+        state(k).set(new_k.ids, new_k)
         times[worst], times[k] = src.time, states[k].time
-    return tuple(
-        (
-            Group(s.group.start, s.group.size, tuple(s.config.ids)),
-            None if s.config.kids is None else tuple((k.size, tuple(k.members)) for k in s.config.kids),
-        )
-        for s in states
-    )
+    out = []
+    for j, (g, _) in enumerate(start):
+        s = states[j]
+        if s is None:  # never read: its own layout, members sorted
+            ids = tuple(layouts.members(at[j]))
+            out.append((g if ids == g.samples else Group(g.start, g.size, ids), None))
+        else:
+            out.append(
+                (
+                    Group(s.group.start, s.group.size, tuple(s.config.ids)),
+                    None if s.config.kids is None else tuple((k.size, tuple(k.members)) for k in s.config.kids),
+                )
+            )
+    return tuple(out)

@@ -255,3 +255,27 @@ def test_the_estimate_refuses_halo_children_which_the_halo_pricing_prices():
     with pytest.raises(ValueError, match="has halo children"):
         est.parent_time(halo)
     assert ref.parent_time(halo, plan.length_of, cost) > 0
+
+
+@given(st.lists(parents(), min_size=1, max_size=4))
+def test_the_rebalance_prices_every_own_layout_parent_at_once_as_the_reference(cases):
+    """_OwnLayouts prices all of a step's parents in their own layout with numpy (the rebalance
+    reads only the slowest and the fastest one by one): each time is the reference's, and the very
+    float a _GroupState of that parent computes alone, and each parent's members come sorted
+    longest first, then by id."""
+    cluster, cost, _, _ = cases[0]
+    length_of, groups = {}, []
+    for k, (_, _, plan, lengths) in enumerate(cases):  # the parents side by side, their samples renumbered
+        ids = {s: len(length_of) + s for s in lengths}
+        length_of.update({ids[s]: n for s, n in lengths.items()})
+        groups.append(Group(k * plan.group.size, plan.group.size, tuple(ids[s] for s in reversed(plan.group.samples))))
+    node = cluster.gpus_per_node
+    cluster = Cluster(-(-sum(g.size for g in groups) // node) * node, node, max(cluster.tokens_per_rank, max(length_of.values())))
+    cost = cost.for_cluster(cluster)
+    prices = _StepPrices(length_of, cluster, cost, repack=False)
+    layouts = prices.own_layouts([g.samples for g in groups], [g.size for g in groups])
+    times = layouts.times(cost)
+    for j, g in enumerate(groups):
+        assert layouts.members(j) == sorted(g.samples, key=lambda s: (-length_of[s], s))
+        assert times[j] == pytest.approx(ref.parent_time(ParentPlan(g, (g,)), length_of, cost), rel=REL)
+        assert times[j] == _GroupState(g, list(g.samples), prices).time  # the same float, not just close
