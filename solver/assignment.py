@@ -19,7 +19,7 @@ import numpy as np
 
 from config import PRICINGS, SettingError
 
-from .cluster import Cluster, PlanError, Sample, ceil_div, ceil_pow2_array, check_samples
+from .cluster import Cluster, PlanError, Sample, _last_checked, ceil_div, ceil_pow2_array, check_samples
 from .cost import CostModel
 from .fill import LeastLoaded
 from .layout import Group
@@ -123,7 +123,28 @@ def anchor_groups(samples, cluster: Cluster, cost: CostModel, narrowings: int = 
 
     narrowings: halve the widest anchor above its memory floor this many times (a retry when the
     fill could not place every sample: a narrower anchor leaves ranks free for the rest). None
-    when no anchor can be narrowed that often."""
+    when no anchor can be narrowed that often.
+
+    The parent assignment and the parent solver's joint fill both start from it on the same step:
+    the answer for a checked step (a tuple of frozen Samples, cluster.check_samples) is kept until
+    the next such call, read-only (its arrays unwritable, its lists tuples)."""
+    last = _last_anchored[0]
+    if samples is _last_checked[0] and last is not None and last[0] is samples and last[1:] == (cluster, cost, narrowings):
+        return _last_anchored[1]
+    out = _anchor_groups(samples, cluster, cost, narrowings)
+    if out is not None:
+        for a in out[:2]:
+            a.flags.writeable = False
+        out = (*out[:2], *map(tuple, out[2:]))
+    if samples is _last_checked[0]:
+        _last_anchored[:] = [(samples, cluster, cost, narrowings), out]
+    return out
+
+
+_last_anchored: list = [None, None]  # (samples, cluster, cost, narrowings), anchor_groups' answer
+
+
+def _anchor_groups(samples, cluster: Cluster, cost: CostModel, narrowings: int):
     lengths = np.array([s.length for s in samples], dtype=np.int64)
     costs = np.asarray(cost.sample_cost(lengths), dtype=np.float64)
     floors = ceil_pow2_array(lengths / cluster.tokens_per_rank)  # memory floors (Cluster.min_group_size)

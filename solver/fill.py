@@ -53,6 +53,19 @@ class LeastLoaded:
         heapq.heappush(self.heaps.setdefault(shape, []), (self.load(b), b))
         self.parked.setdefault(shape, [])
 
+    def add_many(self, shape: Hashable, bins: range) -> None:
+        """add() of consecutive new bins of one shape that share their load (empty bins): the
+        heap add() would build, in one step (pushing equal loads in increasing bin order appends
+        each entry where it stays)."""
+        heap = self.heaps.setdefault(shape, [])
+        self.parked.setdefault(shape, [])
+        if heap:
+            for b in bins:
+                heapq.heappush(heap, (self.load(b), b))
+        else:
+            key = self.load(bins[0]) if len(bins) else 0.0
+            heap.extend((key, b) for b in bins)
+
     def shapes(self):
         return self.heaps.keys()
 

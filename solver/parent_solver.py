@@ -83,6 +83,32 @@ class _BinFill:
             self.fill.add((size, c, own), b)
         return bins
 
+    def add_own_parents(self, size: int, count: int) -> range:
+        """`count` empty parents of `size` ranks in their own layout: add_parent(size, None) of
+        each, in bulk (the SP1 groups the assignment lays out after its anchors: most of a large
+        step's parents). Returns their bins, one each."""
+        p0, b0 = len(self.parent_size), len(self.bin_size)
+        line = self._lines.get((size, size))
+        if line is None:
+            line = self._lines[(size, size)] = (self.cost.child_line(size, size), rank_time(0.0, 0, size, self.cost.child_line(size, size)))
+        self.parent_size += [size] * count
+        self.parent_full += [0.0] * count
+        self.parent_shared += [self.cost.shared_time(0.0, size)] * count
+        self.parent_fixed += [self.cost.parent_fixed(size)] * count
+        self.parent_rank_tokens += [0] * count
+        self.parent_members += [[] for _ in range(count)]
+        self.bin_parent += range(p0, p0 + count)
+        self.bin_size += [size] * count
+        self.bin_line += [line[0]] * count
+        self.bin_linear += [0.0] * count
+        self.bin_tokens += [0] * count
+        self.bin_own += [line[1]] * count
+        self.bin_rank_tokens += [0] * count
+        self.bin_members += [[] for _ in range(count)]
+        bins = range(b0, b0 + count)
+        self.fill.add_many((size, size, True), bins)
+        return bins
+
     def room(self, b: int) -> int:
         """The longest sample bin b can still take: its own ranks' budget and its parent's."""
         p = self.bin_parent[b]
@@ -264,17 +290,17 @@ def assign_with_children(
     target = costs.sum() / cluster.world_size
     fill = _BinFill(cluster, cost, linear, full, lengths)
     parent_bins = []
-    for k, (_, w) in enumerate(groups):
+    for k, (_, w) in enumerate(groups[: len(anchors)]):
         kids = None
-        if repack and k < len(anchors) and w > g and lengths[anchors[k]] <= node_cap:
+        if repack and w > g and lengths[anchors[k]] <= node_cap:
             i = anchors[k]
             if _child_pays(int(lengths[i]), float(linear[i]), float(full[i]), w, g, cost, target):
                 c = _anchor_child(int(lengths[i]), float(linear[i]), float(full[i]), w, cluster, cost, target)
                 kids = [c] + [1] * (w - c)
         bins = fill.add_parent(w, kids)
         parent_bins.append(bins)
-        if k < len(anchors):
-            fill.add(bins[0], int(anchors[k]))
+        fill.add(bins[0], int(anchors[k]))
+    parent_bins += [[b] for b in fill.add_own_parents(1, len(groups) - len(anchors))]  # the SP1 groups after the anchors
     failed, _ = fill.place_all(rest)  # a list of ints, costliest first
     if failed >= 0:
         raise unplaceable(samples, failed, lengths, cluster)
@@ -306,14 +332,16 @@ def joint_parents(
         start = assign_with_children(samples, cluster, cost, repack)
     except PlanError:
         return None
+    node = cluster.gpus_per_node
     if not repack:
-        node = cluster.gpus_per_node
         polished = rebalance(start, length_of, cluster, cost, repack=False, est=est)
         parents = tuple(ParentPlan(g, (g,), NODE_LOCAL if g.size <= node else DISABLED) for g, _ in polished)
         return parents, est.parent_times(parents).tolist()
     parents = []
     for g, kids in rebalance(start, length_of, cluster, cost, est=est):
-        if kids is None:
+        if g.size <= node:  # node-local: nothing to solve (solve_children's answer)
+            pp = ParentPlan(g, (g,), NODE_LOCAL)
+        elif kids is None:
             pp = ParentPlan(g, *solve_children(g, length_of, cluster, cost))
         else:
             pp = ParentPlan(g, *polish_children(g, kids, length_of, cluster, cost))

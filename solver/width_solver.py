@@ -25,6 +25,7 @@ parent's node-local children inside it.
 from __future__ import annotations
 
 import heapq
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -60,12 +61,15 @@ class _Search:
         self.node = cluster.gpus_per_node
         self.widest = cost.widest_group(cluster)
         self.ids = [s.id for s in samples]
-        lengths = np.array([s.length for s in samples], dtype=np.int64)
-        self.index = {s: i for i, s in enumerate(self.ids)}
+        if est.cost is cost and self.ids == est._ids.tolist():  # the estimate's rows are the samples' (the planner's): its terms
+            self.index, lengths, self.linear, self.full = est._row, est._len.astype(np.int64), est._lin, est._full
+        else:
+            self.index = {s: i for i, s in enumerate(self.ids)}
+            lengths = np.array([s.length for s in samples], dtype=np.int64)
+            self.linear = np.asarray(cost.linear_cost(lengths), dtype=np.float64)
+            self.full = np.asarray(cost.full_cost(lengths), dtype=np.float64)
         self.lengths = lengths
-        self.linear = np.asarray(cost.linear_cost(lengths), dtype=np.float64)
-        self.full = np.asarray(cost.full_cost(lengths), dtype=np.float64)
-        self.sample_cost = np.asarray(cost.sample_cost(lengths), dtype=np.float64)
+        self.sample_cost = self.linear + self.full  # cost.sample_cost
         self.target = float(self.sample_cost.sum()) / cluster.world_size  # the per-rank share the anchor rules use
 
     # ----- pricing ----------------------------------------------------------------------------------
@@ -188,7 +192,7 @@ def _laid_out(parents: list[_Parent], cluster: Cluster) -> tuple[ParentPlan, ...
     plan lies already is kept as it is."""
     out, at = [], 0
     for p in sorted(parents, key=lambda p: -p.size):
-        if at == p.origin and (p.plan.repacked or p.plan.reason):
+        if at == p.origin and (p.plan.reason or p.plan.repacked):
             out.append(p.plan)
         else:
             shift = at - p.origin
@@ -221,6 +225,8 @@ def solve_widths(
     times = est.parent_times(start).tolist() if times is None else list(times)
     parents = [_Parent(pp.group.size, pp.group.samples, pp, t, pp.group.start) for pp, t in zip(start, times)]
     improved = _laid_out(search.improve(parents), cluster)
+    if len(improved) == len(start) and all(map(operator.is_, improved, start)):
+        return start  # nothing moved: the same parents where they were
     # the search lowers the slowest parent; kept only if the whole step (PlanEstimate.step_time, the
     # router's barrier and every layer's synchronizations included) is no slower
     return improved if est.step_time(improved) <= est.step_time(start) else start

@@ -502,3 +502,27 @@ def test_choose_is_never_slower_than_any_single_way():
         fastest.add(best)
         assert step["choose"] <= step[best] * (1 + 1e-12), (cluster, best, step)
     assert len(fastest) > 1
+
+
+def test_the_assignment_and_the_joint_fill_share_one_steps_anchors_and_never_another_steps():
+    """anchor_groups keeps its answer for the checked step the assignment and the joint fill both
+    start from: the same step, cluster and cost model get the same answer (read-only), and a new
+    step, even one with the same ids, or another cost model, gets its own."""
+    from solver.assignment import _anchor_groups, anchor_groups
+    from solver.cluster import check_samples
+
+    cluster = Cluster(64, 8, 32768)
+    cost = PAPER.for_cluster(cluster)
+    first = check_samples(samples_from_lengths([200_000, 70_000] + [9_000, 3_000] * 20), cluster)
+    a = anchor_groups(first, cluster, cost)
+    assert anchor_groups(first, cluster, cost) is a
+    with pytest.raises(ValueError, match="read-only"):
+        a[0][0] = 1
+    second = check_samples(samples_from_lengths([9_000, 3_000] * 40 + [120_000]), cluster)  # the same ids 0.., other lengths
+    b = anchor_groups(second, cluster, cost)
+    fresh = _anchor_groups(second, cluster, cost, 0)
+    assert b is not a and b[0].tolist() == fresh[0].tolist() and b[2:] == tuple(map(tuple, fresh[2:]))
+    narrowed = anchor_groups(second, cluster, cost, 1)  # the assignment's retry with a narrower anchor
+    assert narrowed[3] == tuple(_anchor_groups(second, cluster, cost, 1)[3]) != b[3]
+    tiny = TINY.for_cluster(cluster)
+    assert anchor_groups(second, cluster, tiny)[1].tolist() == _anchor_groups(second, cluster, tiny, 0)[1].tolist() != b[1].tolist()
