@@ -103,7 +103,7 @@ def _parents(
     if mode.cheapest:
         parents = _no_slower_than_any_way(_cheapest(parents, length_of, cluster, cost), samples, cluster, cost, assignment_pricing, memo)
     if not mode.folded:
-        parents = tuple(replace(p, redistributed=p.repacked) for p in parents)
+        parents = tuple(replace(p, redistributed=True) if p.repacked and not p.redistributed else p for p in parents)
     return tuple(parents)
 
 

@@ -284,19 +284,20 @@ def rebalance(
     parent keeps its own layout (the parent solver without repacking, a control)."""
     prices = _StepPrices(length_of, cluster, cost.for_cluster(cluster), repack, est)
     node = cluster.gpus_per_node
-    own = [j for j, (g, _) in enumerate(start) if not (repack and g.size > node)]  # parents that keep their own layout
-    layouts = prices.own_layouts([start[j][0].samples for j in own], [start[j][0].size for j in own])
+    own, wide = [], []  # parents that keep their own layout, and the others
+    for j, (g, _) in enumerate(start):
+        (wide if repack and g.size > node else own).append(j)
+    own_groups = [start[j][0] for j in own]
+    layouts = prices.own_layouts([g.samples for g in own_groups], [g.size for g in own_groups])
     at = dict(zip(own, range(len(own))))  # a parent's place in `layouts`
     states: list[_GroupState | None] = [None] * len(start)  # made when a move first reads the parent
-    for j, (g, kids) in enumerate(start):
-        if j not in at:
-            states[j] = _GroupState(g, list(g.samples), prices, kids)
     times = np.zeros(len(start))
     if own:
         times[own] = layouts.times(prices.cost)
-    for j, s in enumerate(states):
-        if s is not None:
-            times[j] = s.time
+    for j in wide:
+        g, kids = start[j]
+        states[j] = _GroupState(g, list(g.samples), prices, kids)
+        times[j] = states[j].time
 
     def state(j: int) -> _GroupState:
         s = states[j]
@@ -349,17 +350,15 @@ def rebalance(
         src.set(new_w.ids, new_w)
         state(k).set(new_k.ids, new_k)
         times[worst], times[k] = src.time, states[k].time
-    out = []
-    for j, (g, _) in enumerate(start):
-        s = states[j]
-        if s is None:  # never read: its own layout, members sorted
-            ids = tuple(layouts.members(at[j]))
-            out.append((g if ids == g.samples else Group(g.start, g.size, ids), None))
-        else:
-            out.append(
-                (
-                    Group(s.group.start, s.group.size, tuple(s.config.ids)),
-                    None if s.config.kids is None else tuple((k.size, tuple(k.members)) for k in s.config.kids),
-                )
-            )
+    out = list(start)
+    ids, firsts, counts = layouts.ids, layouts.starts, layouts.counts
+    for k, (j, g) in enumerate(zip(own, own_groups)):
+        if states[j] is None:  # never read: its own layout, its members sorted
+            held = tuple(ids[firsts[k] : firsts[k] + counts[k]])
+            if held != g.samples or start[j][1] is not None:
+                out[j] = (Group(g.start, g.size, held), None)
+    for j, s in enumerate(states):
+        if s is not None:
+            kids = None if s.config.kids is None else tuple((k.size, tuple(k.members)) for k in s.config.kids)
+            out[j] = (Group(s.group.start, s.group.size, tuple(s.config.ids)), kids)
     return tuple(out)
