@@ -34,7 +34,7 @@ from .cluster import Cluster, ceil_div
 from .cost import CostModel
 from .layout import Group
 from .plan import ParentPlan
-from .reference import child_time, halo_pass, parent_time
+from .reference import child_time, halo_pass, parent_time, per_sample
 
 HALO_PARENT = "its own layout; sparse layers by halo exchange (parent+halo)"
 HALO_TARGET_SCALES = (1.0, 0.75, 1.5, 0.5, 2.0)  # per-rank targets (the parent's mean load x these) the halo solver tries
@@ -91,13 +91,15 @@ def _place(sizes: list[int], parent: Group, gpus_per_node: int) -> list[int]:
     return starts
 
 
-def _halo_children_for(parent: Group, ids: list[int], length_of: Mapping[int, int], cluster: Cluster, cost: CostModel, target: float):
+def _halo_children_for(
+    parent: Group, ids: list[int], length_of: Mapping[int, int], cluster: Cluster, cost: CostModel, target: float, lin: Mapping[int, float]
+):
     """Halo children for a per-rank target load, or None: every sample whose load passes the
     target, or whose length the token budget cannot hold, gets contiguous ranks of its own
     (ceil(load / target), at least its memory floor), fewest extra ranks given up first when they
-    do not fit; the rest go whole to single ranks, largest first to the least loaded that holds it."""
+    do not fit; the rest go whole to single ranks, largest first to the least loaded that holds it.
+    `lin`: each sample's cost.linear_cost."""
     budget, p = cluster.tokens_per_rank, parent.size
-    lin = {s: float(cost.linear_cost(length_of[s])) for s in ids}
     floor = {s: ceil_div(length_of[s], budget) for s in ids}
     # at most a rank per token (no empty chunk) and the parent's ranks
     want = {s: min(p, length_of[s], max(floor[s], int(np.ceil(lin[s] / target - 1e-9)) if target > 0 else 1)) for s in ids}
@@ -141,10 +143,11 @@ def solve_halo_children(parent: Group, length_of: Mapping[int, int], cluster: Cl
     cost = cost.for_cluster(cluster)
     cost.sparse.check_local()
     ids = sorted(parent.samples, key=lambda s: (-length_of[s], s))
-    mean = sum(float(cost.linear_cost(length_of[s])) for s in ids) / parent.size
+    lin = dict(zip(ids, per_sample(cost.linear_cost, Group(parent.start, parent.size, tuple(ids)), length_of)))
+    mean = sum(lin[s] for s in ids) / parent.size
     best, best_t = None, float("inf")
     for scale in HALO_TARGET_SCALES:
-        kids = _halo_children_for(parent, ids, length_of, cluster, cost, scale * mean)
+        kids = _halo_children_for(parent, ids, length_of, cluster, cost, scale * mean, lin)
         if kids is not None:
             t = parent_time(ParentPlan(parent, kids), length_of, cost)
             if t < best_t:
