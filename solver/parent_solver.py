@@ -68,9 +68,7 @@ class _BinFill:
         own = child_sizes is None
         for c in child_sizes or (size,):
             b = len(self.bin_size)
-            line = self._lines.get((c, size))
-            if line is None:
-                line = self._lines[(c, size)] = (self.cost.child_line(c, size), rank_time(0.0, 0, c, self.cost.child_line(c, size)))
+            line = self._line(c, size)
             self.bin_parent.append(p)
             self.bin_size.append(c)
             self.bin_line.append(line[0])
@@ -88,9 +86,7 @@ class _BinFill:
         each, in bulk (the SP1 groups the assignment lays out after its anchors: most of a large
         step's parents). Returns their bins, one each."""
         p0, b0 = len(self.parent_size), len(self.bin_size)
-        line = self._lines.get((size, size))
-        if line is None:
-            line = self._lines[(size, size)] = (self.cost.child_line(size, size), rank_time(0.0, 0, size, self.cost.child_line(size, size)))
+        line = self._line(size, size)
         self.parent_size += [size] * count
         self.parent_full += [0.0] * count
         self.parent_shared += [self.cost.shared_time(0.0, size)] * count
@@ -108,6 +104,13 @@ class _BinFill:
         bins = range(b0, b0 + count)
         self.fill.add_many((size, size, True), bins)
         return bins
+
+    def _line(self, c: int, size: int) -> tuple:
+        """A bin of `c` ranks in a parent of `size`: (its cost line, an empty bin's rank time)."""
+        line = self._lines.get((c, size))
+        if line is None:
+            line = self._lines[(c, size)] = (self.cost.child_line(c, size), rank_time(0.0, 0, c, self.cost.child_line(c, size)))
+        return line
 
     def room(self, b: int) -> int:
         """The longest sample bin b can still take: its own ranks' budget and its parent's."""
