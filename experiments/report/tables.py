@@ -269,7 +269,8 @@ def _sweep_cells(rows: list[dict]) -> dict[tuple, dict[tuple, list[float]]]:
 # ----- benchmarks -------------------------------------------------------------------------------------
 def solver_planning(path: str) -> tuple[str, list[dict]]:
     """Planning time of every mode per cluster size and fill: median ms (its ratio to the baseline
-    planner's on the same steps), and the simulator's own time per step on the reference's plans."""
+    planner's, step by step: the median over the steps), and the simulator's own time per step on
+    the reference's plans."""
     rows = csv_rows(path)
     fill_of = lambda r: float(r.get("fill") or 0.5)  # noqa: E731  (a bench of one fill, before the fills were a column)
     points = sorted({(fill_of(r), int(r["ranks"])) for r in rows})
@@ -282,7 +283,7 @@ def solver_planning(path: str) -> tuple[str, list[dict]]:
             if r is None:
                 cells.append("")
                 continue
-            ratio = f" ({float(r['vs_baseline']):.1f}x)" if r.get("vs_baseline") and m != REFERENCE else ""
+            ratio = f" ({float(r['vs_baseline']):.2f}x)" if r.get("vs_baseline") and m != REFERENCE else ""
             ms = float(r["median_ms"])
             cells.append(f"{ms:.{1 if ms < 100 else 0}f}{ratio}" + (" (one step)" if int(r["steps"]) == 1 and m == REFERENCE else ""))
         sim = by.get((fill, w, REFERENCE), {}).get("simulate_ms")
