@@ -24,7 +24,7 @@ parent's node-local children inside it.
 
 from __future__ import annotations
 
-import heapq
+import itertools
 import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -132,8 +132,9 @@ class _Search:
         return out
 
     # ----- moves around the slowest parent -------------------------------------------------------
-    def candidates(self, parents: list[_Parent], si: int):
-        """(indices of the parents replaced, sizes, anchors) of each move on parents[si]."""
+    def candidates(self, parents: list[_Parent], si: int, times: np.ndarray, sizes: np.ndarray):
+        """(indices of the parents replaced, sizes, anchors) of each move on parents[si]; `times`
+        and `sizes`: every parent's, as arrays."""
         s = parents[si]
         a = self.longest(s)
         if a is None:
@@ -144,12 +145,10 @@ class _Search:
             second = [longs[0]] if longs and self.floor(longs[0]) <= w // 2 else []
             yield [si], [w // 2, w // 2], [[a], second]
             yield [si], [w // 2] + [1] * (w // 2), [[a]] + [[] for _ in range(w // 2)]
+        others = np.arange(len(parents)) != si
         if 2 * w <= self.widest:  # widen, on the fastest parents' ranks (at most w parents of them)
-            fastest = heapq.nsmallest(
-                2 * w, (k for k in range(len(parents)) if k != si and parents[k].size <= w), key=lambda k: parents[k].time
-            )
             need, donors = w, []
-            for k in fastest:
+            for k in _fastest(times, others & (sizes <= w), 2 * w):
                 if parents[k].size <= need:
                     donors.append(k)
                     need -= parents[k].size
@@ -157,8 +156,11 @@ class _Search:
                         break
             if need == 0:
                 yield [si] + donors, [2 * w], [[a] + longs[:1]]
-        same = (k for k in range(len(parents)) if k != si and parents[k].size == w and parents[k].ids)
-        partners = heapq.nsmallest(2, (k for k in same if self.floor(self.longest(parents[k])) > 1), key=lambda k: parents[k].time)
+        # the fastest two of its width holding a sample wider than a rank (an SP1 parent holds none:
+        # its samples fit one rank's budget)
+        same = np.flatnonzero(others & (sizes == w)) if w > 1 else np.zeros(0, dtype=np.int64)
+        same = same[np.lexsort((same, times[same]))].tolist()
+        partners = list(itertools.islice((k for k in same if parents[k].ids and self.floor(self.longest(parents[k])) > 1), 2))
         for k in partners:  # merge with, or share the short samples of, the fastest parents of its width
             b = self.longest(parents[k])
             if 2 * w <= self.widest:
@@ -166,13 +168,15 @@ class _Search:
             yield [si, k], [w, w], [[a], [b]]
 
     def improve(self, parents: list[_Parent]) -> list[_Parent]:
+        times = np.array([p.time for p in parents])
+        sizes = np.array([p.size for p in parents], dtype=np.int64)
         for _ in range(MAX_ROUNDS):
-            si = max(range(len(parents)), key=lambda k: parents[k].time)
+            si = int(np.argmax(times))  # the first slowest
             slowest = parents[si].time
             best, best_t = None, slowest * (1 - MIN_GAIN)
-            for replaced, sizes, anchors in self.candidates(parents, si):
+            for replaced, new_sizes, anchors in self.candidates(parents, si, times, sizes):
                 pool = [x for k in replaced for x in parents[k].ids]
-                new = self.refill(sizes, anchors, pool)
+                new = self.refill(new_sizes, anchors, pool)
                 if new is None:
                     continue
                 t = max(p.time for p in new)
@@ -181,9 +185,24 @@ class _Search:
             if best is None:
                 break
             replaced, new = best
-            gone = set(replaced)
-            parents = [p for k, p in enumerate(parents) if k not in gone] + new
+            for k in sorted(replaced, reverse=True):  # the others keep their order; the new ones go last
+                del parents[k]
+            parents += new
+            keep = np.ones(len(times), dtype=bool)
+            keep[replaced] = False
+            times = np.concatenate([times[keep], [p.time for p in new]])
+            sizes = np.concatenate([sizes[keep], np.array([p.size for p in new], dtype=np.int64)])
         return parents
+
+
+def _fastest(times: np.ndarray, mask: np.ndarray, n: int) -> list[int]:
+    """The n parents of `mask` with the least time, ties by index (heapq.nsmallest's answer over
+    them in index order), without sorting them all."""
+    idx = np.flatnonzero(mask)
+    if len(idx) > n:
+        t = times[idx]
+        idx = idx[t <= np.partition(t, n - 1)[n - 1]]  # the n least, and any tied with the last
+    return idx[np.lexsort((idx, times[idx]))][:n].tolist()
 
 
 def _laid_out(parents: list[_Parent], cluster: Cluster) -> tuple[ParentPlan, ...]:
