@@ -526,3 +526,28 @@ def test_the_assignment_and_the_joint_fill_share_one_steps_anchors_and_never_ano
     assert narrowed[3] == tuple(_anchor_groups(second, cluster, cost, 1)[3]) != b[3]
     tiny = TINY.for_cluster(cluster)
     assert anchor_groups(second, cluster, tiny)[1].tolist() == _anchor_groups(second, cluster, tiny, 0)[1].tolist() != b[1].tolist()
+
+
+def test_choose_shares_the_joint_fill_between_its_ways_only_where_no_parent_gets_children():
+    """The joint fill depends on repacking only through the children it gives wide parents: where
+    it gives none, the fill without repacking (baseline+solver's, which choose plans on the same
+    step) is the fill with it, shared; where a parent gets children, each is its own, and each is
+    what a fresh fill of that step gives."""
+    cluster = Cluster(32, 8, 32768)
+    rng = np.random.default_rng(0)
+    lengths = [120_000] + [int(n) for n in rng.integers(1, 9000, 300)]
+    while sum(lengths) > 0.7 * 32 * 32768:
+        lengths.pop()
+
+    def fresh(cost, repack):  # the same samples in a new tuple: nothing kept from another call
+        return assign_with_children(tuple(samples_from_lengths(lengths)), cluster, cost, repack)
+
+    from solver.cluster import check_samples
+
+    for cost, children in ((FULL_HEAVY, True), (PAPER, False)):
+        samples = check_samples(samples_from_lengths(lengths), cluster)
+        with_kids = assign_with_children(samples, cluster, cost, True)
+        assert any(kids is not None for _, kids in with_kids) == children
+        without = assign_with_children(samples, cluster, cost, False)
+        assert (without is with_kids) == (not children)
+        assert with_kids == fresh(cost, True) and without == fresh(cost, False)
