@@ -19,7 +19,7 @@ import numpy as np
 
 from config import PRICINGS, SettingError
 
-from .cluster import Cluster, PlanError, Sample, _last_checked, ceil_div, ceil_pow2_array, check_samples
+from .cluster import Cluster, PlanError, Sample, StepMemo, ceil_div, ceil_pow2_array, check_samples
 from .cost import CostModel
 from .fill import LeastLoaded
 from .layout import Group
@@ -128,20 +128,19 @@ def anchor_groups(samples, cluster: Cluster, cost: CostModel, narrowings: int = 
     The parent assignment and the parent solver's joint fill both start from it on the same step:
     the answer for a checked step (a tuple of frozen Samples, cluster.check_samples) is kept until
     the next such call, read-only (its arrays unwritable, its lists tuples)."""
-    last = _last_anchored[0]
-    if samples is _last_checked[0] and last is not None and last[0] is samples and last[1:] == (cluster, cost, narrowings):
-        return _last_anchored[1]
-    out = _anchor_groups(samples, cluster, cost, narrowings)
-    if out is not None:
-        for a in out[:2]:
-            a.flags.writeable = False
-        out = (*out[:2], *map(tuple, out[2:]))
-    if samples is _last_checked[0]:
-        _last_anchored[:] = [(samples, cluster, cost, narrowings), out]
+    key = (cluster, cost, narrowings)
+    out = _ANCHORED.get(samples, key)
+    if out is StepMemo.MISS:
+        out = _anchor_groups(samples, cluster, cost, narrowings)
+        if out is not None:
+            for a in out[:2]:
+                a.flags.writeable = False
+            out = (*out[:2], *map(tuple, out[2:]))
+        _ANCHORED.put(samples, key, out)
     return out
 
 
-_last_anchored: list = [None, None]  # (samples, cluster, cost, narrowings), anchor_groups' answer
+_ANCHORED = StepMemo()  # anchor_groups' answer for the step checked last
 
 
 def _anchor_groups(samples, cluster: Cluster, cost: CostModel, narrowings: int):

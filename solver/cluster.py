@@ -58,6 +58,27 @@ class Sample:
 _last_checked: list = [None, None]
 
 
+class StepMemo:
+    """One answer kept for the step check_samples passed last (it cannot change, as above), under
+    a key of the other arguments: a stage that runs more than once on one step (the assignment's
+    anchors, the joint fill, which several modes start from) computes its answer once. Any other
+    step, or another key, is a miss; an answer for a new step replaces the one kept."""
+
+    MISS = object()
+
+    def __init__(self):
+        self._samples, self._key, self._value = None, None, None
+
+    def get(self, samples, key: tuple):
+        if samples is _last_checked[0] and samples is self._samples and key == self._key:
+            return self._value
+        return StepMemo.MISS
+
+    def put(self, samples, key: tuple, value) -> None:
+        if samples is _last_checked[0]:
+            self._samples, self._key, self._value = samples, key, value
+
+
 def check_samples(samples: Iterable[Sample], cluster: Cluster | None = None) -> tuple[Sample, ...]:
     """Validate ids and lengths; return the samples as a tuple. Raises PlanError naming the value."""
     if samples is _last_checked[0] and cluster == _last_checked[1]:

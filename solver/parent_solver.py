@@ -20,7 +20,7 @@ import numpy as np
 
 from .assignment import anchor_groups, unplaceable
 from .children import polish_children, solve_children
-from .cluster import Cluster, PlanError, Sample, _last_checked, check_samples
+from .cluster import Cluster, PlanError, Sample, StepMemo, check_samples
 from .cost import CostModel, rank_time
 from .estimate import PlanEstimate
 from .fill import LeastLoaded
@@ -303,10 +303,10 @@ def assign_with_children(
     # the fill depends on `repack` only through these decisions: where no parent gets children, the
     # fill with repacking is the fill without (choose plans both on the same step), so the answer
     # for a checked step is kept until the next call, as anchor_groups keeps its own
-    key = (samples, cluster, cost, tuple(decisions))
-    last = _last_joint[0]
-    if samples is _last_checked[0] and last is not None and last[0] is samples and last[1:] == key[1:]:
-        return _last_joint[1]
+    key = (cluster, cost, tuple(decisions))
+    kept = _JOINT.get(samples, key)
+    if kept is not StepMemo.MISS:
+        return kept
     fill = _BinFill(cluster, cost, linear, full, lengths)
     parent_bins = []
     for k, (_, w) in enumerate(groups[: len(anchors)]):
@@ -325,12 +325,11 @@ def assign_with_children(
         kids = None if len(bins) == 1 else tuple((fill.bin_size[b], tuple(map(sid.__getitem__, fill.bin_members[b]))) for b in bins)
         out.append((Group(start, w, ids), kids))
     out = tuple(out)
-    if samples is _last_checked[0]:
-        _last_joint[:] = [key, out]
+    _JOINT.put(samples, key, out)
     return out
 
 
-_last_joint: list = [None, None]  # (samples, cluster, cost, the children decided), assign_with_children's answer
+_JOINT = StepMemo()  # assign_with_children's answer for the step checked last, keyed on the children decided
 
 
 # the parents within this fraction of the slowest also get a child solve from scratch
@@ -351,16 +350,14 @@ def joint_parents(
         start = assign_with_children(samples, cluster, cost, repack)
     except PlanError:
         return None
-    node = cluster.gpus_per_node
     if not repack:
+        node = cluster.gpus_per_node
         polished = rebalance(start, length_of, cluster, cost, repack=False, est=est)
         parents = tuple(ParentPlan(g, (g,), NODE_LOCAL if g.size <= node else DISABLED) for g, _ in polished)
         return parents, est.parent_times(parents).tolist()
     parents = []
     for g, kids in rebalance(start, length_of, cluster, cost, est=est):
-        if g.size <= node:  # node-local: nothing to solve (solve_children's answer)
-            pp = ParentPlan(g, (g,), NODE_LOCAL)
-        elif kids is None:
+        if kids is None:
             pp = ParentPlan(g, *solve_children(g, length_of, cluster, cost))
         else:
             pp = ParentPlan(g, *polish_children(g, kids, length_of, cluster, cost))
