@@ -143,7 +143,7 @@ def solve_halo_children(parent: Group, length_of: Mapping[int, int], cluster: Cl
     cost = cost.for_cluster(cluster)
     cost.sparse.check_local()
     ids = sorted(parent.samples, key=lambda s: (-length_of[s], s))
-    lin = dict(zip(ids, per_sample(cost.linear_cost, Group(parent.start, parent.size, tuple(ids)), length_of)))
+    lin = dict(zip(ids, per_sample(cost.linear_cost, ids, length_of)))
     mean = sum(lin[s] for s in ids) / parent.size
     best, best_t = None, float("inf")
     for scale in HALO_TARGET_SCALES:

@@ -19,7 +19,7 @@ parent's time.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -28,15 +28,15 @@ from .layout import Group, TokenLayout, chunk_bounds, halo_pair_rows, state_hops
 from .plan import ParentPlan
 
 
-def per_sample(costs, group: Group, length_of: Mapping[int, int]) -> list[float]:
-    """A per-sample cost (CostModel.full_cost, linear_cost) of each of the group's samples, in order:
-    one call over their lengths (each the float a call on that length alone gives)."""
-    return costs(np.array([length_of[s] for s in group.samples], dtype=np.int64)).tolist()
+def per_sample(costs, ids: Sequence[int], length_of: Mapping[int, int]) -> list[float]:
+    """A per-sample cost (CostModel.full_cost, linear_cost) of each of these samples, in order: one
+    call over their lengths (each the float a call on that length alone gives)."""
+    return costs(np.array([length_of[s] for s in ids], dtype=np.int64)).tolist()
 
 
 def shared_time(parent: Group, length_of: Mapping[int, int], cost: CostModel) -> float:
     """Seconds every rank of `parent` spends on its full attention and its full layers' exchange latencies."""
-    full_attention = sum(per_sample(cost.full_cost, parent, length_of)) / parent.size
+    full_attention = sum(per_sample(cost.full_cost, parent.samples, length_of)) / parent.size
     latencies = cost.model.n_full * cost.layer_exchange_time(0.0, parent.start, parent.size, parent.start)
     return full_attention + latencies
 
@@ -129,13 +129,13 @@ def child_time(child: Group, parent: Group, length_of: Mapping[int, int], cost: 
     per token, its slowest rank's halo exchanges every pass (halo_pass) and the maps its slowest
     rank forms every attention pass (CostModel.halo_line)."""
     if child.halo:
-        lin = sum(per_sample(cost.linear_cost, child, length_of))
+        lin = sum(per_sample(cost.linear_cost, child.samples, length_of))
         tokens = sum(length_of[s] for s in child.samples)
         maps = float(state_load(child, length_of, cost)[1].max(initial=0.0)) if cost.sparse.passing is not None else 0.0
         return rank_time(lin, tokens, child.size, cost.halo_line(parent.size, halo_pass(child, length_of, cost), maps))
     m = cost.model
     tokens_per_rank = sum(length_of[s] for s in child.samples) / child.size
-    work = sum(per_sample(cost.linear_cost, child, length_of)) / child.size
+    work = sum(per_sample(cost.linear_cost, child.samples, length_of)) / child.size
     rank = child.start
     sparse_exchanges = m.n_sparse * cost.layer_exchange_time(tokens_per_rank, child.start, child.size, rank, "S")
     full_bytes = cost.layer_exchange_time(tokens_per_rank, parent.start, parent.size, rank) - cost.layer_exchange_time(
