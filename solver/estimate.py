@@ -58,6 +58,83 @@ def _gather(parents, by_start: bool = False):
 _first_rank, _samples, _size, _halo = attrgetter("start"), attrgetter("samples"), attrgetter("size"), attrgetter("halo")
 
 
+def _spans(first: np.ndarray, count: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The indexes first[i], ..., first[i] + count[i] - 1 of every i, in order, and each one's i."""
+    owner = np.repeat(np.arange(len(count)), count)
+    return np.arange(len(owner)) - np.repeat(np.cumsum(count) - count - first, count), owner
+
+
+class _Kids:
+    """Child k of a plan's gathered children (a view of the known children)."""
+
+    def __init__(self, every: list, at: np.ndarray):
+        self.every, self.at = every, at
+
+    def __getitem__(self, k: int):
+        return self.every[int(self.at[k])]
+
+    def __len__(self) -> int:
+        return len(self.at)
+
+
+class _Known:
+    """The ParentPlans a PlanEstimate has priced steps of, each gathered once (_gather, children by
+    first rank) into arrays a step's parents index: the plans a planner compares on one step share
+    most of their parents (the same objects), so a step is priced from array lookups rather than a
+    pass over every parent's children and samples. The parents are held, so an id stays theirs."""
+
+    def __init__(self):
+        self.index: dict[int, int] = {}  # id(ParentPlan) -> its index
+        self.held: list = []
+        self.kids: list = []  # every known child, each parent's in a run
+        z = np.zeros(0, dtype=np.int64)
+        # per parent: its group's size, redistributed, its first child's index, its child count
+        self.psize, self.moved, self.kid0, self.nkid = z, np.zeros(0, dtype=bool), z, z
+        # per child: sample count, size, first rank, halo, its first sample's index in rows
+        self.count, self.size, self.start, self.halo, self.row0 = z, z, z, np.zeros(0, dtype=bool), z
+        self.rows = z  # every known child's samples' rows, each child's in a run
+        self._halo: dict[tuple[int, int], float] = {}  # (child index, id(cost model)) -> its halo exchange's seconds
+        self._priced: list = []  # the cost models priced with (held, so their ids stay theirs)
+
+    def halo_seconds(self, k: int, length_of, priced: CostModel) -> float:
+        """solver.reference.halo_seconds of known child k, computed once per cost model."""
+        key = (k, id(priced))
+        if key not in self._halo:
+            if not any(c is priced for c in self._priced):
+                self._priced.append(priced)
+            self._halo[key] = halo_seconds(self.kids[k], length_of, priced)
+        return self._halo[key]
+
+    def find(self, parents: list, est: PlanEstimate) -> np.ndarray:
+        """Each parent's index, gathering the ones not seen before."""
+        get = self.index.get
+        at = [get(i, -1) for i in map(id, parents)]
+        new = [pp for pp, k in zip(parents, at) if k < 0]
+        if new:
+            self._add(new, est)
+            at = [get(i) for i in map(id, parents)]
+        return np.array(at, dtype=np.int64)
+
+    def _add(self, new: list, est: PlanEstimate) -> None:
+        kids, owner, counts, sizes, firsts, halo = _gather(new, by_start=True)
+        rows = est.rows_of(chain.from_iterable(map(_samples, kids)), int(counts.sum()))
+        p0, k0, r0 = len(self.held), len(self.kids), len(self.rows)
+        for k, pp in enumerate(new):
+            self.index[id(pp)] = p0 + k
+        self.held += new
+        self.kids += kids
+        nkid = np.bincount(owner, minlength=len(new))
+        cat = np.concatenate
+        self.psize = cat([self.psize, np.fromiter((pp.group.size for pp in new), dtype=np.int64, count=len(new))])
+        self.moved = cat([self.moved, np.fromiter((pp.redistributed for pp in new), dtype=bool, count=len(new))])
+        self.kid0 = cat([self.kid0, k0 + np.cumsum(nkid) - nkid])
+        self.nkid = cat([self.nkid, nkid])
+        self.count, self.size = cat([self.count, counts]), cat([self.size, sizes])
+        self.start, self.halo = cat([self.start, firsts]), cat([self.halo, halo])
+        self.row0 = cat([self.row0, r0 + np.cumsum(counts) - counts])
+        self.rows = cat([self.rows, rows])
+
+
 class PlanEstimate:
     """Times of parents whose children are already chosen (ParentPlans), from per-sample terms
     computed once: the planner compares whole candidate plans with it."""
@@ -80,6 +157,8 @@ class PlanEstimate:
         self._lin = np.asarray(cost.linear_cost(lens), dtype=np.float64)
         self._full = np.asarray(cost.full_cost(lens), dtype=np.float64)
         self._steps: dict[int, tuple] = {}  # id -> (parents tuple, its step_time)
+        self._known = _Known()  # the parents step_time has seen, gathered once each
+        self._per_row: tuple | None = None  # per sample: full attention, sparse attention, blocks
         self.linear = dict(zip(ids, self._lin.tolist()))
         self.full = dict(zip(ids, self._full.tolist()))
 
@@ -166,20 +245,47 @@ class PlanEstimate:
             return t
         return self._step_time(parents)
 
-    def _step_time(self, parents) -> float:
+    def floor_time(self, parents) -> float:
+        """A lower bound on step_time of every plan with these parents' groups and samples, where
+        the parents no wider than a node keep these ParentPlans and each wider one (unrepacked
+        here in any way) runs its sparse layers any way: Ulysses or halo children, its own
+        layout, with or without halo attention. Each wide parent is priced as one unit whose ranks
+        hold its mean tokens, with its full layers as they are and its sparse layers' attention and
+        exchanges free.
+
+        Why it is a bound: in any such plan, a wide parent's ranks meet at each of its full layers'
+        exchanges and at the router's barriers; between two meetings a rank's clock grows by terms
+        linear in its tokens (token-wise work, the full layers' exchanges, the experts'
+        all-to-alls), every other term being at least zero, so the last rank to the next meeting
+        is no earlier than a rank of mean tokens paying none of the others, and a meeting's
+        exchange lasts its slowest member's, no less than that rank's (the pipelined schedule too
+        grows with each of its terms). So the bound's clock never passes the plan's slowest rank."""
+        parents = list(parents)
+        if any(pp.redistributed for pp in parents):
+            raise ValueError("floor_time bounds folded plans; these parents include a redistributed one")
+        return self._step_time(parents, floor=True)
+
+    def _step_time(self, parents, floor: bool = False) -> float:
         parents = list(parents)
         cost, cluster = self.cost, self.cluster
         world = cluster.world_size
-        kids, owner, counts, size, starts, halo = _gather(parents, by_start=True)
-        nk = len(kids)
+        known = self._known
+        at = known.find(parents, self)  # each parent's index among the known ones
+        kid_at, owner = _spans(known.kid0[at], known.nkid[at])
+        counts, size, starts, halo = known.count[kid_at], known.size[kid_at], known.start[kid_at], known.halo[kid_at]
+        nk = len(kid_at)
         # per child: its samples' sums
-        rows = self.rows_of(chain.from_iterable(map(_samples, kids)), int(counts.sum()))
-        of = np.repeat(np.arange(nk), counts)
-        psize = np.fromiter((pp.group.size for pp in parents), dtype=np.float64, count=len(parents))
+        row_at, of = _spans(known.row0[kid_at], counts)
+        rows = known.rows[row_at]
+        psize = known.psize[at].astype(np.float64)
         lens = self._len[rows]
-        full_attn = np.bincount(owner, np.bincount(of, cost.full_attn_time(lens), nk), len(parents)) / psize
-        blocks = np.bincount(of, cost.block_time(lens), nk) / np.where(halo, size, 1)
-        sparse_attn = np.bincount(of, cost.sparse_attn_time(lens), nk) / size + blocks
+        if self._per_row is None:
+            self._per_row = (cost.full_attn_time(self._len), cost.sparse_attn_time(self._len), cost.block_time(self._len))
+        full_row, sparse_row, block_row = self._per_row
+        full_attn = np.bincount(owner, np.bincount(of, full_row[rows], nk), len(parents)) / psize
+        blocks = np.bincount(of, block_row[rows], nk) / np.where(halo, size, 1)
+        sparse_attn = np.bincount(of, sparse_row[rows], nk) / size + blocks
+        kids = _Kids(known.kids, kid_at)  # the Group of child k, for the few that need one
         # units: a Ulysses child is one, standing for its ranks; a halo child's ranks one each
         split = halo & (size > 1)
         per_child = np.where(split, size, 1)
@@ -198,11 +304,16 @@ class PlanEstimate:
         # a unit's tokens are its busiest rank's: every token-wise term and every send grows with
         # them, so that rank is the unit's slowest between any two synchronizations
         tok_s = busiest(rank_tokens(kids, self.length_of, world, lens, (counts, size, starts)))
-        moved = np.fromiter((pp.redistributed for pp in parents), dtype=bool, count=len(parents))[owner][unit_of]
+        moved = known.moved[at][owner][unit_of]
         tok_f = tok_s
         if moved.any():  # a redistributing parent's full layers hold the parent's own layout
             tok_f = np.where(moved, busiest(rank_tokens([pp.group for pp in parents], self.length_of, world)), tok_s)
         unit_sparse = sparse_attn[unit_of]
+        free = None  # floor_time's units: a wide parent at its mean tokens, its sparse layers free
+        if floor:
+            free = (known.psize[at] > cluster.gpus_per_node)[owner][unit_of]
+            mean = (np.bincount(owner, np.bincount(of, lens, nk), len(parents)) / psize)[owner][unit_of]
+            tok_s = tok_f = np.where(free, mean, tok_s)
         zero = np.zeros(nu)
 
         def ulysses(priced: CostModel, tok: np.ndarray, sizes: np.ndarray, layer_type: str, entry: bool):
@@ -222,15 +333,19 @@ class PlanEstimate:
             f_in, f_out = ulysses(priced, tok_f, psizes, "F", True), ulysses(priced, tok_f, psizes, "F", False)
             s_in, s_out = ulysses(priced, tok_s, csizes, "S", True), ulysses(priced, tok_s, csizes, "S", False)
             for k in np.nonzero(split)[0].tolist():  # a halo child: keys and values (and states) point to point, no exit
-                at = np.nonzero(unit_of == k)[0]
-                s_in[0][at], s_in[1][at] = halo_seconds(kids[k], self.length_of, priced), 0.0
-                s_out[0][at] = s_out[1][at] = 0.0
+                its = np.nonzero(unit_of == k)[0]
+                s_in[0][its], s_in[1][its] = known.halo_seconds(int(kid_at[k]), self.length_of, priced), 0.0
+                s_out[0][its] = s_out[1][its] = 0.0
+            if free is not None:
+                s_in, s_out = [tuple(np.where(free, 0.0, y) for y in x) for x in (s_in, s_out)]
             return [(*x, zero, zero) for x in (f_in, f_out, s_in, s_out)]
 
         f_in, f_out, s_in, s_out = exchanges(cost)
         if cost.sparse.passing is not None:  # the maps each rank's chunks form
             for k in np.nonzero(split)[0].tolist():
                 unit_sparse[unit_of == k] += state_load(kids[k], self.length_of, cost)[1]
+        if free is not None:
+            unit_sparse = np.where(free, 0.0, unit_sparse)
         redist = None
         if moved.any():
             redist = tuple((busiest(x[0] + x[1]), zero, zero, zero) for x in self._redistributions(parents))  # a rank's whole call

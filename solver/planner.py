@@ -34,14 +34,15 @@ from .width_solver import solve_widths
 
 
 def _parent_plans(
-    groups: Sequence[Group], length_of: dict[int, int], cluster: Cluster, cost: CostModel, start: str
+    groups: Sequence[Group], length_of: dict[int, int], cluster: Cluster, cost: CostModel, start: str, local: Sequence[ParentPlan]
 ) -> tuple[ParentPlan, ...]:
     """Each parent's first way to run its sparse layers (a Mode's `start`): a node-local parent
-    keeps its own layout; a wide one as `start` says."""
-    parents = []
+    keeps its own layout (`local`: each node-local group's ParentPlan, in order, one object for
+    every start, so the step prices of the starts' plans share them); a wide one as `start` says."""
+    parents, local = [], iter(local)
     for g in groups:
         if g.size <= cluster.gpus_per_node:
-            parents.append(ParentPlan(g, (g,), NODE_LOCAL))
+            parents.append(next(local))
         elif start == OWN:
             parents.append(ParentPlan(g, (g,), DISABLED))
         elif start == HALO_CHILDREN:
@@ -83,10 +84,8 @@ def _parents(
     length_of = memo["lengths"]
     if "assignment" not in memo:
         memo["assignment"] = assign_parents(samples, cluster, cost, pricing=assignment_pricing)
+    parents = _started(mode.start, cluster, cost, memo)
     key = (mode.start,)
-    if key not in memo:
-        memo[key] = _parent_plans(memo["assignment"], length_of, cluster, cost, mode.start)
-    parents = memo[key]
     if mode.solver:
         if "estimate" not in memo:
             memo["estimate"] = PlanEstimate(length_of, cluster, cost)  # one per step, shared by the solvers
@@ -107,21 +106,41 @@ def _parents(
     return tuple(parents)
 
 
+def _started(start: str, cluster: Cluster, cost: CostModel, memo: dict) -> tuple[ParentPlan, ...]:
+    """The assigned parents (memo["assignment"]), each wide one started as `start` says."""
+    key = (start,)
+    if key not in memo:
+        if "node-local" not in memo:
+            memo["node-local"] = [ParentPlan(g, (g,), NODE_LOCAL) for g in memo["assignment"] if g.size <= cluster.gpus_per_node]
+        memo[key] = _parent_plans(memo["assignment"], memo["lengths"], cluster, cost, start, memo["node-local"])
+    return memo[key]
+
+
 def _no_slower_than_any_way(
     chosen: tuple[ParentPlan, ...], samples: Sequence[Sample], cluster: Cluster, cost: CostModel, assignment_pricing: str, memo: dict
 ) -> tuple[ParentPlan, ...]:
     """The per-parent choice's plan, or the plan of a single way (every mode without the choice
     that this sparse kind can run) where that one's step is faster: a parent's cheapest way alone
     is not the step's, since the router's barrier makes each kind of layer wait for its own
-    slowest rank. Compared by PlanEstimate.step_time, the step the simulator charges."""
+    slowest rank. Compared by PlanEstimate.step_time, the step the simulator charges; the first
+    of the fastest, in the table's order.
+
+    The ways without the parent solver all keep the assignment's parents, so one
+    PlanEstimate.floor_time of those bounds every one of their steps from below: where it is above
+    the fastest step found among the others, none of them can be the fastest, and they are not
+    planned."""
     if "estimate" not in memo:
         memo["estimate"] = PlanEstimate(memo["lengths"], cluster, cost)
     est = memo["estimate"]
+    ways = [w for w in MODE_TABLE if not (w.cheapest or (w.needs_reach and cost.sparse.first_key is None))]
+    solved = {w.name: _parents(w, samples, cluster, cost, assignment_pricing, memo) for w in ways if w.solver}
+    low = min([est.step_time(chosen), *map(est.step_time, solved.values())])
+    # the margin: the bound is summed in another order than the steps it bounds
+    if est.floor_time(_started(OWN, cluster, cost, memo)) > low * (1 + 1e-9):
+        ways = [w for w in ways if w.solver]
     best, best_t = chosen, est.step_time(chosen)
-    for way in MODE_TABLE:
-        if way.cheapest or (way.needs_reach and cost.sparse.first_key is None):
-            continue
-        parents = _parents(way, samples, cluster, cost, assignment_pricing, memo)
+    for way in ways:
+        parents = solved[way.name] if way.solver else _parents(way, samples, cluster, cost, assignment_pricing, memo)
         t = est.step_time(parents)
         if t < best_t:
             best, best_t = parents, t

@@ -4,6 +4,8 @@ time, and the bin a placement picks), the rebalance's trial moves, and the child
 time, on random parents, children, samples and hardware; and the price of a whole plan's step
 (PlanEstimate.step_time) is the simulator's, in every mode."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -14,9 +16,10 @@ from solver import CostModel, Group, make_plan
 from solver import reference as ref
 from solver.children import child_problem
 from solver.estimate import PlanEstimate
+from solver.halo import passing_way
 from solver.modes import MODE_TABLE
 from solver.parent_solver import _BinFill
-from solver.plan import NODE_LOCAL, ParentPlan
+from solver.plan import NODE_LOCAL, ParentPlan, StepPlan
 from solver.rebalance import _GroupState, _StepPrices
 from solver.simulator import simulate
 from tests.strategies import batches, clusters
@@ -113,6 +116,36 @@ def test_the_step_estimate_is_the_simulators_step_in_every_mode(data):
             continue
         plan = make_plan(samples, cluster, cost, mode.name)
         assert est.step_time(plan.parents) == pytest.approx(simulate(plan, cost).step_time, rel=REL), mode.name
+
+
+@settings(max_examples=25, deadline=None)  # several modes planned and simulated per example
+@given(st.data())
+def test_the_floor_is_below_every_step_of_the_assigned_parents(data):
+    """PlanEstimate.floor_time of the assigned parents (the baseline's plan) is at most the
+    simulated step of every plan that keeps them and runs the wide ones' sparse layers another
+    way: each mode without the parent solver (Ulysses children, halo children, halo attention in
+    the parent's own layout), repack's children redistributed rather than folded, and repack's
+    children each run as Ulysses or as halo at random; choose leaves those modes unplanned where
+    the floor lies above a faster plan's step."""
+    cluster = data.draw(clusters(max_nodes=4))
+    samples = data.draw(batches(cluster, fill=0.6))
+    cost = data.draw(costs(pipelined=True)).for_cluster(cluster)
+    length_of = {s.id: s.length for s in samples}
+    floor = PlanEstimate(length_of, cluster, cost).floor_time(make_plan(samples, cluster, cost, "baseline").parents)
+    reach = cost.sparse.first_key is not None
+    plans = [make_plan(samples, cluster, cost, m.name) for m in MODE_TABLE if not m.solver and (reach or not m.needs_reach)]
+    repack = make_plan(samples, cluster, cost, "repack")
+    moved = tuple(replace(p, redistributed=True) if p.repacked else p for p in repack.parents)
+    plans.append(StepPlan(cluster, repack.lengths, moved, "redistribute").validate())
+    if reach:
+
+        def either(c):  # a child as Ulysses or, drawn, as halo
+            return passing_way(replace(c, halo=True), length_of, cost) if c.size > 1 and data.draw(st.booleans()) else c
+
+        mixed = tuple(replace(p, children=tuple(map(either, p.children))) if p.repacked else p for p in repack.parents)
+        plans.append(StepPlan(cluster, repack.lengths, mixed, "choose").validate())
+    for plan in plans:
+        assert floor <= simulate(plan, cost).step_time * (1 + REL), plan.mode
 
 
 @given(parents(), st.data())
