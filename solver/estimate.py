@@ -311,7 +311,7 @@ class PlanEstimate:
         unit_sparse = sparse_attn[unit_of]
         free = None  # floor_time's units: a wide parent at its mean tokens, its sparse layers free
         if floor:
-            free = (known.psize[at] > cluster.gpus_per_node)[owner][unit_of]
+            free = (psize > cluster.gpus_per_node)[owner][unit_of]
             mean = (np.bincount(owner, np.bincount(of, lens, nk), len(parents)) / psize)[owner][unit_of]
             tok_s = tok_f = np.where(free, mean, tok_s)
         zero = np.zeros(nu)
