@@ -1,6 +1,6 @@
 """The pack kernels' machine code for NVIDIA GPUs, read on any machine.
 
-Triton's wheel bundles ptxas and cuobjdump, so a machine without a GPU can compile a kernel for
+Triton's wheel bundles ptxas, cuobjdump and nvdisasm, so a machine without a GPU can compile a kernel for
 sm_80, sm_90 or sm_100 and read what it became. For one launch (the kernel, grid and arguments
 that permute.launch_spec gives) this module
 
@@ -31,6 +31,7 @@ import hashlib
 import json
 import os
 import re
+import struct
 import subprocess
 import sys
 import tempfile
@@ -172,16 +173,90 @@ def _tool(name: str) -> str:
     return path
 
 
+def _text_section(cubin: bytes) -> bytes:
+    """The code of a cubin's one kernel: its ELF section named .text.<kernel>."""
+    shoff = struct.unpack_from("<Q", cubin, 0x28)[0]
+    entsize, count, names_at = struct.unpack_from("<HHH", cubin, 0x3A)
+    sections = [struct.unpack_from("<IIQQQQ", cubin, shoff + i * entsize) for i in range(count)]
+    names = sections[names_at][4]  # the offset of the section-name table
+    texts = [
+        cubin[off : off + size]
+        for name, _, _, _, off, size in sections
+        if cubin[names + name : cubin.index(b"\0", names + name)].startswith(b".text.")
+    ]
+    if len(texts) != 1:
+        raise RuntimeError(f"a pack kernel's cubin holds {len(texts)} code sections; one was expected")
+    return texts[0]
+
+
+def read_cubins(cubins: list[tuple[bytes, str]]) -> list[tuple[int, int, str]]:
+    """(registers per thread, local bytes per thread (spills and stack), SASS) of each cubin,
+    given with its target (`sm_90a`, as in its PTX).
+
+    The resources come from `cuobjdump -res-usage`, a few milliseconds a cubin. The SASS comes from
+    nvdisasm, which spends about a third of a second setting up whatever it reads: so the kernels
+    of one target are read in one call, their code sections laid end to end as one raw instruction
+    image, and cut apart again at the offsets where each began (an instruction is 16 bytes and
+    prints its offset; offsets and branch targets are counted again from the kernel's start).
+    tests/test_machine_code.py holds the result to `cuobjdump -sass` of each cubin alone."""
+    out: list = [None] * len(cubins)
+    by_target: dict[str, list[int]] = {}
+    for i, (_, target) in enumerate(cubins):
+        by_target.setdefault(target, []).append(i)
+    with tempfile.TemporaryDirectory() as tmp:
+        for target, which in by_target.items():
+            texts, starts = [], []
+            for i in which:
+                starts.append(sum(len(t) for t in texts))
+                texts.append(_text_section(cubins[i][0]))
+            image = os.path.join(tmp, f"{target}.bin")
+            with open(image, "wb") as f:
+                f.write(b"".join(texts))
+            arch = "SM" + target.removeprefix("sm_")
+            sass = subprocess.run([_tool("nvdisasm"), "-b", arch, image], capture_output=True, text=True, check=True).stdout
+            lines: list[list[str]] = [[] for _ in which]
+            k = 0
+            for line in sass.splitlines():
+                m = re.match(r"\s*/\*([0-9a-f]+)\*/", line)
+                if not m:
+                    continue
+                at = int(m.group(1), 16)
+                while k + 1 < len(starts) and at >= starts[k + 1]:
+                    k += 1
+                lines[k].append(_rebased(line, m.group(1), starts[k]))
+            for i, kernel_lines in zip(which, lines):
+                path = os.path.join(tmp, f"{i}.cubin")
+                with open(path, "wb") as f:
+                    f.write(cubins[i][0])
+                out[i] = (*_resources(path), "\n".join(kernel_lines))
+    return out
+
+
+_ADDRESSED = re.compile(r"(?P<op>(?:BRA|BSSY|CALL|JMP|BRX|JMX|SSY|PBK|PCNT)\b[^;]*?)0x(?P<to>[0-9a-f]+)(?P<rest>\s*;)")
+
+
+def _rebased(line: str, offset: str, start: int) -> str:
+    """An instruction line of a raw image as its kernel alone prints it: its offset, and the code
+    address a branch names, counted from where its kernel begins in the image."""
+    line = line.replace(offset, f"{int(offset, 16) - start:04x}", 1)
+    return _ADDRESSED.sub(lambda m: f"{m['op']}0x{int(m['to'], 16) - start:x}{m['rest']}", line)
+
+
 def read_cubin(cubin: bytes) -> tuple[int, int, str]:
-    """(registers per thread, local bytes per thread (spills and stack), SASS) of a cubin."""
+    """(registers per thread, local bytes per thread, SASS) of one cubin, all from cuobjdump: the
+    yardstick read_cubins is held to."""
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
-        res = subprocess.run([_tool("cuobjdump"), "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
         sass = subprocess.run([_tool("cuobjdump"), "-sass", f.name], capture_output=True, text=True, check=True).stdout
+        return (*_resources(f.name), sass)
+
+
+def _resources(path: str) -> tuple[int, int]:
+    """(registers per thread, local bytes per thread: spills and stack) of the cubin at `path`."""
+    res = subprocess.run([_tool("cuobjdump"), "-res-usage", path], capture_output=True, text=True, check=True).stdout
     regs = int(re.search(r"REG:(\d+)", res).group(1))
-    local = int(re.search(r"LOCAL:(\d+)", res).group(1)) + int(re.search(r"STACK:(\d+)", res).group(1))
-    return regs, local, sass
+    return regs, int(re.search(r"LOCAL:(\d+)", res).group(1)) + int(re.search(r"STACK:(\d+)", res).group(1))
 
 
 # ----- compiling a launch --------------------------------------------------------------------
@@ -274,14 +349,15 @@ def _tensors(spec: LaunchSpec):
     return src, out, rows, peers, head_map
 
 
-def compile_launch(spec: LaunchSpec) -> LaunchReport:
-    """Compile one launch for its target, with the launcher's specialization, and read it back."""
+def _compile(spec: LaunchSpec) -> tuple:
+    """Compile one launch for its target, with the launcher's specialization: (its specialization's
+    key, the launch's tile meta-parameters, num_warps, the cubin, the PTX target)."""
     import triton  # noqa: PLC0415
     from triton.backends.compiler import GPUTarget  # noqa: PLC0415
     from triton.compiler import ASTSource, make_backend  # noqa: PLC0415
     from triton.runtime.jit import create_function_from_signature  # noqa: PLC0415
 
-    from .permute import launch_spec, vector_elements  # noqa: PLC0415
+    from .permute import launch_spec  # noqa: PLC0415
 
     if spec.arch not in SM_LIMITS:
         raise ValueError(f"arch={spec.arch}: compute capabilities known here are {sorted(SM_LIMITS)}")
@@ -295,40 +371,56 @@ def compile_launch(spec: LaunchSpec) -> LaunchReport:
     bound, specialization, options = bind(*args, **meta)
     options, signature, constexprs, attrs = kernel._pack_args(backend, options, bound, specialization, options)
     key = (kernel.__name__, spec.arch, repr(signature), repr(sorted(constexprs.items())), repr(sorted(attrs.items())))
-    if key not in _READ:  # launches with the same specialization compile once
+    if key not in _COMPILED:  # launches with the same specialization compile once
         compiled = triton.compile(ASTSource(kernel, signature, constexprs, attrs), target=target, options=options.__dict__)
-        cubin = compiled.asm["cubin"]
-        # specializations that do not change the code (about half of them) give the same bytes:
-        # each binary is disassembled once, the slow part (a third of a second a cubin)
+        ptx_target = re.search(r"^\s*\.target\s+(sm_\w+)", compiled.asm["ptx"], re.M).group(1)
+        _COMPILED[key] = (compiled.metadata.num_warps, compiled.asm["cubin"], ptx_target)
+    return key, meta, *_COMPILED[key]
+
+
+def compile_launches(specs: list[LaunchSpec]) -> list[LaunchReport]:
+    """Compile every launch for its target and read it back. Specializations that do not change
+    the code (about half of them: bf16 and fp16 copies, token-side head counts) give the same
+    bytes, and each binary is read once."""
+    from .permute import vector_elements  # noqa: PLC0415
+
+    compiled = [_compile(s) for s in specs]
+    fresh = {}
+    for _, _, _, cubin, target in compiled:
         digest = hashlib.sha256(cubin).hexdigest()
         if digest not in _CUBINS:
-            _CUBINS[digest] = read_cubin(cubin)
-        _READ[key] = (compiled.metadata.num_warps, *_CUBINS[digest])
-    num_warps, regs, local, sass = _READ[key]
-    return LaunchReport(
-        spec=spec,
-        tile=(meta["BLOCK_M"], meta["BLOCK_H"], meta["BLOCK_D"]),
-        wide=bool(meta["WIDE"]),
-        num_warps=num_warps,
-        registers=regs,
-        local_bytes=local,
-        accesses=read_sass(sass),
-        vector_elements=vector_elements(spec.head_dim, ELEMENT_BYTES[spec.dtype]),
-    )
+            fresh.setdefault(digest, (cubin, target))
+    _CUBINS.update(zip(fresh, read_cubins(list(fresh.values()))))
+    reports = []
+    for spec, (_, meta, num_warps, cubin, _) in zip(specs, compiled):
+        regs, local, sass = _CUBINS[hashlib.sha256(cubin).hexdigest()]
+        reports.append(
+            LaunchReport(
+                spec=spec,
+                tile=(meta["BLOCK_M"], meta["BLOCK_H"], meta["BLOCK_D"]),
+                wide=bool(meta["WIDE"]),
+                num_warps=num_warps,
+                registers=regs,
+                local_bytes=local,
+                accesses=read_sass(sass),
+                vector_elements=vector_elements(spec.head_dim, ELEMENT_BYTES[spec.dtype]),
+            )
+        )
+    return reports
 
 
-_READ: dict = {}  # (kernel, arch, specialization) -> (num_warps, registers, local bytes, SASS)
+_COMPILED: dict = {}  # (kernel, arch, specialization) -> (num_warps, cubin, PTX target)
 _CUBINS: dict = {}  # sha256 of a cubin -> (registers, local bytes, SASS)
 
 
 def inspect_launches(specs: list[LaunchSpec], processes: int | None = None) -> list[LaunchReport]:
-    """compile_launch of every spec, in order. In a process whose Triton is interpreted, in child
+    """compile_launches of the specs, in order. In a process whose Triton is interpreted, in child
     processes with the interpreter off (`processes` of them, default one per CPU up to 4, each
     compiling a share; the answers travel as JSON)."""
     from ._triton import INTERPRETED  # noqa: PLC0415
 
     if not INTERPRETED:
-        return [compile_launch(s) for s in specs]
+        return compile_launches(specs)
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
     env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # Triton 3.9's default, said out loud to keep it quiet
@@ -373,4 +465,4 @@ def inspect_launches(specs: list[LaunchSpec], processes: int | None = None) -> l
 def serve() -> None:
     """The child's side of inspect_launches: LaunchSpecs as JSON on stdin, reports on stdout."""
     specs = [LaunchSpec(**d) for d in json.load(sys.stdin)]
-    json.dump([compile_launch(s).to_dict() for s in specs], sys.stdout)
+    json.dump([r.to_dict() for r in compile_launches(specs)], sys.stdout)

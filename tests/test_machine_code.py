@@ -17,6 +17,12 @@ REPACK_EXPLORE=1); and the experts' row gathers of the presets' hidden sizes on 
   misaligned row would fault), and test_kernels runs that case bit-exact through the interpreter.
 """
 
+import json
+import os
+import re
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -128,6 +134,39 @@ def test_odd_head_size_moves_one_element_per_access(reports):
     for r in odd:
         bits = 8 * ELEMENT_BYTES[r.spec.dtype]
         assert set(r.accesses.stores) == {bits} and set(r.accesses.data_loads) == {bits}, _name(r)
+
+
+# compiled with the interpreter off, in a process of its own: two kernels for sm_90 (read in one
+# disassembly, so the cut between them is tested) and one for sm_80
+_BOTH_READINGS = """
+import json
+from kernels.machine_code import LaunchSpec, _compile, read_cubin, read_cubins
+specs = [LaunchSpec("gather", "bf16", 128, 4, 48, 90), LaunchSpec("scatter", "fp32", 97, 4, 4, 90),
+         LaunchSpec("gather", "bf16", 128, 4, 48, 80)]
+cubins = [_compile(s)[3:] for s in specs]
+print(json.dumps({"one_call": read_cubins(cubins), "alone": [read_cubin(c) for c, _ in cubins],
+                  "targets": [t for _, t in cubins]}))
+"""
+
+
+def _instructions(sass: str) -> list[str]:
+    """The instruction lines of a disassembly, without cuobjdump's encodings, spaces squeezed."""
+    lines = [re.sub(r"/\* 0x[0-9a-f]+ \*/", "", line) for line in sass.splitlines()]
+    return [" ".join(line.split()) for line in lines if re.match(r"\s*/\*[0-9a-f]+\*/", line)]
+
+
+@pytest.mark.slow
+def test_one_disassembly_per_target_reads_each_kernel_as_cuobjdump_reads_it_alone():
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_DEFAULT_FP_FUSION": "1", "PYTHONPATH": root}
+    run = subprocess.run([sys.executable, "-c", _BOTH_READINGS], capture_output=True, text=True, env=env, cwd=root, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    got = json.loads(run.stdout)
+    assert got["targets"] == ["sm_90a", "sm_90a", "sm_80"]
+    for (regs, local, sass), (regs_alone, local_alone, sass_alone) in zip(got["one_call"], got["alone"], strict=True):
+        assert (regs, local) == (regs_alone, local_alone)
+        assert len(_instructions(sass_alone)) > 20 and _instructions(sass) == _instructions(sass_alone)
+    assert _instructions(got["one_call"][0][2]) != _instructions(got["one_call"][1][2])
 
 
 def test_residency_follows_the_occupancy_arithmetic():
