@@ -125,6 +125,12 @@ class HardwareConfig(Section):
         0.0, "seconds of one layer's forward on every rank whatever its tokens (launches, host work; backward counts twice)",
         number_in(0, 60), source="0 unless measured (experiments.calibrate fits it)",
     )  # fmt: skip
+    attention_sample_latency: float = setting(
+        0.0, "seconds one attention call spends per sample it holds a piece of, whatever its tokens (a forward; backward "
+        "counts twice)", number_in(0, 60),
+        source="0 on GPUs: flash-attn's varlen kernel runs every sample of a call in one launch; the torch path loops over "
+        "the samples (experiments.calibrate fits it)",
+    )  # fmt: skip
     collective_latency: float = setting(
         0.0, "seconds of one latency-bound collective (parameter gathers, gradient reductions, the router's all-reduces)",
         number_in(0, 60), source="0 unless measured (experiments.calibrate fits it)",

@@ -308,7 +308,16 @@ class PlanEstimate:
         tok_f = tok_s
         if moved.any():  # a redistributing parent's full layers hold the parent's own layout
             tok_f = np.where(moved, busiest(rank_tokens([pp.group for pp in parents], self.length_of, world)), tok_s)
-        unit_sparse = sparse_attn[unit_of]
+        unit_sparse, unit_full = sparse_attn[unit_of], full_attn[owner][unit_of]
+        lat = cost.hw.attention_sample_latency
+        if lat:  # an attention call's cost per sample, as the simulator's _Layout prices it
+            unit_full = unit_full + lat * np.bincount(owner, counts, len(parents))[owner][unit_of]
+            if not cost.sparse.linear:
+                calls = counts[unit_of].astype(np.float64)
+                if split.any():  # a halo child's ranks: the samples they hold a piece of
+                    pieces = rank_tokens(kids, self.length_of, world, lens, (counts, size, starts), pieces=True)
+                    calls = np.where(split[unit_of], pieces[first], calls)
+                unit_sparse = unit_sparse + lat * calls
         free = None  # floor_time's units: a wide parent at its mean tokens, its sparse layers free
         if floor:
             free = (psize > cluster.gpus_per_node)[owner][unit_of]
@@ -356,7 +365,7 @@ class PlanEstimate:
             parent=Groups((np.cumsum(units_per_parent) - units_per_parent)[held], units_per_parent[held]),
             child=Groups(np.cumsum(per_child) - per_child, per_child),
             tokens={"S": tok_s, "F": tok_f},
-            full_attn=full_attn[owner][unit_of],
+            full_attn=unit_full,
             sparse_attn=unit_sparse,
             full_x=(f_in, f_out),
             sparse_x=(s_in, s_out),

@@ -78,12 +78,15 @@ def chunk_bounds(length, parts: int) -> np.ndarray:
     return np.multiply.outer(np.asarray(length, dtype=np.int64), k) // parts
 
 
-def rank_tokens(groups, length_of: Mapping[int, int], world: int, lengths: np.ndarray | None = None, shape=None) -> np.ndarray:
+def rank_tokens(
+    groups, length_of: Mapping[int, int], world: int, lengths: np.ndarray | None = None, shape=None, pieces: bool = False
+) -> np.ndarray:
     """Tokens each of `world` ranks holds in these groups, every sample cut over its group's
     ranks in order (chunk_bounds: rank j of s ranks holds (n (j + 1)) // s - (n j) // s of n
     tokens), for all the groups' samples at once. `lengths`: the groups' samples' lengths in
     order, where the caller has them; `shape`: the groups' (sample counts, sizes, first ranks) as
-    arrays, where the caller has them."""
+    arrays, where the caller has them. pieces=True: instead of tokens, how many samples each rank
+    holds a piece of (at least one token)."""
     if shape is None:
         shape = (
             np.fromiter((len(g.samples) for g in groups), dtype=np.int64, count=len(groups)),
@@ -99,7 +102,7 @@ def rank_tokens(groups, length_of: Mapping[int, int], world: int, lengths: np.nd
     per = np.repeat(np.arange(len(n)), sizes)  # one entry per (sample, rank of its group)
     j = np.arange(len(per)) - np.repeat(np.cumsum(sizes) - sizes, sizes)
     held = (n[per] * (j + 1)) // sizes[per] - (n[per] * j) // sizes[per]
-    return np.bincount(starts[per] + j, held, world).astype(np.float64)
+    return np.bincount(starts[per] + j, held > 0 if pieces else held, world).astype(np.float64)
 
 
 def check_group_shape(start: int, size: int, cluster: Cluster, aligned: bool = True) -> None:

@@ -90,6 +90,14 @@ class _Layout(Groups):
         self.tokens = tokens  # tokens each rank holds in this token layout
         self.full_attn = np.repeat(full_attn, self.sizes)  # forward seconds per rank in head layout
         self.sparse_attn = np.repeat(sparse_attn, self.sizes)
+        lat = cost.hw.attention_sample_latency
+        if lat:  # an attention call's cost per sample: a Ulysses group's ranks hold every sample (their heads), a halo group's their pieces
+            calls = np.repeat(counts, self.sizes).astype(np.float64)
+            self.full_attn = self.full_attn + lat * calls
+            if not cost.sparse.linear:
+                if halo.any():
+                    calls = np.where(np.repeat(halo, self.sizes), rank_tokens(groups, lengths, world, n, pieces=True), calls)
+                self.sparse_attn = self.sparse_attn + lat * calls
 
 
 def _exchange(cost: CostModel, layout: _Layout, send_rows: np.ndarray, recv_rows: np.ndarray, row_bytes: np.ndarray, g: int):

@@ -201,7 +201,12 @@ def test_a_linear_kind_is_timed_and_priced_at_its_own_rate():
     p = cfg.sparse_params
     # all heads and one key head's (v_heads 8, then 2); one sample, then samples of a quarter block
     linear = [(r["v_heads"], r["length"], r["samples"], r["blocks"]) for r in rows if r["kind"] == "gated_delta"]
-    assert [(r["kind"], r["length"]) for r in attention] == [("full", 16), ("full", 64)]  # no sparse attention to time
+    # no sparse attention to time; one sample, then samples of 4 tokens
+    packs = [(r["kind"], r["length"], r["samples"]) for r in attention]
+    assert packs == [("full", 16, 1), ("full", 16, 4), ("full", 64, 1), ("full", 64, 16)]
+    for r in attention:  # the pack's FLOPs: each sample's causal pairs
+        each = r["length"] // r["samples"]
+        assert r["flops"] == pytest.approx(FWD_BWD_COMPUTE * r["samples"] * 2 * 2 * cfg.n_heads * cfg.head_dim * each * (each + 1) / 2)
     assert linear == [
         (8, 16, 1, 1),
         (8, 16, 4, 4),
@@ -235,6 +240,24 @@ def test_a_linear_kind_is_timed_and_priced_at_its_own_rate():
     assert CostModel(windowed, hw.replace(linear_efficiency=0.01)).sparse_attn_time(lengths) == pytest.approx(
         CostModel(windowed, hw).sparse_attn_time(lengths)
     )
+
+
+def test_the_attention_fit_separates_the_rate_from_what_each_sample_costs():
+    """Rows made from a known fixed cost, rate and per-sample cost (as measure_attention's: one
+    sample of each length, and packs of 4-token samples) fit back to them, the per-sample cost as a
+    forward's share; without one the fit keeps it at 0."""
+    from experiments.calibrate.measure import fit_attention
+
+    peak, fixed, eff, per_sample = 1e11, 3e-4, 0.2, 6e-4
+    rows = []
+    for n in (32, 64, 128, 256):
+        for samples, flops in ((1, 2e4 * n * n), (n // 4, 2e4 * 16 * n // 4)):
+            rows.append({"flops": flops, "samples": samples, "seconds": fixed + flops / (eff * peak) + samples * per_sample})
+    fit = fit_attention(rows, peak)
+    assert fit["efficiency"] == pytest.approx(eff, rel=1e-6) and fit["fixed_s"] == pytest.approx(fixed, rel=1e-6)
+    assert fit["sample_latency"] == pytest.approx(per_sample / 3, rel=1e-6)
+    flat = [{**r, "seconds": fixed + r["flops"] / (eff * peak)} for r in rows]
+    assert fit_attention(flat, peak)["sample_latency"] == pytest.approx(0.0, abs=1e-12)
 
 
 def test_the_linear_fit_separates_the_rate_from_what_each_block_costs():

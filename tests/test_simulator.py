@@ -235,6 +235,46 @@ def test_fixed_costs_add_exactly_what_every_rank_pays(recompute, passes, router)
         assert b.grad_sync - a.grad_sync == pytest.approx(3 * (model.n_layers + 1) * latency, rel=1e-9)
 
 
+@pytest.mark.parametrize("name", ["paper", "tiny-gdn"])
+@pytest.mark.parametrize("recompute, passes", [("full", 4), ("selective", 4), ("none", 3)])
+def test_an_attention_call_pays_its_sample_latency_once_per_sample(name, recompute, passes):
+    """attention_sample_latency: on one rank every attention call (forward 1, backward 2, the
+    forward again under either recompute) pays it once per sample it holds; a linear kind's S
+    layers are no attention call and pay none."""
+    model, lat, lengths = ModelConfig.from_name(name), 1e-3, [700, 300, 5, 1]
+    costs = CostsConfig(recompute=recompute)
+    plain = CostModel(model, HardwareConfig(), costs=costs)
+    dear = CostModel(model, HardwareConfig(attention_sample_latency=lat), costs=costs)
+    plan = make_plan(samples_from_lengths(lengths), Cluster(1, 1, 4096), plain, "baseline")
+    layers = model.n_layers if name == "paper" else model.n_full
+    want = len(lengths) * layers * passes * lat
+    assert simulate(plan, dear).step_time - simulate(plan, plain).step_time == pytest.approx(want, rel=1e-9)
+
+
+def test_a_halo_childs_ranks_pay_the_sample_latency_for_the_samples_they_hold_a_piece_of():
+    """On a halo layout each rank's attention call loops over the samples it holds tokens of, a
+    sample shorter than the group on a few ranks only (counted from the layout's own chunks); in
+    the full layers' head layout every rank holds every sample. The solvers' step estimate prices
+    the same."""
+    from solver.layout import TokenLayout
+    from solver.simulator import _Layout
+
+    lat, lengths = 1e-3, ((0, 3), (1, 20_000), (2, 5))
+    cluster = Cluster(8, 8, 32768)
+    group = Group(0, 8, (0, 1, 2))
+    child = Group(0, 8, (0, 1, 2), halo=True)
+    plan = StepPlan(cluster, lengths, (ParentPlan(group, (child,), "halo attention on its own layout"),), "parent+halo").validate()
+    dear = CostModel(PAPER.model, PAPER.hw.replace(attention_sample_latency=lat), costs=PAPER.costs)
+    layouts = [_Layout(plan.child_layout.groups, 8, plan.length_of, c) for c in (PAPER, dear)]
+    held = [len({s for s, a, b in TokenLayout((child,), dict(lengths)).local_chunks(r) if b > a}) for r in range(8)]
+    assert min(held) < 3 == max(held)  # the short samples sit on some ranks only
+    np.testing.assert_allclose(layouts[1].sparse_attn - layouts[0].sparse_attn, lat * np.array(held), rtol=1e-9)
+    heads = [_Layout(plan.parent_layout.groups, 8, plan.length_of, c) for c in (PAPER, dear)]
+    np.testing.assert_allclose(heads[1].full_attn - heads[0].full_attn, lat * 3, rtol=1e-9)
+    est = PlanEstimate(dict(lengths), cluster, dear.for_cluster(cluster))
+    assert est.step_time(plan.parents) == pytest.approx(simulate(plan, dear).step_time, rel=1e-12)
+
+
 def _two_kinds_plan(long: int, short: int) -> StepPlan:
     """16 ranks: one sample of `long` tokens on an SP8 group, eight of `short` tokens on single ranks."""
     lengths = ((0, long),) + tuple((i + 1, short) for i in range(8))

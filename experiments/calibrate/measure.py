@@ -449,26 +449,34 @@ def fit_fixed_costs(
 
 
 def measure_attention(cfg: ModelConfig, lengths: list[int], backend: str, device, dtype, repeats: int) -> list[dict]:
-    """Seconds of full and sparse attention of one sample (all heads), forward + backward, against
-    its length; FLOPs as the cost model counts them. A linear kind has no sparse attention: its
-    mixer is measure_linear's."""
+    """Seconds of full and sparse attention (all heads), forward + backward, on packs of each
+    length: one sample, or samples of ATTENTION_SHORT tokens (as many samples as the pack holds,
+    next to no FLOPs); the FLOPs as the cost model counts them and the samples the call loops over
+    (fit_attention separates the two). A linear kind has no sparse attention: its mixer is
+    measure_linear's."""
     rows = []
     cost = CostModel(cfg, HardwareConfig())
     linear = cost.sparse.linear
     for n in lengths:
-        q = torch.randn(n, cfg.n_heads, cfg.head_dim, device=device, dtype=dtype, requires_grad=True)
-        kv = torch.randn(n, cfg.n_kv_heads, cfg.head_dim, device=device, dtype=dtype, requires_grad=True)
-        cu = torch.tensor([0, n], dtype=torch.int32, device=device)
-        for kind in ("full",) if linear else ("full", cfg.sparse_kind):
-            params = None if kind == "full" else cfg.sparse_params
+        for samples in ([n], [ATTENTION_SHORT] * max(1, n // ATTENTION_SHORT)):
+            m = sum(samples)
+            q = torch.randn(m, cfg.n_heads, cfg.head_dim, device=device, dtype=dtype, requires_grad=True)
+            kv = torch.randn(m, cfg.n_kv_heads, cfg.head_dim, device=device, dtype=dtype, requires_grad=True)
+            cu = torch.tensor(np.concatenate([[0], np.cumsum(samples)]), dtype=torch.int32, device=device)
+            lens = np.array(samples, dtype=np.float64)
+            for kind in ("full",) if linear else ("full", cfg.sparse_kind):
+                params = None if kind == "full" else cfg.sparse_params
 
-            def step(kind=kind, params=params, q=q, kv=kv, cu=cu, n=n):
-                varlen_attention(q, kv, kv, cu, n, kind, params, backend).sum().backward()
+                def step(kind=kind, params=params, q=q, kv=kv, cu=cu, longest=samples[0]):  # the samples are of one length
+                    varlen_attention(q, kv, kv, cu, longest, kind, params, backend).sum().backward()
 
-            t = timed(step, device, repeats)
-            fwd = attention_flops(causal_keys(n), cfg) if kind == "full" else cost.sparse.flops(np.array([n], dtype=np.float64), cfg)[0]
-            rows.append({"kind": kind, "length": n, "seconds": t, "flops": FWD_BWD_COMPUTE * float(fwd)})
+                t = timed(step, device, repeats)
+                fwd = np.sum(attention_flops(causal_keys(lens), cfg) if kind == "full" else cost.sparse.flops(lens, cfg))
+                rows.append({"kind": kind, "length": m, "samples": len(samples), "seconds": t, "flops": FWD_BWD_COMPUTE * float(fwd)})
     return rows
+
+
+ATTENTION_SHORT = 4  # tokens of each sample in measure_attention's packs of many samples
 
 
 def measure_linear(cfg: ModelConfig, lengths: list[int], backend: str, device, dtype, repeats: int) -> list[dict]:
@@ -513,23 +521,35 @@ def measure_linear(cfg: ModelConfig, lengths: list[int], backend: str, device, d
 
 def fit_linear(rows: list[dict], peak: float) -> dict:
     """seconds = fixed + FLOPs / (efficiency x peak) + blocks x block latency (measure_linear's
-    rows: forward + backward), least squares on the relative residual; a part lost in noise (a
-    negative fit) is refit without it. The block latency a forward's share (backward counts twice)."""
+    rows: forward + backward): fit_per_item over the blocks the recurrence loops over."""
+    return fit_per_item(rows, peak, "blocks", "block_latency")
+
+
+def fit_attention(rows: list[dict], peak: float) -> dict:
+    """seconds = fixed + FLOPs / (efficiency x peak) + samples x sample latency (measure_attention's
+    rows: forward + backward): fit_per_item over the samples an attention call loops over."""
+    return fit_per_item(rows, peak, "samples", "sample_latency")
+
+
+def fit_per_item(rows: list[dict], peak: float, count: str, name: str) -> dict:
+    """seconds = fixed + FLOPs / (efficiency x peak) + rows[count] x a latency per item, least
+    squares on the relative residual; a part lost in noise (a negative fit) is refit without it.
+    The latency (as `name`) is a forward's share (backward counts twice)."""
     f = np.array([r["flops"] for r in rows])
-    blocks = np.array([r["blocks"] for r in rows], dtype=np.float64)
+    items = np.array([r[count] for r in rows], dtype=np.float64)
     t = np.array([r["seconds"] for r in rows])
-    (fixed, inv_rate, per_block), _ = _lstsq(np.stack([np.ones_like(f), f, blocks], 1), t)
-    if per_block < 0:  # no loop to speak of: the FLOPs alone
+    (fixed, inv_rate, per_item), _ = _lstsq(np.stack([np.ones_like(f), f, items], 1), t)
+    if per_item < 0:  # no loop to speak of: the FLOPs alone
         out = fit_efficiency(rows, peak)
-        return {**out, "block_latency": 0.0}
-    if inv_rate <= 0:  # the FLOPs' part lost in noise: the blocks alone, the rate at the peak
-        (fixed, per_block), _ = _lstsq(np.stack([np.ones_like(f), blocks], 1), t)
+        return {**out, name: 0.0}
+    if inv_rate <= 0:  # the FLOPs' part lost in noise: the items alone, the rate at the peak
+        (fixed, per_item), _ = _lstsq(np.stack([np.ones_like(f), items], 1), t)
         inv_rate = 1.0 / peak
     fixed = max(float(fixed), 0.0)
-    errs = (fixed + f * inv_rate + blocks * per_block - t) / t
+    errs = (fixed + f * inv_rate + items * per_item - t) / t
     return {
         "efficiency": float(min(1.0 / (inv_rate * peak), 1.0)),
-        "block_latency": float(max(per_block, 0.0)) / FWD_BWD_COMPUTE,
+        name: float(max(per_item, 0.0)) / FWD_BWD_COMPUTE,
         "fixed_s": fixed,
         "rel_rms": float(np.sqrt(np.mean(errs**2))),
         "worst_rel": float(np.max(np.abs(errs))),
@@ -622,7 +642,7 @@ def calibrate(
     net = fit_all_to_all(a2a, node)
     experts_net = fit_all_to_all(experts_a2a, node)
     gemm = fit_efficiency(work, peak)
-    att = fit_efficiency(attn, peak)
+    att = fit_attention(attn, peak)
     lin = fit_linear(mixer, peak) if linear else None
     base = HardwareConfig()
     reading = net.get("reading", base.ratio_reading)
@@ -631,6 +651,7 @@ def calibrate(
         peak_flops=peak,
         gemm_efficiency=gemm["efficiency"],
         attention_efficiency=att["efficiency"],
+        attention_sample_latency=att["sample_latency"],
         linear_efficiency=lin["efficiency"] if lin else None,
         linear_block_latency=lin["block_latency"] if lin else 0.0,
         intra_node_bw=net["intra"]["intra_node_bw"],
@@ -711,6 +732,8 @@ def report(profile: dict) -> str:
             continue
         f = fits[key]
         blocks = f", {1e3 * f['block_latency']:.3f} ms per block of its recurrence and forward pass" if "block_latency" in f else ""
+        if "sample_latency" in f:
+            blocks = f", {1e3 * f['sample_latency']:.3f} ms per sample of a call and forward pass (attention_sample_latency)"
         lines.append(
             f"  {label}: {100 * f['efficiency']:.1f}% of the peak {hw['peak_flops'] / 1e12:.3f} TFLOP/s{blocks} "
             f"(rel. RMS residual {100 * f['rel_rms']:.1f}%, worst {100 * f['worst_rel']:.1f}%)"
