@@ -567,6 +567,13 @@ def measure_device(device, dtype) -> dict:
     return {"matmul_flops": 2 * n**3 / mm, "copy_bytes_per_s": 2 * big.numel() / cp}
 
 
+def bare_layer_overhead(layer_s: float, per_call: float) -> float:
+    """A layer's fixed cost per forward from a bare S layer's forward and backward on one token
+    (measure_layer_overhead): one forward's share, less what its mixer's one call is priced apart
+    (`per_call`: attention_sample_latency for one sample, or linear_block_latency for one block)."""
+    return max(layer_s / FWD_BWD_COMPUTE - per_call, 0.0)
+
+
 def fit_efficiency(rows: list[dict], peak: float) -> dict:
     """seconds = fixed + FLOPs / (efficiency x peak), least squares over the rows (the fixed part is
     the layer overhead's, measured whole); each row's relative error of the time it predicts."""
@@ -663,7 +670,7 @@ def calibrate(
         experts_inter_bw=experts_net["inter"][reading]["inter_node_bw"] if "inter" in experts_net else None,
         bytes_per_element=torch.tensor([], dtype=dtype).element_size(),
         hbm_bw=dev["copy_bytes_per_s"] / 2,
-        layer_overhead=layer / FWD_BWD_COMPUTE,  # one forward's share of a layer's forward + backward
+        layer_overhead=bare_layer_overhead(layer, lin["block_latency"] if lin else att["sample_latency"]),
         collective_latency=collective,
     )
     # the runtime's own steps: its fixed costs as it pays them (a bare layer's forward and backward
@@ -741,7 +748,10 @@ def report(profile: dict) -> str:
     m = profile["measurements"]
     crossing = net["inter"][net["reading"]]["a2a_inter_latency"] if "inter" in net else 0.0
     isolated = {  # field: (what it is, what the isolated measurement says)
-        "layer_overhead": ("per layer and forward pass; a bare layer on one token", m["layer_1_token_s"] / FWD_BWD_COMPUTE),
+        "layer_overhead": (
+            "per layer and forward pass; a bare layer on one token",
+            bare_layer_overhead(m["layer_1_token_s"], hw["linear_block_latency"] if "linear" in fits else hw["attention_sample_latency"]),
+        ),
         "a2a_latency": ("per all-to-all call; a lone call", net["intra"]["a2a_latency"]),
         "a2a_inter_latency": ("more per call across nodes; a lone call", crossing),
         "halo_latency": ("per halo call (kept as fitted); a lone all-to-all call", net["intra"]["a2a_latency"]),
