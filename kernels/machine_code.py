@@ -37,6 +37,7 @@ import sys
 import tempfile
 import zlib
 from dataclasses import asdict, dataclass, field
+from itertools import accumulate
 
 ARCHS = (80, 90, 100)
 DTYPES = ("bf16", "fp16", "fp32")
@@ -205,10 +206,8 @@ def read_cubins(cubins: list[tuple[bytes, str]]) -> list[tuple[int, int, str]]:
         by_target.setdefault(target, []).append(i)
     with tempfile.TemporaryDirectory() as tmp:
         for target, which in by_target.items():
-            texts, starts = [], []
-            for i in which:
-                starts.append(sum(len(t) for t in texts))
-                texts.append(_text_section(cubins[i][0]))
+            texts = [_text_section(cubins[i][0]) for i in which]
+            starts = [0, *accumulate(map(len, texts[:-1]))]  # where each kernel begins in the image
             image = os.path.join(tmp, f"{target}.bin")
             with open(image, "wb") as f:
                 f.write(b"".join(texts))
@@ -350,8 +349,8 @@ def _tensors(spec: LaunchSpec):
 
 
 def _compile(spec: LaunchSpec) -> tuple:
-    """Compile one launch for its target, with the launcher's specialization: (its specialization's
-    key, the launch's tile meta-parameters, num_warps, the cubin, the PTX target)."""
+    """Compile one launch for its target, with the launcher's specialization: (the launch's tile
+    meta-parameters, num_warps, the cubin, the PTX target)."""
     import triton  # noqa: PLC0415
     from triton.backends.compiler import GPUTarget  # noqa: PLC0415
     from triton.compiler import ASTSource, make_backend  # noqa: PLC0415
@@ -375,7 +374,7 @@ def _compile(spec: LaunchSpec) -> tuple:
         compiled = triton.compile(ASTSource(kernel, signature, constexprs, attrs), target=target, options=options.__dict__)
         ptx_target = re.search(r"^\s*\.target\s+(sm_\w+)", compiled.asm["ptx"], re.M).group(1)
         _COMPILED[key] = (compiled.metadata.num_warps, compiled.asm["cubin"], ptx_target)
-    return key, meta, *_COMPILED[key]
+    return meta, *_COMPILED[key]
 
 
 def compile_launches(specs: list[LaunchSpec]) -> list[LaunchReport]:
@@ -385,15 +384,15 @@ def compile_launches(specs: list[LaunchSpec]) -> list[LaunchReport]:
     from .permute import vector_elements  # noqa: PLC0415
 
     compiled = [_compile(s) for s in specs]
+    digests = [hashlib.sha256(cubin).hexdigest() for _, _, cubin, _ in compiled]
     fresh = {}
-    for _, _, _, cubin, target in compiled:
-        digest = hashlib.sha256(cubin).hexdigest()
+    for digest, (_, _, cubin, target) in zip(digests, compiled):
         if digest not in _CUBINS:
             fresh.setdefault(digest, (cubin, target))
     _CUBINS.update(zip(fresh, read_cubins(list(fresh.values()))))
     reports = []
-    for spec, (_, meta, num_warps, cubin, _) in zip(specs, compiled):
-        regs, local, sass = _CUBINS[hashlib.sha256(cubin).hexdigest()]
+    for spec, digest, (meta, num_warps, _, _) in zip(specs, digests, compiled):
+        regs, local, sass = _CUBINS[digest]
         reports.append(
             LaunchReport(
                 spec=spec,

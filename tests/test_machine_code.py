@@ -143,7 +143,7 @@ import json
 from kernels.machine_code import LaunchSpec, _compile, read_cubin, read_cubins
 specs = [LaunchSpec("gather", "bf16", 128, 4, 48, 90), LaunchSpec("scatter", "fp32", 97, 4, 4, 90),
          LaunchSpec("gather", "bf16", 128, 4, 48, 80)]
-cubins = [_compile(s)[3:] for s in specs]
+cubins = [_compile(s)[2:] for s in specs]
 print(json.dumps({"one_call": read_cubins(cubins), "alone": [read_cubin(c) for c, _ in cubins],
                   "targets": [t for _, t in cubins]}))
 """

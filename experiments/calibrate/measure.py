@@ -738,11 +738,13 @@ def report(profile: dict) -> str:
         if key not in fits:  # the linear mixer's, where the model has a linear kind
             continue
         f = fits[key]
-        blocks = f", {1e3 * f['block_latency']:.3f} ms per block of its recurrence and forward pass" if "block_latency" in f else ""
+        loop = ""  # what each iteration of the mixer's loop costs, where the fit has it
+        if "block_latency" in f:
+            loop = f", {1e3 * f['block_latency']:.3f} ms per block of its recurrence and forward pass"
         if "sample_latency" in f:
-            blocks = f", {1e3 * f['sample_latency']:.3f} ms per sample of a call and forward pass (attention_sample_latency)"
+            loop = f", {1e3 * f['sample_latency']:.3f} ms per sample of a call and forward pass (attention_sample_latency)"
         lines.append(
-            f"  {label}: {100 * f['efficiency']:.1f}% of the peak {hw['peak_flops'] / 1e12:.3f} TFLOP/s{blocks} "
+            f"  {label}: {100 * f['efficiency']:.1f}% of the peak {hw['peak_flops'] / 1e12:.3f} TFLOP/s{loop} "
             f"(rel. RMS residual {100 * f['rel_rms']:.1f}%, worst {100 * f['worst_rel']:.1f}%)"
         )
     m = profile["measurements"]
