@@ -11,6 +11,7 @@ mapping, and its FLOPs, which solver.cost then prices for the solvers and the si
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -205,16 +206,48 @@ def flash_varlen_attention(q, k, v, cu_seqlens, max_seqlen, window: tuple[int, i
     return fn(q, k, v, cu, cu_k, int(max_seqlen), max_k, causal=True, window_size=window)
 
 
+def _varlen_keywords(fn) -> set[str]:
+    """The keyword arguments `fn` takes (torch's varlen_attn grew window_size in 2.11 and
+    enable_gqa later); every keyword for a function whose signature cannot be read."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return {"window_size", "enable_gqa"}
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return {"window_size", "enable_gqa"}
+    return {p.name for p in params}
+
+
 def torch_cuda_varlen_attention(
     q, k, v, cu_seqlens, max_seqlen, window: tuple[int, int] = (-1, -1), fn=None, keys: KeySegments | None = None
 ):
     """torch.nn.attention.varlen.varlen_attn, causal. Its window_size is flash-attn's (left, right)
-    without a causal flag: full causal is (-1, 0), the last W tokens (W - 1, 0); GQA by enable_gqa."""
+    without a causal flag: full causal is (-1, 0), the last W tokens (W - 1, 0). GQA by enable_gqa
+    where the installed torch has it; before that (torch 2.11), each key/value head repeated for
+    the query heads that read it (query head h reads kv head h // (Hq / Hkv), enable_gqa's rule).
+    A torch whose varlen_attn has no window_size (2.10) runs full causal attention only."""
     fn = fn or _varlen_fn()
     cu = cu_seqlens.to(torch.int32)
     n = int(max_seqlen)
     cu_k, max_k = (cu, n) if keys is None else (keys.cu.to(torch.int32), keys.max_len)
-    return fn(q, k, v, cu, cu_k, n, max_k, window_size=(window[0], 0), enable_gqa=k.shape[1] != q.shape[1])
+    takes = _varlen_keywords(fn)
+    gqa = k.shape[1] != q.shape[1]
+    kwargs = {}
+    if "enable_gqa" in takes:
+        kwargs["enable_gqa"] = gqa
+    elif gqa:
+        group = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    if "window_size" in takes:
+        kwargs["window_size"] = (window[0], 0)
+    elif window[0] >= 0:
+        raise RuntimeError(
+            f"torch {torch.__version__}'s varlen_attn has no window_size, so it cannot run a window of {window[0] + 1} tokens: "
+            "use --attn-backend torch or flash, or torch >= 2.11"
+        )
+    else:
+        kwargs["is_causal"] = True
+    return fn(q, k, v, cu, cu_k, n, max_k, **kwargs)
 
 
 WINDOWED = {"flash": flash_varlen_attention, "varlen": torch_cuda_varlen_attention}  # causal + optional window

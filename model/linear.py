@@ -38,6 +38,9 @@ run float64).
 
 from __future__ import annotations
 
+import importlib.util
+import warnings
+
 import torch
 
 from config import SettingError
@@ -272,11 +275,35 @@ def pass_states(a: torch.Tensor, b: torch.Tensor, initial: torch.Tensor | None =
 FLA_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # what fla's chunked kernel runs (not float64)
 
 
+def fla_refusal() -> str | None:
+    """Why flash-linear-attention's chunked kernel cannot train this layer on this machine, or None.
+    fla-core refuses its gated backward on Hopper under Triton >= 3.4 and < 3.7.1 (a Triton
+    regression gave wrong gradients there) unless tilelang is installed to take that kernel; a
+    layer told to use fla would then fail at its first backward, so it runs this module's form."""
+    try:
+        from fla.utils import IS_NVIDIA_HOPPER, TRITON_ABOVE_3_4_0, TRITON_ABOVE_3_7_1  # noqa: PLC0415
+    except ImportError:
+        return None
+    if IS_NVIDIA_HOPPER and TRITON_ABOVE_3_4_0 and not TRITON_ABOVE_3_7_1 and importlib.util.find_spec("tilelang") is None:
+        import triton  # noqa: PLC0415
+
+        return (
+            f"fla-core refuses its gated backward on Hopper under Triton {triton.__version__} (>= 3.4, < 3.7.1) without tilelang; "
+            "upgrade Triton to >= 3.7.1 or pip install tilelang to use its kernel"
+        )
+    return None
+
+
 def _fla_chunk():
-    """flash-linear-attention's chunked gated delta rule (CUDA), or None where it is not installed."""
+    """flash-linear-attention's chunked gated delta rule (CUDA), or None where it is not installed
+    or cannot train here (fla_refusal: warned once, and this module's blockwise form runs)."""
     try:
         from fla.ops.gated_delta_rule import chunk_gated_delta_rule  # noqa: PLC0415
     except ImportError:
+        return None
+    why = fla_refusal()
+    if why is not None:
+        warnings.warn(f"the Gated DeltaNet layers run this project's blockwise form: {why}", RuntimeWarning, stacklevel=2)
         return None
     return chunk_gated_delta_rule
 

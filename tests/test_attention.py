@@ -99,6 +99,37 @@ def test_torch_varlen_wrapper_passes_window_gqa_and_cu_seqlens():
         varlen_attention(q, kv, kv, cu, 7, "full", None, "torch", fn=fake_varlen)
 
 
+def test_torch_varlen_wrapper_on_older_torch_signatures_repeats_kv_heads_and_refuses_windows_it_cannot_ask_for():
+    """torch 2.11's varlen_attn has window_size but no enable_gqa, 2.10's only is_causal (what a GPU
+    image with an older torch holds): GQA then repeats each key/value head for the query heads that
+    read it, so the result equals the torch path's GQA; a window on 2.10 is an error naming torch."""
+    seen = []
+
+    def varlen_2_11(q, k, v, cu_q, cu_k, max_q, max_k, *, return_aux=None, scale=None, window_size=(-1, -1)):
+        seen.append((k.shape[1], window_size))
+        assert window_size[1] == 0 and k.shape[1] == q.shape[1], "no enable_gqa: heads must match"
+        return _windowed_reference(q, k, v, cu_q, window_size[0])
+
+    def varlen_2_10(q, k, v, cu_q, cu_k, max_q, max_k, *, return_aux=None, is_causal=False):
+        seen.append((k.shape[1], is_causal))
+        assert is_causal and k.shape[1] == q.shape[1]
+        return _windowed_reference(q, k, v, cu_q, -1)
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(12, h, 8, dtype=torch.float64) for h in (4, 2, 2))
+    cu = torch.tensor([0, 5, 12])
+    for kind, params in (("full", None), ("sliding_window", {"window": 4}), ("chunked", {"chunk": 4})):
+        got = varlen_attention(q, k, v, cu, 7, kind, params, "varlen", fn=varlen_2_11)
+        torch.testing.assert_close(got, varlen_attention(q, k, v, cu, 7, kind, params, "torch"))
+    assert seen[-2:] == [(4, (3, 0)), (4, (-1, 0))]
+    for kind, params in (("full", None), ("chunked", {"chunk": 4})):
+        got = varlen_attention(q, k, v, cu, 7, kind, params, "varlen", fn=varlen_2_10)
+        torch.testing.assert_close(got, varlen_attention(q, k, v, cu, 7, kind, params, "torch"))
+    assert seen[-1] == (4, True)
+    with pytest.raises(RuntimeError, match="no window_size, so it cannot run a window of 4 tokens"):
+        varlen_attention(q, k, v, cu, 7, "sliding_window", {"window": 4}, "varlen", fn=varlen_2_10)
+
+
 @pytest.mark.parametrize(
     "kind, params, allowed", [("full", None, lambda i, j: True), ("sliding_window", {"window": 3}, lambda i, j: i - j < 3)]
 )
@@ -152,7 +183,9 @@ def test_cuda_backend_with_halo_keys_error_at_most_twice_torch_error(backend, ki
     from model.attention import KeySegments
 
     torch.manual_seed(0)
-    q_pos, k_pos, nq = np.array([0, 70, 128]), np.array([0, 7, 128]), [70, 58, 40]  # keys from the reach back
+    # keys from the kind's reach back: a window's last 63 positions, a chunk's start (64)
+    q_pos, nq = np.array([0, 70, 128]), [70, 58, 40]
+    k_pos = np.array([0, 7, 128]) if kind == "sliding_window" else np.array([0, 64, 128])
     cu_q = torch.tensor(np.concatenate([[0], np.cumsum(nq)]), dtype=torch.int32, device="cuda")
     nk = [n + (p - k) for n, p, k in zip(nq, q_pos, k_pos)]
     keys = KeySegments(torch.tensor(np.concatenate([[0], np.cumsum(nk)]), dtype=torch.int32, device="cuda"), max(nk), q_pos, k_pos)

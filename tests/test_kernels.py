@@ -1,5 +1,7 @@
 """Permute kernels (Triton interpreter) against the torch reference, exchanges in one process."""
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -140,11 +142,13 @@ def test_gpu_checks_are_collected_here_and_the_script_refuses_without_cuda(tmp_p
     if torch.cuda.is_available():
         pytest.skip("on a CUDA machine the checks run: python3 -m experiments.gpu_check")
     assert gpu_check.main(["--out", str(tmp_path)]) == 2
-    # the files that hold the GPU checks (collecting the whole suite imports every test module: seconds more)
-    files = ["tests/test_gpu.py", "tests/test_attention.py"]
-    cmd = [sys.executable, "-m", "pytest", "-q", "--collect-only", "-m", "gpu", *files]
+    # the script collects only the modules that hold GPU checks (a GPU image may lack the notebooks'
+    # packages): they are the modules of every GPU test the whole suite collects
+    cmd = [sys.executable, "-m", "pytest", "-q", "--collect-only", "-m", "gpu", "tests"]
     p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     collected = [line for line in p.stdout.splitlines() if "::" in line]
+    script = {os.path.relpath(f, ROOT) for f in gpu_check.gpu_test_files(os.path.join(ROOT, "tests"))}
+    assert {c.split("::")[0] for c in collected} == script, (sorted(script), p.stdout[-2000:])
     assert any("test_gpu.py::test_triton_pack_unpack_bit_exact_on_the_gpu" in c for c in collected), p.stdout[-2000:]
     assert any("test_attention.py::test_cuda_backend" in c for c in collected) and len(collected) >= 19  # 5 modes, 2, 12 backends
 
@@ -158,6 +162,20 @@ def test_gpu_check_bandwidth_targets():
     assert bandwidth_misses([row(32, 1, 2, 100), row(64, 80, 50, 100)]) == (1, [])  # small rows are not judged
     assert len(bandwidth_misses([row(128, 79, 50, 100)])[1]) == 1  # under 80% of copy
     assert len(bandwidth_misses([row(128, 90, 95, 100)])[1]) == 1  # slower than torch
+
+
+def test_the_kernel_bench_counts_the_bytes_gqa_replication_sends():
+    """At 2 key/value heads and P = 4 each peer gets 1 query head and one copy of a key and of a
+    value head: 3 heads a row to each of 4 peers, 12 a row where the local tensor holds 8 (the
+    bench's GB/s and its copy ceiling count those 12); at P = 2, 2 + 1 + 1 heads to 2 peers, 8."""
+    from experiments.bench.kernels import _EntryPlan, moved_megabytes
+
+    n, d = 1000, 8
+    x = torch.randn(n, 8, d).to(torch.bfloat16)
+    for p, heads_sent in ((4, 12), (2, 8)):
+        a = exchange_args(_EntryPlan(n, p), [4, 2, 2], x.device)
+        send = gather_heads(x, a.pack_rows, a.pack_peers, a.pack_map, "torch")
+        assert moved_megabytes(send) == pytest.approx(n * heads_sent * d * 2 / 1e6)
 
 
 @pytest.mark.usefixtures("poison_empty")
