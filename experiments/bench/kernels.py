@@ -5,9 +5,10 @@
 
 For each local token count, P and direction it times the pack (entry: head split into per-peer
 blocks) and the unpack (entry: rows placed in the group's sample order, a permutation), and
-reports GB/s counting one read and one write of every element, against torch.clone of the same
-bytes (the copy ceiling) and against the torch reference path, for the model's query and key/value
-heads (--model, or --n-heads, --n-kv-heads, --head-dim). On CPU only the torch path runs and the
+reports GB/s counting one read and one write of every element of the send buffer (each key/value
+head as often as GQA replication sends it), against torch.clone of the same bytes (the copy
+ceiling) and against the torch reference path, for the model's query and key/value heads
+(--model, or --n-heads, --n-kv-heads, --head-dim). On CPU only the torch path runs and the
 figures are NOT GPU figures. Writes <out>/kernel_bench.csv.
 
 First, on any machine, it prints what the kernels' machine code says about each GPU (A100, H100,
@@ -79,6 +80,14 @@ def _ops(x, a, send):
 COMMAND = Command(
     "experiments.bench.kernels", __doc__, (ModelConfig, KernelBenchOptions), only={"model": ("n_heads", "n_kv_heads", "head_dim")}
 )
+
+
+def moved_megabytes(send: torch.Tensor) -> float:
+    """Megabytes each of the pack's and the unpack's sides moves: the send buffer's. It exceeds the
+    local tensor's where a group holds more ranks than key/value heads, since each such head then
+    goes to several peers (GQA replication: at 8 KV heads and P = 32, 4 copies each), so the pack
+    reads it and writes it that many times, and the unpack receives that many."""
+    return send.numel() * send.element_size() / 1e6
 
 
 def index_bytes_per_element(heads: int, head_dim: int) -> float:
@@ -184,8 +193,8 @@ def main(argv=None):
         for p in groups:
             a = exchange_args(_EntryPlan(n, p), head_counts, dev)
             send = gather_heads(x, a.pack_rows, a.pack_peers, a.pack_map, "torch")
-            mb = x.numel() * x.element_size() / 1e6
-            t_copy = _time(x.clone, cuda)
+            mb = moved_megabytes(send)
+            t_copy = _time(send.clone, cuda)
             copy_bw = 2 * mb / 1e3 / t_copy
             for op, fn_of in _ops(x, a, send):
                 cells, row = [], {"tokens": n, "group_size": p, "op": op, "megabytes": round(mb, 1), "copy_gbps": round(copy_bw, 1)}
