@@ -310,17 +310,28 @@ def kernel_inputs(cu_seqlens: np.ndarray, max_seqlen: int, kind: str, params: di
     return np.asarray(cu_seqlens), int(max_seqlen), kind
 
 
-def resolve_backend(backend: str, device: torch.device) -> str:
-    """auto: flash-attn on CUDA when installed, else torch's varlen kernel on CUDA, else `kernel`."""
+HALF_DTYPES = (torch.float16, torch.bfloat16)  # what flash-attn's and torch's varlen kernels run
+
+
+def resolve_backend(backend: str, device: torch.device, dtype: torch.dtype | None = None) -> str:
+    """auto: flash-attn on CUDA when installed, else torch's varlen kernel on CUDA, for fp16 and
+    bf16 (the dtypes both kernels run; dtype None: assumed one of them); else `kernel`. A CUDA
+    kernel named for another dtype is an error naming it."""
     if backend not in BACKENDS:
         raise ValueError(f"attention backend {backend!r} is not one of {BACKENDS}")
+    half = dtype is None or dtype in HALF_DTYPES
     if backend == "auto":
-        if device.type == "cuda":
+        if device.type == "cuda" and half:
             if flash_available():
                 return "flash"
             if varlen_available():
                 return "varlen"
         return "kernel"
+    if backend in WINDOWED and not half:
+        raise ValueError(
+            f"attention backend {backend!r} runs fp16 and bf16, not {dtype}: use --dtype bf16, or --attn-backend torch or auto "
+            "(auto takes the torch path for fp32)"
+        )
     return backend
 
 
@@ -341,7 +352,7 @@ def varlen_attention(
     if q.shape[0] == 0:  # a rank with no tokens here: an empty output still in the graph, so every
         return q * 0  # rank's parameters get a gradient (zeros) and all ranks reduce the same ones
     if fn is None:
-        backend = resolve_backend(backend, q.device)
+        backend = resolve_backend(backend, q.device, q.dtype)
     elif backend not in WINDOWED:
         raise ValueError(f"fn replaces a CUDA backend's function: backend must be one of {sorted(WINDOWED)}, not {backend!r}")
     params = params or {}

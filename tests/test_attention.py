@@ -99,6 +99,23 @@ def test_torch_varlen_wrapper_passes_window_gqa_and_cu_seqlens():
         varlen_attention(q, kv, kv, cu, 7, "full", None, "torch", fn=fake_varlen)
 
 
+def test_auto_takes_a_cuda_kernel_only_for_the_dtypes_it_runs(monkeypatch):
+    """flash-attn's and torch's varlen kernels run fp16 and bf16 only (torch's raised "FlashAttention
+    only support fp16 and bf16 data type" on an H200 for an fp32 training step): on CUDA, auto takes
+    them for half precision and the torch path for fp32 and fp64; naming one for fp32 is an error."""
+    import model.attention as attention
+
+    monkeypatch.setattr(attention, "flash_available", lambda: False)
+    monkeypatch.setattr(attention, "varlen_available", lambda: True)
+    cuda = torch.device("cuda")
+    assert [attention.resolve_backend("auto", cuda, dt) for dt in (torch.bfloat16, torch.float16)] == ["varlen", "varlen"]
+    assert [attention.resolve_backend("auto", cuda, dt) for dt in (torch.float32, torch.float64)] == ["kernel", "kernel"]
+    assert attention.resolve_backend("auto", torch.device("cpu"), torch.bfloat16) == "kernel"
+    with pytest.raises(ValueError, match=r"attention backend 'varlen' runs fp16 and bf16, not torch.float32: use --dtype bf16"):
+        attention.resolve_backend("varlen", cuda, torch.float32)
+    assert attention.resolve_backend("torch", cuda, torch.float32) == "torch"
+
+
 def test_torch_varlen_wrapper_on_older_torch_signatures_repeats_kv_heads_and_refuses_windows_it_cannot_ask_for():
     """torch 2.11's varlen_attn has window_size but no enable_gqa, 2.10's only is_causal (what a GPU
     image with an older torch holds): GQA then repeats each key/value head for the query heads that

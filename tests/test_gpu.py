@@ -119,7 +119,8 @@ def test_bf16_training_on_one_gpu_matches_fp32(tmp_path):
                "--steps", "3", "--tokens-per-rank", "512", "--mode", "repack+solver", "--dtype", dtype, "--timeout", "120",
                "--out", str(tmp_path / dtype)]  # fmt: skip
         p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
-        assert p.returncode == 0, p.stderr[-3000:]
+        cause = [line for line in p.stderr.splitlines() if "[rank" in line or "Error" in line]  # the rank's own error first
+        assert p.returncode == 0, "\n".join(cause[:20]) + "\n...\n" + p.stderr[-1500:]
         rows, _ = read_run(str(tmp_path / dtype))
         losses[dtype] = [r["loss"] for r in sorted(rows, key=lambda r: r["step"])]
     np.testing.assert_allclose(losses["bf16"], losses["fp32"], rtol=BF16_LOSS_RTOL)

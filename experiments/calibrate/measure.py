@@ -620,7 +620,7 @@ def calibrate(
         sizes = {**sizes, "median_of": median_of}
     groups = ExchangeGroups(world)
     groups.ensure_every_aligned_group()  # the calibration times every width
-    backend = resolve_backend(backend, device)
+    backend = resolve_backend(backend, device, dtype)
     dev = measure_device(device, dtype)
     a2a = measure_all_to_all(groups, node, sizes["bytes"], cfg, device, dtype, sizes["median_of"])
     one = torch.zeros(1, device=device)
