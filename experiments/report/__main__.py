@@ -40,6 +40,7 @@ WRITERS = {
     "solver_bench": "python -m experiments.bench.solver",
     "host_bench": "python -m experiments.bench.host",
     "kernel_static": "python -m experiments.bench.kernels",
+    "gpu_check": "python3 -m experiments.gpu_check --out results/gpu_check (on a CUDA machine)",
     "groups_bench": "python -m experiments.bench.groups",
     "emulated": "python -m experiments.calibrate.emulate --compare (as root)",
 }

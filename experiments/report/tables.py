@@ -393,6 +393,23 @@ def kernel_static(path: str) -> tuple[str, list[dict]]:
     return table(header, out), [csv_provenance(rows, path)]
 
 
+def kernel_bench(path: str) -> tuple[str, list[dict]]:
+    """The pack and unpack kernels' bandwidth measured on a GPU (experiments.bench.kernels, as
+    python3 -m experiments.gpu_check runs it), each against a device copy of the same bytes."""
+    rows = csv_rows(path)
+    out = []
+    for r in rows:
+        copy = float(r["copy_gbps"])
+        out.append(
+            [
+                r["tokens"], f"SP{r['group_size']}", r["op"], r["megabytes"], r["copy_gbps"],
+                f"{r['triton_gbps']} ({float(r['triton_gbps']) / copy:.2f})", f"{r['torch_gbps']} ({float(r['torch_gbps']) / copy:.2f})",
+            ]
+        )  # fmt: skip
+    header = ["tokens a rank", "group", "op", "MB moved", "device copy GB/s", "Triton GB/s (of copy)", "torch path GB/s (of copy)"]
+    return table(header, out), [csv_provenance(rows, path)]
+
+
 def sparse_layer_traffic(steps: int = 200, seed: int = 0) -> dict[str, dict[str, float]]:
     """Per way of running the sparse layers: the bytes the busiest rank of a wide parent sends in
     one sparse layer's forward as the simulator prices them (solver.simulator.sparse_layer_bytes:
@@ -644,6 +661,7 @@ RENDERERS: dict[str, Callable[..., tuple[str, list[dict]]]] = {
     "solver-joint": solver_joint,
     "host-bench": host_bench,
     "kernel-static": kernel_static,
+    "kernel-bench": kernel_bench,
     "groups-bench": groups_bench,
     "groups-summary": groups_summary,
     "memory": memory,
