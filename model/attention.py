@@ -11,6 +11,7 @@ mapping, and its FLOPs, which solver.cost then prices for the solvers and the si
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 from collections.abc import Callable
@@ -206,16 +207,18 @@ def flash_varlen_attention(q, k, v, cu_seqlens, max_seqlen, window: tuple[int, i
     return fn(q, k, v, cu, cu_k, int(max_seqlen), max_k, causal=True, window_size=window)
 
 
-def _varlen_keywords(fn) -> set[str]:
+@functools.cache
+def _varlen_keywords(fn) -> frozenset[str]:
     """The keyword arguments `fn` takes (torch's varlen_attn grew window_size in 2.11 and
-    enable_gqa later); every keyword for a function whose signature cannot be read."""
+    enable_gqa later); every keyword for a function whose signature cannot be read. Read once per
+    function: every attention call asks."""
     try:
         params = inspect.signature(fn).parameters.values()
     except (TypeError, ValueError):
-        return {"window_size", "enable_gqa"}
+        return frozenset({"window_size", "enable_gqa"})
     if any(p.kind is p.VAR_KEYWORD for p in params):
-        return {"window_size", "enable_gqa"}
-    return {p.name for p in params}
+        return frozenset({"window_size", "enable_gqa"})
+    return frozenset(p.name for p in params)
 
 
 def torch_cuda_varlen_attention(
@@ -313,13 +316,13 @@ def kernel_inputs(cu_seqlens: np.ndarray, max_seqlen: int, kind: str, params: di
 HALF_DTYPES = (torch.float16, torch.bfloat16)  # what flash-attn's and torch's varlen kernels run
 
 
-def resolve_backend(backend: str, device: torch.device, dtype: torch.dtype | None = None) -> str:
+def resolve_backend(backend: str, device: torch.device, dtype: torch.dtype) -> str:
     """auto: flash-attn on CUDA when installed, else torch's varlen kernel on CUDA, for fp16 and
-    bf16 (the dtypes both kernels run; dtype None: assumed one of them); else `kernel`. A CUDA
-    kernel named for another dtype is an error naming it."""
+    bf16 (the dtypes both kernels run); else `kernel`. A CUDA kernel named for another dtype is an
+    error naming it."""
     if backend not in BACKENDS:
         raise ValueError(f"attention backend {backend!r} is not one of {BACKENDS}")
-    half = dtype is None or dtype in HALF_DTYPES
+    half = dtype in HALF_DTYPES
     if backend == "auto":
         if device.type == "cuda" and half:
             if flash_available():

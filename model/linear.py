@@ -38,6 +38,7 @@ run float64).
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import warnings
 
@@ -275,11 +276,13 @@ def pass_states(a: torch.Tensor, b: torch.Tensor, initial: torch.Tensor | None =
 FLA_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # what fla's chunked kernel runs (not float64)
 
 
+@functools.cache
 def fla_refusal() -> str | None:
     """Why flash-linear-attention's chunked kernel cannot train this layer on this machine, or None.
     fla-core refuses its gated backward on Hopper under Triton >= 3.4 and < 3.7.1 (a Triton
     regression gave wrong gradients there) unless tilelang is installed to take that kernel; a
-    layer told to use fla would then fail at its first backward, so it runs this module's form."""
+    layer told to use fla would then fail at its first backward, so it runs this module's form.
+    Answered once per process (every layer's forward asks; the tilelang lookup searches the path)."""
     try:
         from fla.utils import IS_NVIDIA_HOPPER, TRITON_ABOVE_3_4_0, TRITON_ABOVE_3_7_1  # noqa: PLC0415
     except ImportError:

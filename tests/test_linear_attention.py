@@ -613,7 +613,7 @@ def test_a_state_dtype_fla_lacks_is_refused_where_fla_would_run(monkeypatch):
     assert layer("auto").state_dtype(torch.bfloat16) == torch.float32 and layer("auto").state_dtype(torch.float64) == torch.float64
 
 
-def test_fla_is_passed_over_with_a_warning_where_it_refuses_to_train(monkeypatch):
+def test_fla_is_passed_over_with_a_warning_where_it_refuses_to_train(monkeypatch, request):
     """fla-core refuses its gated backward on Hopper under Triton >= 3.4, < 3.7.1 without tilelang
     (seen on an H200 with Triton 3.6): there the layer takes the project's blockwise form, with a
     warning that names Triton's version and both ways out, rather than failing at its backward;
@@ -624,20 +624,26 @@ def test_fla_is_passed_over_with_a_warning_where_it_refuses_to_train(monkeypatch
     pytest.importorskip("fla.ops.gated_delta_rule", reason="fla-core is not installed")
     import model.linear as linear
 
+    request.addfinalizer(linear.fla_refusal.cache_clear)  # answered once per process: asked afresh after each change
+
+    def patch(owner, name, value):
+        monkeypatch.setattr(owner, name, value)
+        linear.fla_refusal.cache_clear()
+
     for name, value in (("IS_NVIDIA_HOPPER", True), ("TRITON_ABOVE_3_4_0", True), ("TRITON_ABOVE_3_7_1", False)):
-        monkeypatch.setattr(fla_utils, name, value)
+        patch(fla_utils, name, value)
     real_find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "tilelang" else real_find_spec(n, *a))
+    patch(importlib.util, "find_spec", lambda n, *a: None if n == "tilelang" else real_find_spec(n, *a))
     why = r"blockwise form: fla-core refuses .* Hopper under Triton .*upgrade Triton to >= 3.7.1 or pip install tilelang"
     with pytest.warns(RuntimeWarning, match=why):
         assert linear._fla_chunk() is None
-    monkeypatch.setattr(fla_utils, "TRITON_ABOVE_3_7_1", True)
+    patch(fla_utils, "TRITON_ABOVE_3_7_1", True)
     assert linear.fla_refusal() is None and linear._fla_chunk() is not None
-    monkeypatch.setattr(fla_utils, "TRITON_ABOVE_3_7_1", False)
-    monkeypatch.setattr(fla_utils, "IS_NVIDIA_HOPPER", False)
+    patch(fla_utils, "TRITON_ABOVE_3_7_1", False)
+    patch(fla_utils, "IS_NVIDIA_HOPPER", False)
     assert linear.fla_refusal() is None
-    monkeypatch.setattr(fla_utils, "IS_NVIDIA_HOPPER", True)
-    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: object() if n == "tilelang" else real_find_spec(n, *a))
+    patch(fla_utils, "IS_NVIDIA_HOPPER", True)
+    patch(importlib.util, "find_spec", lambda n, *a: object() if n == "tilelang" else real_find_spec(n, *a))
     assert linear.fla_refusal() is None
 
 
