@@ -412,19 +412,24 @@ class _Halo(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         args, stats, site = ctx.args, ctx.stats, ctx.site + ".bwd"
+        clock = PhaseClock(stats.seconds[site] if stats is not None and stats.timed else None, grad.device)
         grad = grad.contiguous()
         back, at = [], 0
         for src, c in args.recvs:  # each halo's gradient to the rank that holds it
             back.append((src, grad[at : at + c]))
             at += c
+        clock.lap("pack")
         if stats is not None:
             row_bytes = math.prod(grad.shape[1:]) * grad.element_size()
             stats.record_peers(site, args.rank, {src: c for src, c in args.recvs}, row_bytes)
+        clock.lap("record")
         got = [(dst, grad.new_empty((int(rows.numel()), *grad.shape[1:]))) for dst, rows in args.sends]
         point_to_point(back, got)
+        clock.lap("all_to_all")
         out = grad.new_zeros((args.n_in, *grad.shape[1:]))
         for (_, rows), (_, g) in zip(args.sends, got):  # destination by destination: a fixed order of the sums
             out.index_add_(0, rows, g)
+        clock.lap("unpack")
         return out, None, None, None, None
 
 

@@ -154,16 +154,23 @@ class _StateChain(torch.autograd.Function):
     def forward(ctx, maps, args: ChainArgs, stats, site):
         h, k = maps.shape[1], maps.shape[2]
         v = maps.shape[3] - k
+        # timed as an exchange: the hops' sends and receives ("compose", the maps' products, is
+        # compute, as the simulator prices it: not an exchange part, like "record")
+        clock = PhaseClock(stats.seconds[site] if stats is not None and stats.timed else None, maps.device)
         inn = [(src, maps.new_empty((n, h, k, v))) for src, n in args.receives]
         point_to_point([], inn)
+        clock.lap("all_to_all")
         s_in = torch.cat([t for _, t in inn]) if inn else maps.new_zeros((0, h, k, v))
         out = []
         for dst, rows in args.sends:
             states = [maps[m][..., k:] if r < 0 else maps[m][..., :k] @ s_in[r] + maps[m][..., k:] for m, r in rows]
             out.append((dst, torch.stack(states).contiguous()))
+        clock.lap("compose")
         if stats is not None:
             stats.record_peers(site, args.rank, {dst: len(rows) for dst, rows in args.sends}, h * k * v * maps.element_size())
+        clock.lap("record")
         point_to_point(out, [])
+        clock.lap("all_to_all")
         ctx.save_for_backward(maps, s_in)
         ctx.args, ctx.stats, ctx.site = args, stats, site
         return s_in
@@ -171,9 +178,11 @@ class _StateChain(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         maps, s_in = ctx.saved_tensors
-        args, k = ctx.args, maps.shape[2]
+        args, k, stats, site = ctx.args, maps.shape[2], ctx.stats, ctx.site + ".bwd"
+        clock = PhaseClock(stats.seconds[site] if stats is not None and stats.timed else None, grad.device)
         got = [(dst, grad.new_empty((len(rows), *grad.shape[1:]))) for dst, rows in args.sends]
         point_to_point([], got)
+        clock.lap("all_to_all")
         total, grad_maps = grad.clone(), torch.zeros_like(maps)
         for (_, rows), (_, g) in zip(args.sends, got):
             for j, (m, r) in enumerate(rows):
@@ -185,9 +194,12 @@ class _StateChain(torch.autograd.Function):
         for src, n in args.receives:  # each incoming state's gradient to the chunk before
             back.append((src, total[at : at + n].contiguous()))
             at += n
-        if ctx.stats is not None:
-            ctx.stats.record_peers(ctx.site + ".bwd", args.rank, dict(args.receives), math.prod(grad.shape[1:]) * grad.element_size())
+        clock.lap("compose")
+        if stats is not None:
+            stats.record_peers(site, args.rank, dict(args.receives), math.prod(grad.shape[1:]) * grad.element_size())
+        clock.lap("record")
         point_to_point(back, [])
+        clock.lap("all_to_all")
         return grad_maps, None, None, None
 
 

@@ -70,10 +70,12 @@ def counted(stats: CommStats) -> list[float]:
 
 def assert_step(cfg: ModelConfig, plan: StepPlan, ref, groups: ExchangeGroups, where: str) -> CommStats:
     """One step of `plan` (replicated parameters, fp64): the loss and every gradient equal the
-    single-process `ref`, and the bytes every rank counted at each site, summed, the simulator's."""
+    single-process `ref`, the bytes every rank counted at each site, summed, the simulator's, and
+    every site a rank called timed, forward and backward (`--timers`: the emulated comparison
+    splits the measured step by these timers, and a call left untimed lands in the rest)."""
     ref_loss, ref_grads = ref
     model = make_model(cfg)
-    stats = CommStats(gpus_per_node=NODE)
+    stats = CommStats(gpus_per_node=NODE, timed=True)
     loss = run_step(model, plan, sample_tokens(LENGTHS), groups, "torch", "torch", stats)
     torch.testing.assert_close(loss, ref_loss, rtol=1e-10, atol=1e-12, msg=where)
     for n, p in model.named_parameters():
@@ -81,6 +83,8 @@ def assert_step(cfg: ModelConfig, plan: StepPlan, ref, groups: ExchangeGroups, w
     sim = simulate(plan, CostModel(cfg, HardwareConfig(bytes_per_element=8), costs=CostsConfig(recompute="none", ep_degree=1)))
     priced = [sim.full_intra_bytes, sim.full_inter_bytes, sim.sparse_intra_bytes, sim.sparse_inter_bytes]
     assert counted(stats) == pytest.approx(priced, rel=1e-12, abs=0), (where, counted(stats), priced)
+    untimed = sorted(set(stats.calls) - {site for site, parts in stats.seconds.items() if "all_to_all" in parts})
+    assert not untimed, f"{where}: sites called but not timed: {untimed}"
     return stats
 
 
