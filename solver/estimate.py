@@ -13,6 +13,12 @@ the slowest at one kind of layer), the gradient sync and the optimizer. It is th
 step up to the order of float sums: between two synchronizations a Ulysses child's busiest rank
 is its slowest (every token-wise term and every send grows with its tokens, and it sends at
 least what it receives), and a test holds the two equal on every mode's plans.
+
+A parent's units meet other parents' only at the router's barriers, so the step is each stretch
+between two barriers at its slowest parent, summed (solver.timeline.stretch_ends): a parent's
+stretch ends are computed the first time a priced step holds it and kept, and the plans a planner
+compares on one step (most of their parents the same objects) are priced from the parents they do
+not share. A test holds a step priced from kept parents to a fresh estimate's price, exactly.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ from .layout import rank_tokens
 from .plan import StepPlan
 from .reference import halo_seconds, state_load
 from .simulator import redistributions
-from .timeline import Groups, Phases, run_step
+from .timeline import Groups, Phases, step_end, stretch_ends
 
 
 def _gather(parents, by_start: bool = False):
@@ -94,6 +100,9 @@ class _Known:
         self.count, self.size, self.start, self.halo, self.row0 = z, z, z, np.zeros(0, dtype=bool), z
         self.rows = z  # every known child's samples' rows, each child's in a run
         self._halo: dict[tuple[int, int], float] = {}  # (child index, id(cost model)) -> its halo exchange's seconds
+        # per parent: whether its stretch ends are known, and they [kinds, parents] (columns past
+        # the priced ones unused); the step's sequence of stretches, the same for every plan
+        self.priced, self.ends, self.sequence = np.zeros(0, dtype=bool), np.zeros((0, 0)), []
         self._priced: list = []  # the cost models priced with (held, so their ids stay theirs)
 
     def halo_seconds(self, k: int, length_of, priced: CostModel) -> float:
@@ -133,6 +142,20 @@ class _Known:
         self.start, self.halo = cat([self.start, firsts]), cat([self.halo, halo])
         self.row0 = cat([self.row0, r0 + np.cumsum(counts) - counts])
         self.rows = cat([self.rows, rows])
+        self.priced = cat([self.priced, np.zeros(len(new), dtype=bool)])
+
+    def keep_ends(self, at: np.ndarray, sequence: list, ends: np.ndarray) -> None:
+        """Keep the stretch ends [kinds, len(at)] of known parents `at`."""
+        self.sequence = sequence
+        if self.ends.shape[1] < len(self.held) or self.ends.shape[0] != len(ends):
+            grown = np.zeros((len(ends), max(2 * self.ends.shape[1], len(self.held))))
+            if self.ends.shape[0] == len(ends):
+                grown[:, : self.ends.shape[1]] = self.ends
+            else:
+                self.priced[:] = False  # another sequence of stretches: none kept is valid
+            self.ends = grown
+        self.ends[:, at] = ends
+        self.priced[at] = True
 
 
 class PlanEstimate:
@@ -266,7 +289,29 @@ class PlanEstimate:
         return self._step_time(parents, floor=True)
 
     def _step_time(self, parents, floor: bool = False) -> float:
+        """The step's end (timeline.step_end) from each parent's stretch ends (timeline.stretch_ends):
+        a parent's are computed the first time a step holds it and kept (_Known.ends), so a plan
+        that shares most of its parents with one priced before is priced from the few it does not
+        (the ways choose compares, a width search's moves). floor: floor_time's units, not kept."""
         parents = list(parents)
+        cost, world = self.cost, self.cluster.world_size
+        if floor:
+            sequence, ends = self._stretch_ends(parents, floor=True)
+            latest = ends.max(axis=1).tolist()
+        else:
+            known = self._known
+            at = known.find(parents, self)
+            todo = np.unique(at[~known.priced[at]])
+            if len(todo):
+                sequence, ends = self._stretch_ends([known.held[k] for k in todo.tolist()])
+                known.keep_ends(todo, sequence, ends)
+            sequence = known.sequence
+            latest = known.ends[:, at].max(axis=1).tolist()
+        return step_end(sequence, latest) + cost.grad_sync_time(world) + cost.optimizer_time(world)
+
+    def _stretch_ends(self, parents: list, floor: bool = False) -> tuple[list[tuple[int, float]], np.ndarray]:
+        """timeline.stretch_ends of these parents' units: (the sequence of stretches, each kind's
+        latest end per parent [kinds, parents])."""
         cost, cluster = self.cost, self.cluster
         world = cluster.world_size
         known = self._known
@@ -374,8 +419,10 @@ class PlanEstimate:
         if cost.costs.overlap_blocks > 1:  # one head block's exchanges (CostModel.head_block)
             fb_in, fb_out, sb_in, sb_out = exchanges(cost.head_block())
             phases.full_xb, phases.sparse_xb = (fb_in, fb_out), (sb_in, sb_out)
-        tl, _, _ = run_step(phases, cost, accounts=False)
-        return float(tl.t.max()) + cost.grad_sync_time(world) + cost.optimizer_time(world)
+        sequence, ends = stretch_ends(phases, cost)
+        out = np.zeros((len(ends), len(parents)))  # a parent of no unit holds no rank: it ends at zero
+        out[:, held] = ends
+        return sequence, out
 
     def _redistributions(self, parents):
         """Per rank, a redistributing plan's two hidden-state all-to-alls (the simulator's)."""

@@ -3,8 +3,9 @@ forward, the LM head, every layer backward (recomputed first under full recomput
 token-wise work around its exchanges, its attention between them, its experts' all-to-all and the
 router's world barrier, over *units*: the simulator's are ranks (solver.simulator), the
 estimate's are children, each standing for its ranks (solver.estimate.PlanEstimate.step_time).
-Both fill in Phases (what each unit holds and what each exchange costs it) and run the same
-run_step, so the estimate prices the step the simulator charges, barriers and all.
+Both fill in Phases (what each unit holds and what each exchange costs it) and run the same ops
+(run_step for the simulator, with where the time went; stretch_ends, the clock alone, for the
+estimate), so the estimate prices the step the simulator charges, barriers and all.
 """
 
 from __future__ import annotations
@@ -144,10 +145,72 @@ class Phases:
     sparse_xb: tuple | None = None  # and of a sparse layer's
 
 
-def run_step(ph: Phases, cost: CostModel, accounts: bool = True) -> tuple[Timeline, dict, dict]:
+def run_step(ph: Phases, cost: CostModel) -> tuple[Timeline, dict, dict]:
     """The step's timeline over the units of `ph` (up to the slowest unit; the gradient sync and
-    the optimizer come after): the timeline, bytes sent per site ([intra, inter]) and calls per
-    site. accounts=False: the clock alone, no breakdown of where the time went."""
+    the optimizer come after), with where each unit's time went: the timeline, bytes sent per
+    site ([intra, inter]) and calls per site. The clock alone, cut at the barriers: stretch_ends."""
+    tl, run, ops, bytes_acc, calls, _ = _program(ph, cost, accounts=True)
+    for op in ops:
+        run(op)
+    return tl, bytes_acc, calls
+
+
+def stretch_ends(ph: Phases, cost: CostModel) -> tuple[list[tuple[int, float]], np.ndarray]:
+    """The step's clock cut where the router's barrier synchronizes every unit: (the sequence of
+    stretches, each (its kind's index, the barrier's seconds after it); per kind of stretch, the
+    latest end over each parent group (`ph.parent`) [kinds, parents], each stretch started at
+    zero). Units of different parents never meet but at the barrier (a child lies inside its
+    parent), so a parent's ends depend on its units alone, and the step's end is step_end of the
+    sequence and, per kind, the latest end over every parent: PlanEstimate prices a plan from
+    the ends of its parents, each computed once. Without the barrier (router_sync off, one rank)
+    the whole step is one stretch."""
+    tl, run, ops, _, _, router = _program(ph, cost, accounts=False)
+    sequence, ends = _stretches(tl, run, ops, router, cost)
+    starts = np.asarray(ph.parent.starts)
+    return sequence, np.array([np.maximum.reduceat(e, starts) for e in ends]).reshape(len(ends), len(starts))
+
+
+def step_end(sequence: list[tuple[int, float]], latest: list[float]) -> float:
+    """The clock at the step's end: each stretch's latest end (`latest`, per kind) and the barrier
+    after it, summed in the step's order."""
+    total = 0.0
+    for kind, barrier in sequence:
+        total += latest[kind] + barrier
+    return total
+
+
+def _stretches(tl: Timeline, run, ops: list[tuple], router: bool, cost: CostModel) -> tuple[list[tuple[int, float]], list[np.ndarray]]:
+    """The clock alone, cut at the router's barriers: every unit leaves a barrier at the same time,
+    so a stretch between two barriers lasts what it lasts from zero, and alike stretches (the same
+    layer types and passes) are run once. Returns the sequence of stretches (kind, the barrier's
+    seconds after it) and each kind's end per unit."""
+    units = len(tl.t)
+    if not router:  # no barrier: one stretch, the whole step
+        tl.t = np.zeros(units)
+        for op in ops:
+            run(op)
+        return [(0, 0.0)], [tl.t.copy()]
+    sequence, kinds, ends, body = [], {}, [], []
+    for op in [*ops, ("sync", 0)]:
+        if op[0] != "sync":
+            body.append(op)
+            continue
+        key = tuple(body)
+        if key not in kinds:
+            tl.t = np.zeros(units)
+            for o in key:
+                run(o)
+            kinds[key] = len(ends)
+            ends.append(tl.t.copy())
+        sequence.append((kinds[key], op[1] * cost.hw.collective_latency))
+        body = []
+    return sequence, ends
+
+
+def _program(ph: Phases, cost: CostModel, accounts: bool):
+    """The step's ops in order, and what runs them on a fresh timeline over the units of `ph`:
+    (the timeline, run(op), the ops, bytes per site, calls per site, whether the router's barrier
+    synchronizes every unit at every MoE layer)."""
     m = cost.model
     units = len(ph.full_attn)
     tokens, parent, child = ph.tokens, ph.parent, ph.child
@@ -246,25 +309,4 @@ def run_step(ph: Phases, cost: CostModel, accounts: bool = True) -> tuple[Timeli
         elif router:  # the MoE layer's all-reduces of its router statistics over the world (CostsConfig.router_sync)
             tl.world_barrier(op[1] * cost.hw.collective_latency)
 
-    if accounts or not router:
-        for op in ops:
-            run(op)
-        return tl, bytes_acc, calls
-    # the clock alone, under the router's barrier: every unit leaves a barrier at the same time, so
-    # a stretch between two barriers lasts what it lasts from zero, and alike stretches (the same
-    # layer types and passes) are run once
-    total, lasts, body = 0.0, {}, []
-    for op in [*ops, ("sync", 0)]:
-        if op[0] != "sync":
-            body.append(op)
-            continue
-        key = tuple(body)
-        if key not in lasts:
-            tl.t = np.zeros(units)
-            for o in key:
-                run(o)
-            lasts[key] = float(tl.t.max())
-        total += lasts[key] + op[1] * cost.hw.collective_latency
-        body = []
-    tl.t = np.full(units, total)
-    return tl, bytes_acc, calls
+    return tl, run, ops, bytes_acc, calls, router

@@ -119,6 +119,32 @@ def test_the_step_estimate_is_the_simulators_step_in_every_mode(data):
         assert est.step_time(plan.parents) == pytest.approx(simulate(plan, cost).step_time, rel=REL), mode.name
 
 
+@settings(max_examples=25, deadline=None)  # a few modes planned per example
+@given(st.data())
+def test_a_step_priced_from_parents_kept_from_other_plans_is_priced_as_alone(data):
+    """PlanEstimate keeps each parent's stretch ends the first time a step holds it; a plan that
+    shares parents with plans priced before (the same objects, as the planner's stages hand them
+    on) is priced exactly as a fresh estimate prices it alone: its repacked parents redistributed,
+    its wide parents in their own layout, another mode's plan of the same step, in turn."""
+    cluster = data.draw(clusters(max_nodes=4))
+    samples = data.draw(batches(cluster, fill=0.6))
+    cost = data.draw(costs(pipelined=True)).for_cluster(cluster)
+    length_of = {s.id: s.length for s in samples}
+    node = cluster.gpus_per_node
+    first = make_plan(samples, cluster, cost, data.draw(st.sampled_from(["repack", "repack+solver", "repack+widths"]))).parents
+    plans = [
+        first,
+        tuple(replace(p, redistributed=True) if p.repacked else p for p in first),
+        tuple(ParentPlan(p.group, (p.group,), "its own layout") if p.group.size > node else p for p in first),
+        make_plan(samples, cluster, cost, "baseline").parents,
+        first,
+    ]
+    shared = PlanEstimate(length_of, cluster, cost)
+    for k in data.draw(st.permutations(range(len(plans)))):
+        alone = PlanEstimate(length_of, cluster, cost).step_time(list(plans[k]))
+        assert shared.step_time(list(plans[k])) == alone, k  # the same sums in the same order
+
+
 @settings(max_examples=25, deadline=None)  # several modes planned and simulated per example
 @given(st.data())
 def test_the_floor_is_below_every_step_of_the_assigned_parents(data):
