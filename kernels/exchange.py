@@ -347,7 +347,7 @@ class _AllToAllRows(torch.autograd.Function):
 def _all_to_all_rows(x, send_counts, recv_counts, group, stats, site):
     if group is None:  # a group of one rank
         return x.clone()
-    clock = PhaseClock(stats.seconds[site] if stats is not None and stats.timed else None, x.device)
+    clock = PhaseClock.of_site(stats, site, x.device)
     if stats is not None:
         rank = dist.get_rank()
         start = rank - dist.get_group_rank(group, rank)  # the groups here are aligned ranges
@@ -397,7 +397,7 @@ class _Halo(torch.autograd.Function):
     @staticmethod
     def forward(ctx, kv, args, backend, stats, site):
         ctx.args, ctx.backend, ctx.stats, ctx.site = args, backend, stats, site
-        clock = PhaseClock(stats.seconds[site] if stats is not None and stats.timed else None, kv.device)
+        clock = PhaseClock.of_site(stats, site, kv.device)
         out = [(dst, gather_rows(kv, rows, backend)) for dst, rows in args.sends]
         clock.lap("pack")
         if stats is not None:
@@ -412,7 +412,7 @@ class _Halo(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         args, stats, site = ctx.args, ctx.stats, ctx.site + ".bwd"
-        clock = PhaseClock(stats.seconds[site] if stats is not None and stats.timed else None, grad.device)
+        clock = PhaseClock.of_site(stats, site, grad.device)
         grad = grad.contiguous()
         back, at = [], 0
         for src, c in args.recvs:  # each halo's gradient to the rank that holds it
@@ -485,6 +485,12 @@ class PhaseClock:
         self.timers, self.device = timers, device
         self.t = self._now() if timers is not None else 0.0
 
+    @classmethod
+    def of_site(cls, stats: CommStats | None, site: str, device: torch.device) -> PhaseClock:
+        """The clock of one call at an exchange site: adding into `stats`' seconds of `site` where
+        they are timed (CommStats.timed), free otherwise."""
+        return cls(stats.seconds[site] if stats is not None and stats.timed else None, device)
+
     def _now(self) -> float:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
@@ -498,7 +504,7 @@ class PhaseClock:
 
 
 def _run(x, args, transport, backend, stats, site):
-    clock = PhaseClock(stats.seconds[site] if stats is not None and stats.timed else None, x.device)
+    clock = PhaseClock.of_site(stats, site, x.device)
     send = pack(x, args, backend)
     clock.lap("pack")
     if stats is not None:

@@ -156,7 +156,7 @@ class _StateChain(torch.autograd.Function):
         v = maps.shape[3] - k
         # timed as an exchange: the hops' sends and receives ("compose", the maps' products, is
         # compute, as the simulator prices it: not an exchange part, like "record")
-        clock = PhaseClock(stats.seconds[site] if stats is not None and stats.timed else None, maps.device)
+        clock = PhaseClock.of_site(stats, site, maps.device)
         inn = [(src, maps.new_empty((n, h, k, v))) for src, n in args.receives]
         point_to_point([], inn)
         clock.lap("all_to_all")
@@ -179,7 +179,7 @@ class _StateChain(torch.autograd.Function):
     def backward(ctx, grad):
         maps, s_in = ctx.saved_tensors
         args, k, stats, site = ctx.args, maps.shape[2], ctx.stats, ctx.site + ".bwd"
-        clock = PhaseClock(stats.seconds[site] if stats is not None and stats.timed else None, grad.device)
+        clock = PhaseClock.of_site(stats, site, grad.device)
         got = [(dst, grad.new_empty((len(rows), *grad.shape[1:]))) for dst, rows in args.sends]
         point_to_point([], got)
         clock.lap("all_to_all")
