@@ -101,8 +101,9 @@ class _Known:
         self.rows = z  # every known child's samples' rows, each child's in a run
         self._halo: dict[tuple[int, int], float] = {}  # (child index, id(cost model)) -> its halo exchange's seconds
         # per parent: whether its stretch ends are known, and they [kinds, parents] (columns past
-        # the priced ones unused); the step's sequence of stretches, the same for every plan
-        self.priced, self.ends, self.sequence = np.zeros(0, dtype=bool), np.zeros((0, 0)), []
+        # the priced ones unused; None before the first); the step's sequence of stretches, the
+        # same for every plan of the estimate's cost model
+        self.priced, self.ends, self.sequence = np.zeros(0, dtype=bool), None, []
         self._priced: list = []  # the cost models priced with (held, so their ids stay theirs)
 
     def halo_seconds(self, k: int, length_of, priced: CostModel) -> float:
@@ -147,12 +148,11 @@ class _Known:
     def keep_ends(self, at: np.ndarray, sequence: list, ends: np.ndarray) -> None:
         """Keep the stretch ends [kinds, len(at)] of known parents `at`."""
         self.sequence = sequence
-        if self.ends.shape[1] < len(self.held) or self.ends.shape[0] != len(ends):
+        if self.ends is None:
+            self.ends = np.zeros((len(ends), len(self.held)))
+        elif self.ends.shape[1] < len(self.held):  # room for every known parent, doubled as they come
             grown = np.zeros((len(ends), max(2 * self.ends.shape[1], len(self.held))))
-            if self.ends.shape[0] == len(ends):
-                grown[:, : self.ends.shape[1]] = self.ends
-            else:
-                self.priced[:] = False  # another sequence of stretches: none kept is valid
+            grown[:, : self.ends.shape[1]] = self.ends
             self.ends = grown
         self.ends[:, at] = ends
         self.priced[at] = True
