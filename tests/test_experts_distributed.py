@@ -128,25 +128,14 @@ def test_expert_parallel_step_matches_single_process_and_moves_the_routings_byte
 
 @pytest.mark.slow
 def test_bad_expert_parallel_settings_fail_before_step_1_naming_the_flag(tmp_path):
-    from tests.dist_utils import single_rank, torchrun
+    from tests.dist_utils import forked_driver
 
     cases = [
-        (single_rank, 1, ("--ep", "8"), "costs.ep_degree (--ep)=8 does not divide model.n_experts (--n-experts)=4"),
-        (
-            single_rank,
-            1,
-            ("--ep", "4", "--gpus-per-node", "1"),
-            "costs.ep_degree (--ep)=4 is wider than a node of 1 ranks (--gpus-per-node)",
-        ),
-        (
-            single_rank,
-            1,
-            ("--ep", "4", "--ep-placement", "inter", "--gpus-per-node", "1"),
-            "costs.ep_degree (--ep)=4 does not divide the world of 1",
-        ),
+        (("--ep", "8"), "costs.ep_degree (--ep)=8 does not divide model.n_experts (--n-experts)=4"),
+        (("--ep", "4", "--gpus-per-node", "1"), "costs.ep_degree (--ep)=4 is wider than a node of 1 ranks (--gpus-per-node)"),
+        (("--ep", "4", "--ep-placement", "inter", "--gpus-per-node", "1"), "costs.ep_degree (--ep)=4 does not divide the world of 1"),
     ]
-    for launch, ranks, args, message in cases:
-        extra = (ranks,) if launch is torchrun else ()
-        p = launch(*extra, "--steps", "1", *args, "--out", str(tmp_path / "o"))
+    for args, message in cases:
+        p = forked_driver(1, "--steps", "1", *args, "--out", str(tmp_path / "o"))
         assert p.returncode != 0 and message in p.stderr, (args, p.stderr[-2000:])
         assert " loss " not in p.stdout, f"{args}: no step may run"

@@ -10,7 +10,7 @@ from experiments.common.errors import InputError
 from experiments.report.plots import load_or_run_ablation
 from experiments.train import checkpoint
 from experiments.train.checkpoint import CheckpointError
-from tests.dist_utils import ROOT, run_distributed, single_rank
+from tests.dist_utils import ROOT, forked_driver, run_distributed
 from tests.test_checkpoints import CFG, _model_and_opt, _nothing, _train_a_step, _weights
 
 
@@ -64,10 +64,10 @@ def test_resume_skips_another_runs_checkpoints_to_its_own_newest(tmp_path):
 def test_a_new_run_never_writes_over_another_runs_checkpoints(tmp_path):
     ck = tmp_path / "ck"
     first = ("--steps", "2", "--save-every", "2", "--ckpt-dir", str(ck), "--tokens-per-rank", "64")
-    p = single_rank(*first, "--out", str(tmp_path / "a"))
+    p = forked_driver(1, *first, "--out", str(tmp_path / "a"))
     assert p.returncode == 0, p.stderr[-2000:]
     before = {f: os.path.getmtime(ck / f) for f in os.listdir(ck)}
-    p = single_rank(*first, "--seed", "1", "--out", str(tmp_path / "b"))
+    p = forked_driver(1, *first, "--seed", "1", "--out", str(tmp_path / "b"))
     assert p.returncode != 0
     assert "--ckpt-dir" in p.stderr and "holds checkpoints (step_0000002), another run's" in p.stderr
     assert "workload.seed=0 there, 1 here" in p.stderr and " loss " not in p.stdout
@@ -121,7 +121,8 @@ def test_a_training_run_into_a_checkpoint_folder_in_use_is_refused(tmp_path):
     ck = tmp_path / "ck"
     holder = _Holder(ck)
     try:
-        p = single_rank("--steps", "2", "--save-every", "2", "--ckpt-dir", str(ck), "--tokens-per-rank", "64", "--out", str(tmp_path / "a"))
+        args = ("--steps", "2", "--save-every", "2", "--ckpt-dir", str(ck), "--tokens-per-rank", "64", "--out", str(tmp_path / "a"))
+        p = forked_driver(1, *args)
     finally:
         holder.close()
     assert p.returncode != 0 and " loss " not in p.stdout

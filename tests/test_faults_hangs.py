@@ -11,7 +11,7 @@ import pytest
 
 import experiments.ablation.__main__ as ablation
 import experiments.train.__main__ as train
-from tests.dist_utils import ROOT, single_rank, torchrun_cmd
+from tests.dist_utils import ROOT, forked_driver, torchrun_cmd
 
 
 def _children(pid: int) -> list[int]:
@@ -82,7 +82,7 @@ def test_a_run_of_a_hundred_million_steps_starts_at_once(tmp_path):
     """The generated workload is made step by step as the run reaches it, checked from its
     settings up front: a run of 1e8 steps starts, runs its first step and stops."""
     t0 = time.monotonic()
-    p = single_rank("--steps", "100000000", "--stop-after", "1", "--tokens-per-rank", "64", "--out", str(tmp_path / "o"))
+    p = forked_driver(1, "--steps", "100000000", "--stop-after", "1", "--tokens-per-rank", "64", "--out", str(tmp_path / "o"))
     assert p.returncode == 0, p.stderr[-2000:]
     assert "step     0" in p.stdout and time.monotonic() - t0 < 120
 

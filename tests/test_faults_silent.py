@@ -16,7 +16,7 @@ from experiments.common.files import file_identity
 from experiments.common.results import read_run, write_run
 from experiments.report.plots import mode_means
 from solver import CostModel
-from tests.dist_utils import single_rank
+from tests.dist_utils import forked_driver
 
 
 def _ablation(tmp_path, *args) -> str:
@@ -166,12 +166,12 @@ def test_a_nan_loss_fails_the_run_naming_its_step_unless_asked_to_go_on(tmp_path
     # an aux-loss weight that overflows the loss to inf at step 0: the run stops there, its
     # results so far written, exit non-zero; with --allow-nonfinite it runs every step
     args = ("--aux-loss-coef", "1e308", "--steps", "3", "--tokens-per-rank", "64")
-    p = single_rank(*args, "--out", str(tmp_path / "stop"))
+    p = forked_driver(1, *args, "--out", str(tmp_path / "stop"))
     assert p.returncode != 0
     assert "failed: NonFiniteLoss: step 0 (repack+solver): the loss is inf; the run stops here" in p.stderr
     rows, _ = read_run(str(tmp_path / "stop"))
     assert [r["step"] for r in rows] == [0]
-    p = single_rank(*args, "--allow-nonfinite", "--out", str(tmp_path / "go"))
+    p = forked_driver(1, *args, "--allow-nonfinite", "--out", str(tmp_path / "go"))
     assert p.returncode == 0, p.stderr[-2000:]
     assert [r["step"] for r in read_run(str(tmp_path / "go"))[0]] == [0, 1, 2]
 
@@ -180,7 +180,7 @@ def test_a_nan_loss_fails_the_run_naming_its_step_unless_asked_to_go_on(tmp_path
 def test_a_step_of_one_token_samples_has_no_loss_and_fails_naming_it(tmp_path):
     trace = tmp_path / "t.csv"
     trace.write_text("step,length\n0,5\n0,3\n1,1\n1,1\n")
-    p = single_rank("--trace", str(trace), "--steps", "2", "--out", str(tmp_path / "o"))
+    p = forked_driver(1, "--trace", str(trace), "--steps", "2", "--out", str(tmp_path / "o"))
     assert p.returncode != 0
     assert "step 1: every sample is one token long, so the step has no next-token label and no loss" in p.stderr
 

@@ -564,9 +564,9 @@ def test_the_linear_plans_cover_what_the_step_test_claims():
 
 @pytest.mark.slow
 def test_the_driver_trains_a_gdn_hybrid_on_one_rank(tmp_path):
-    from tests.dist_utils import single_rank
+    from tests.dist_utils import forked_driver
 
-    r = single_rank("--model", "tiny-gdn", "--steps", "2", "--out", str(tmp_path / "run"))
+    r = forked_driver(1, "--model", "tiny-gdn", "--steps", "2", "--out", str(tmp_path / "run"))
     assert r.returncode == 0, r.stderr[-2000:]
     assert "step     1" in r.stdout, r.stdout[-2000:]
 

@@ -1,4 +1,5 @@
-"""The training driver end to end under torchrun: gloo ranks in emulated nodes, tiny model."""
+"""The training driver end to end: gloo ranks in emulated nodes, tiny model, under torchrun where
+the launcher is part of what is tested, else forked from the test (tests/dist_utils.forked_driver)."""
 
 import os
 import subprocess
@@ -10,7 +11,7 @@ from experiments.common.errors import InputError
 from experiments.common.results import read_run
 from experiments.train.data import TokenFileSource, load_offsets
 from solver.modes import MODES
-from tests.dist_utils import ROOT, single_rank, single_rank_cmd, torchrun
+from tests.dist_utils import ROOT, forked_driver, single_rank_cmd, torchrun
 from tests.test_gpu import BF16_LOSS_RTOL
 
 
@@ -49,7 +50,7 @@ def test_every_mode_same_losses_in_fp32_and_bf16_and_results_parse(tmp_path):
     # over another number of rows can round differently; measured here up to 1.1e-4)
     # (the replicated path's bf16 autocast: tests/test_model_distributed.py)
     out = tmp_path / "bf16"
-    p = torchrun(2, *one_step, "--dtype", "bf16", "--out", str(out))
+    p = forked_driver(2, *one_step, "--dtype", "bf16", "--out", str(out))  # the launcher's start tested once, above
     assert p.returncode == 0, p.stderr[-3000:]
     bf = {(r["step"], r["mode"]): r["loss"] for r in read_run(str(out))[0]}
     assert bf.keys() == by.keys()
@@ -70,17 +71,17 @@ def _resume_matches(root, ranks, layout, resumed_layout=None):
     sharding), the same losses within float32's accumulated rounding."""
     budget = ("--tokens-per-rank", "64", "--mode", "repack+solver", "--steps", "4")
     ck = root / "ck"
-    p = torchrun(ranks, *budget, *layout, "--save-every", "2", "--ckpt-dir", str(ck), "--out", str(root / "full"))
+    p = forked_driver(ranks, *budget, *layout, "--save-every", "2", "--ckpt-dir", str(ck), "--out", str(root / "full"))
     assert p.returncode == 0, p.stderr[-3000:]
     full = losses(root / "full")
     assert sorted(full) == [0, 1, 2, 3]
     assert sorted(os.listdir(ck)) == ["latest", "step_0000002", "step_0000004"]  # no torn .tmp folders
     (ck / "latest").write_text("step_0000002")
-    p = torchrun(ranks, *budget, *layout, "--ckpt-dir", str(ck), "--resume", "--out", str(root / "resumed"))
+    p = forked_driver(ranks, *budget, *layout, "--ckpt-dir", str(ck), "--resume", "--out", str(root / "resumed"))
     assert p.returncode == 0, p.stderr[-3000:]
     assert losses(root / "resumed") == full
     if resumed_layout is not None:
-        p = torchrun(ranks, *budget, *resumed_layout, "--ckpt-dir", str(ck), "--resume", "--out", str(root / "relaid"))
+        p = forked_driver(ranks, *budget, *resumed_layout, "--ckpt-dir", str(ck), "--resume", "--out", str(root / "relaid"))
         assert p.returncode == 0, p.stderr[-3000:]
         assert "resumed a checkpoint written at EP" in p.stdout
         got = losses(root / "relaid")
@@ -104,7 +105,7 @@ def test_resume_under_expert_parallelism_inside_a_node_is_exact_and_resumes_at_a
 def test_a_sample_too_long_for_the_cluster_fails_before_step_1_with_its_reason(tmp_path):
     trace = tmp_path / "t.csv"
     trace.write_text("step,length\n0,10\n1,10\n1,100000\n")
-    p = single_rank("--trace", str(trace), "--steps", "2", "--out", str(tmp_path / "o"))
+    p = forked_driver(1, "--trace", str(trace), "--steps", "2", "--out", str(tmp_path / "o"))
     assert p.returncode != 0
     assert "failed: PlanError: step 1: a sample of 100000 tokens needs SP4096 at tokens_per_rank=32" in p.stderr
     assert "use tokens_per_rank >= 100000" in p.stderr and "--tokens-per-rank" in p.stderr
@@ -150,7 +151,7 @@ def test_corrupt_token_files_are_clear_errors(tmp_path):
 def test_a_corrupt_token_file_ends_the_run_with_its_reason(tmp_path):
     (tmp_path / "junk.npy").write_bytes(b"not an array")
     np.save(tmp_path / "off.npy", np.array([0, 8, 20]))
-    p = single_rank("--tokens", str(tmp_path / "junk.npy"), "--doc-offsets", str(tmp_path / "off.npy"), "--out", str(tmp_path / "o"))
+    p = forked_driver(1, "--tokens", str(tmp_path / "junk.npy"), "--doc-offsets", str(tmp_path / "off.npy"), "--out", str(tmp_path / "o"))
     assert p.returncode != 0 and "not a readable .npy array" in p.stderr
 
 
@@ -174,7 +175,7 @@ def test_eight_ranks_hold_only_the_process_groups_their_plans_use(tmp_path):
     from solver import CostModel, make_plan, samples_from_lengths
 
     # nodes of 2 and a budget that makes SP4 and SP8 parents: every width of the world is used by some rank
-    p = torchrun(8, "--tokens-per-rank", "12", "--mode", "repack+solver", "--steps", "3", "--out", str(tmp_path / "o"))
+    p = forked_driver(8, "--tokens-per-rank", "12", "--mode", "repack+solver", "--steps", "3", "--out", str(tmp_path / "o"))
     assert p.returncode == 0, p.stderr[-3000:]
     rows, summary = read_run(str(tmp_path / "o"))
     cfg, groups = summary["config"], summary["process_groups"]
