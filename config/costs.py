@@ -60,7 +60,8 @@ class CostsConfig(Section):
         source="AdamW: fp32 weight, gradient and two moments read; weight, moments and the bf16 copy written",
     )  # fmt: skip
     overlap_blocks: int = setting(
-        1, "head blocks each attention layer's exchanges are pipelined in, a block's exchange under another block's attention "
+        1,
+        "head blocks each attention layer's exchanges are pipelined in, a block's exchange under another block's attention "
         "(every mode alike: a full layer's all-to-alls, a Ulysses child's, a halo child's point-to-point sends; each block a call "
         "of its own). 1: none, every exchange exposed. A priced what-if: the runtime does not pipeline (docs/cost-model.md)",
         int_in(1, 64),

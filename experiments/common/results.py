@@ -359,4 +359,3 @@ def exchanges_paid(pairs: list[tuple[dict, dict]]) -> float:
     cores a busy step's exchanges also wait for time-sliced peers, which the calibration's lone
     calls and near-empty steps do not)."""
     return change_slope(pairs, tuple(p for p in GAP_PARTS if p != "rest"))
-

@@ -610,9 +610,12 @@ def emulated_runs(*folders: str) -> tuple[str, list[dict]]:
         each = [p[mode] for p in parts if mode in p]
         cells = (f"{float(np.median([e[k] for e in each])):+.1f} ({', '.join(f'{e[k]:+.1f}' for e in each)})" for k in GAP_PARTS)
         split.append([mode, *cells])
-    text += "\n\nEach gap by the part of the step it comes from (pp; a part's predicted change less its measured one, each over the " + (
-        "baseline's step; negative: less gain measured than predicted), median (each run):\n\n"
-    ) + table(["mode", "full-layer exchanges", "sparse-layer exchanges", "experts' all-to-all", "the rest of the step"], split)
+    text += (
+        "\n\nEach gap by the part of the step it comes from (pp; a part's predicted change less its measured one, each over the "
+        + ("baseline's step; negative: less gain measured than predicted), median (each run):\n\n")
+        + table(["mode", "full-layer exchanges", "sparse-layer exchanges", "experts' all-to-all", "the rest of the step"], split)
+    )
+
     def each_run(slope) -> str:
         return ", ".join(f"{v:.2f}" if np.isfinite(v) else "n/a" for v in map(slope, pairs))
 
