@@ -40,7 +40,8 @@ MEMORY_LATENCY_S = 0.7e-6
 # exchange at 1e300 s, and a plan then fails far from the setting that caused it
 BYTE_RATE = number_in(1e3, 1e15)  # bytes/s: 1 KB/s to 1 PB/s (the emulated cluster's slowest measured: ~5e7)
 EFFICIENCY = number_in(1e-4, 1)
-FIXED_COSTS = ("layer_overhead", "a2a_latency", "a2a_inter_latency", "halo_latency", "collective_latency")  # what a calibration fits
+# what a calibration fits
+FIXED_COSTS = ("layer_overhead", "a2a_latency", "a2a_inter_latency", "a2a_peer_latency", "halo_latency", "collective_latency")
 
 
 @dataclass(frozen=True)
@@ -99,6 +100,12 @@ class HardwareConfig(Section):
         0.0, "seconds a call whose group spans nodes adds to a2a_latency (the network's round trip)", number_in(0, 60),
         source="no sourced GPU figure: 0 unless measured (experiments.calibrate fits it)",
     )  # fmt: skip
+    a2a_peer_latency: float = setting(
+        0.0, "seconds each peer past the first adds to an all-to-all call (a call sends to and receives from each peer in "
+        "turn: a group of s ranks pays a2a_latency + (s - 2) x this)", number_in(0, 60),
+        source="no sourced GPU figure: 0 (a call's latency whatever its group's size) unless measured "
+        "(experiments.calibrate fits it from the groups of several sizes across nodes)",
+    )  # fmt: skip
     halo_latency: float = setting(
         None, "seconds one halo exchange call costs whatever its bytes (a layer's point-to-point key/value sends and receives; "
         "a call across nodes adds a2a_inter_latency; unset: a2a_latency's)", optional(number_in(0, 60)), type_=float,
@@ -151,6 +158,12 @@ class HardwareConfig(Section):
     def linear_rate_efficiency(self) -> float:
         """achieved / peak of a linear kind's mixer (linear_efficiency, or attention_efficiency's)."""
         return self.attention_efficiency if self.linear_efficiency is None else self.linear_efficiency
+
+    def a2a_call_latency(self, size: int) -> float:
+        """Seconds of one all-to-all call in a group of `size` ranks whatever its bytes:
+        a2a_latency, and a2a_peer_latency for each peer past the first (what a call across nodes
+        adds, a2a_inter_latency, is apart)."""
+        return self.a2a_latency + self.a2a_peer_latency * max(size - 2, 0)
 
     @property
     def halo_call_latency(self) -> float:

@@ -601,7 +601,7 @@ class CostModel:
             return 0.0
         calls = MOE_FWD_CALLS * (self.exchange_passes - 1) + MOE_BWD_CALLS
         across = self.moe_peers()[1] > 0
-        return calls * (self.hw.a2a_latency + (self.hw.a2a_inter_latency if across else 0.0))
+        return calls * (self.hw.a2a_call_latency(self.ep_degree) + (self.hw.a2a_inter_latency if across else 0.0))
 
     # --- forward compute seconds, whole sample, all heads ---
     def full_attn_time(self, lengths):
@@ -681,10 +681,11 @@ class CostModel:
         intra_peers, inter_peers = self.peers(start, size, rank)
         per_peer = tokens * row_bytes / size
         extra = self.hw.a2a_inter_latency if inter_peers else 0.0  # a call across nodes pays the network's round trip
+        latency = self.hw.a2a_call_latency(size)
         if self.hw.ratio_reading == "group" and inter_peers:  # the whole all-to-all at the cross-node rate
-            return self.hw.a2a_latency, per_peer * (intra_peers + inter_peers) / self.hw.inter_node_bw + extra
+            return latency, per_peer * (intra_peers + inter_peers) / self.hw.inter_node_bw + extra
         return (
-            per_peer * intra_peers / self.hw.intra_node_bw + self.hw.a2a_latency,
+            per_peer * intra_peers / self.hw.intra_node_bw + latency,
             per_peer * inter_peers / self.hw.inter_node_bw + extra,
         )
 

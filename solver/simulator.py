@@ -127,14 +127,22 @@ def _exchange(cost: CostModel, layout: _Layout, send_rows: np.ndarray, recv_rows
     recv_inter = (recv_rows - node_rows) * per_peer
     spans = size > same  # a call across nodes pays the network's round trip
     group_rate = spans if cost.hw.ratio_reading == "group" else None  # a group across nodes: all its bytes at the cross-node rate
-    return _priced(cost, send_intra, send_inter, recv_intra, recv_inter, size > 1, spans, group_rate, cost.hw.a2a_latency)
+    latency = _call_latency(cost, size)
+    return _priced(cost, send_intra, send_inter, recv_intra, recv_inter, size > 1, spans, group_rate, latency)
 
 
-def _priced(cost: CostModel, send_intra, send_inter, recv_intra, recv_inter, calls, across, group_rate, call_latency: float):
+def _call_latency(cost: CostModel, size: np.ndarray) -> np.ndarray:
+    """Per rank, HardwareConfig.a2a_call_latency of an all-to-all in a group of size[r] ranks."""
+    hw = cost.hw
+    return hw.a2a_latency + hw.a2a_peer_latency * np.maximum(size - 2, 0.0)
+
+
+def _priced(cost: CostModel, send_intra, send_inter, recv_intra, recv_inter, calls, across, group_rate, call_latency):
     """Per-rank (intra seconds, inter seconds, intra bytes sent, inter bytes sent) of one exchange
-    from each rank's bytes by tier: calls[r], r pays `call_latency`; across[r], what crossing
-    nodes adds; group_rate[r] (or None), all r's bytes at the cross-node rate. Otherwise each
-    tier's bytes at its rate, the larger of what a rank sends and receives."""
+    from each rank's bytes by tier: calls[r], r pays `call_latency` (seconds, or seconds per
+    rank); across[r], what crossing nodes adds; group_rate[r] (or None), all r's bytes at the
+    cross-node rate. Otherwise each tier's bytes at its rate, the larger of what a rank sends and
+    receives."""
     hw = cost.hw
     latency = np.where(calls, call_latency, 0.0)
     extra = np.where(across, hw.a2a_inter_latency, 0.0)
@@ -147,9 +155,7 @@ def _priced(cost: CostModel, send_intra, send_inter, recv_intra, recv_inter, cal
     return intra_s, inter_s, send_intra, send_inter
 
 
-def _pairs_exchange(
-    cost: CostModel, pairs: dict, world: int, g: int, callers: np.ndarray, group_rate: np.ndarray | None, call_latency: float
-):
+def _pairs_exchange(cost: CostModel, pairs: dict, world: int, g: int, callers: np.ndarray, group_rate: np.ndarray | None, call_latency):
     """Per-rank (intra seconds, inter seconds, intra bytes sent, inter bytes sent) of one exchange
     given by its bytes per (source, destination): a redistribution's all-to-all or a halo's
     point-to-point sends. callers[r]: rank r takes part (pays `call_latency`, and what crossing
@@ -232,18 +238,20 @@ def redistributions(plan: StepPlan, cost: CostModel):
     pairs: dict = {}
     callers = np.zeros(world, dtype=bool)
     spans = np.zeros(world, dtype=bool)
+    size = np.zeros(world)
     for p in plan.parents:
         if not p.redistributed:
             continue
         grp = p.group
         callers[grp.start : grp.stop] = True
         spans[grp.start : grp.stop] = grp.spans_nodes(g)
+        size[grp.start : grp.stop] = grp.size
         for key, rows in relayout_rows(plan.child_layout, plan.parent_layout, grp).items():
             if key[0] != key[1]:
                 pairs[key] = pairs.get(key, 0.0) + rows * row
     reading = spans if cost.hw.ratio_reading == "group" else None
     back = {(dst, src): b for (src, dst), b in pairs.items()}
-    lat = cost.hw.a2a_latency  # an all-to-all's call
+    lat = _call_latency(cost, size)  # an all-to-all's call over the parent
     return _pairs_exchange(cost, pairs, world, g, callers, reading, lat), _pairs_exchange(cost, back, world, g, callers, reading, lat)
 
 

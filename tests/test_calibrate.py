@@ -81,6 +81,33 @@ def test_the_all_to_all_fit_recovers_the_rates_it_was_given(crossing):
     assert fit["inter"]["group"]["a2a_inter_latency"] == pytest.approx(crossing, abs=1e-9)
 
 
+@pytest.mark.parametrize("reading", ["group", "link"])
+def test_the_all_to_all_fit_recovers_a_latency_per_peer_from_groups_of_two_sizes_across_nodes(reading):
+    """Times made with a2a_peer_latency (each peer past the first adds it to a call, as gloo sends
+    to each peer in turn) on groups of 4 and 8 across nodes of 2 fit back to it and to the rest,
+    under either reading; from groups of one size across nodes the term cannot be told from the
+    crossing latency, and the fit says 0 (the times of one size then fit as well without it)."""
+    lat, crossing, peer, intra, inter = 4e-3, 1e-3, 5e-4, 40e6, 6e6
+    rows = []
+    for p in (2, 4, 8):
+        for per_peer in (768, 65280, 1048320):
+            inter_peers = p - 2 if p > 2 else 0
+            if reading == "group" and p > 2:
+                wire = per_peer * (p - 1) / inter
+            else:
+                wire = per_peer * (p - 1 - inter_peers) / intra + per_peer * inter_peers / inter
+            fixed = lat + (crossing if p > 2 else 0.0) + peer * (p - 2)
+            rows.append({"group_size": p, "spans_nodes": p > 2, "bytes_per_peer": per_peer, "seconds": fixed + wire})
+    fit = fit_all_to_all(rows, node=2)
+    got = fit["inter"][reading]
+    assert fit["reading"] == reading and got["rel_rms"] < 1e-9
+    assert got["a2a_peer_latency"] == pytest.approx(peer, rel=1e-6) and got["a2a_inter_latency"] == pytest.approx(crossing, rel=1e-6)
+    assert got["inter_node_bw"] == pytest.approx(inter, rel=1e-6) and got["sizes"] == [4, 8]
+    one = fit_all_to_all([r for r in rows if r["group_size"] != 8], node=2)["inter"][reading]
+    assert one["a2a_peer_latency"] == 0.0 and one["sizes"] == [4]
+    assert one["a2a_inter_latency"] == pytest.approx(crossing + 2 * peer, rel=1e-6)  # the one size's per-peer part in it
+
+
 def test_a_slow_large_transfer_barely_moves_the_fitted_latencies():
     """The fits weigh each point by its relative error: the largest transfers measured 20% slow (a
     noisy 40 ms point) leave the latencies, which the small calls of a step pay, close to what the

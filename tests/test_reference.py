@@ -30,14 +30,16 @@ REL = 1e-9  # the fast paths sum in another order
 @st.composite
 def costs(draw, pipelined: bool = False):
     """A cost model with every term switched on somewhere: both ratio readings, latencies inside
-    and across nodes and per sample of an attention call, every recompute, the router's barrier on and off; attention and linear (Gated
-    DeltaNet) S layers; `pipelined`: exchanges pipelined in head blocks too (overlap_blocks)."""
+    and across nodes, per peer of an all-to-all and per sample of an attention call, every
+    recompute, the router's barrier on and off; attention and linear (Gated DeltaNet) S layers;
+    `pipelined`: exchanges pipelined in head blocks too (overlap_blocks)."""
     model = ModelConfig.from_name(draw(st.sampled_from(["tiny", "tiny-gqa", "paper", "tiny-gdn", "paper-gdn"])))
     hw = HardwareConfig(
         ratio_reading=draw(st.sampled_from(["group", "link"])),
         inter_intra_ratio=draw(st.sampled_from([1.0, 3.5, 7.0])),
         a2a_latency=draw(st.sampled_from([0.0, 25e-6])),
         a2a_inter_latency=draw(st.sampled_from([0.0, 1e-3])),
+        a2a_peer_latency=draw(st.sampled_from([0.0, 4e-4])),
         attention_sample_latency=draw(st.sampled_from([0.0, 2e-4])),
     )
     costs = CostsConfig(

@@ -471,3 +471,37 @@ def test_pipelined_exchanges_hide_under_attention_and_pay_a_call_per_block():
         assert piped.a2a_calls_full == 4 * plain.a2a_calls_full
     costly = HardwareConfig(a2a_latency=2e-3)
     assert run("baseline", 64, costly).step_time > run("baseline", 4, costly).step_time
+
+
+@pytest.mark.parametrize("size", [2, 4, 8])
+def test_each_peer_past_the_first_adds_its_latency_to_every_all_to_all_call(size):
+    """An all-to-all in a group of s ranks pays a2a_peer_latency for each of its s - 2 peers past
+    the first. On a step whose every all-to-all is in groups of s (a parent of s ranks: its full
+    layers' exchanges, and the redistributions of a parent whose children are single ranks, or its
+    own layout's sparse exchanges), the price with it is the price with a2a_latency raised by
+    (s - 2) x a2a_peer_latency and no per-peer term, in both ratio readings; the experts'
+    all-to-all over s ranks likewise; groups of 2 pay none."""
+    peer, lat = 3e-4, 5e-5
+    cluster = Cluster(size, 2, 64)
+    lengths = ((0, 50), (1, 30), (2, 9))
+    parent = Group(0, size, (0, 1, 2))
+    singles = tuple(Group(r, 1, tuple(s for s in range(3) if s % size == r)) for r in range(size))
+    plans = [
+        StepPlan(cluster, lengths, (ParentPlan(parent, (parent,), "its own layout"),), "baseline").validate(),
+        StepPlan(cluster, lengths, (ParentPlan(parent, singles, "", redistributed=True),), "redistribute").validate(),
+    ]
+    for reading in ("group", "link"):
+        with_peer = HardwareConfig(ratio_reading=reading, a2a_latency=lat, a2a_peer_latency=peer, a2a_inter_latency=1e-3)
+        raised = with_peer.replace(a2a_latency=lat + (size - 2) * peer, a2a_peer_latency=0.0)
+        costs = CostsConfig(moe_all_to_all=False)
+        for plan in plans:
+            got = simulate(plan, CostModel(ModelConfig.from_name("tiny"), with_peer, costs=costs)).step_time
+            want = simulate(plan, CostModel(ModelConfig.from_name("tiny"), raised, costs=costs)).step_time
+            assert got == pytest.approx(want, rel=1e-12), (reading, plan.mode)
+            if size > 2:  # and the term is priced at all: without it the step is faster
+                bare = simulate(plan, CostModel(ModelConfig.from_name("tiny"), with_peer.replace(a2a_peer_latency=0.0), costs=costs))
+                assert bare.step_time < got
+        experts = CostsConfig(ep_degree=size, ep_placement="inter" if size > 2 else "intra")
+        paper = ModelConfig.from_name("paper")
+        moe = CostModel(paper, with_peer, costs=experts).for_cluster(cluster).moe_layer_fixed()
+        assert moe == pytest.approx(CostModel(paper, raised, costs=experts).for_cluster(cluster).moe_layer_fixed(), rel=1e-12)

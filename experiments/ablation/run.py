@@ -292,8 +292,9 @@ def print_tables(rows, summary, out=None):
     halo = f"{1e6 * HardwareConfig.from_dict(hw).halo_call_latency:.0f} us"  # the simulator's rule for an unset one
     if hw.get("halo_latency") is None:
         halo += " (halo_latency unset: an all-to-all call's)"
+    peer = f" (+{1e6 * hw['a2a_peer_latency']:.0f} us per peer past the first)" if hw.get("a2a_peer_latency") else ""
     p(
-        f"fixed costs: an all-to-all call {1e6 * hw['a2a_latency']:.0f} us, a halo call {halo}, a collective "
+        f"fixed costs: an all-to-all call {1e6 * hw['a2a_latency']:.0f} us{peer}, a halo call {halo}, a collective "
         f"{1e6 * hw['collective_latency']:.0f} us, a layer {1e6 * hw['layer_overhead']:.0f} us per pass (their sources: --help)"
     )
     if hw.get("floored"):

@@ -208,10 +208,28 @@ def _fixed_and_slope(x: np.ndarray, y: np.ndarray, measured: np.ndarray) -> tupl
     return float(fixed), max(float(slope), 1e-15)
 
 
+def _fixed_peers_and_slope(x: np.ndarray, peers: np.ndarray, y: np.ndarray, measured: np.ndarray) -> tuple[float, float, float]:
+    """y ~ fixed + peers * per_peer + x * slope (_lstsq), each of fixed and per_peer >= 0 (a
+    negative one is dropped and the rest refitted, as _fixed_and_slope does for its intercept)."""
+    (fixed, per_peer, slope), _ = _lstsq(np.stack([np.ones_like(x), peers, x], 1), y, measured)
+    if per_peer < 0:
+        fixed, slope = _fixed_and_slope(x, y, measured)
+        return fixed, 0.0, slope
+    if fixed < 0:
+        per_peer, slope = _lstsq(np.stack([peers, x], 1), y, measured)[0]
+        if per_peer < 0:
+            return 0.0, 0.0, float(max(_lstsq(x[:, None], y, measured)[0][0], 1e-15))
+        fixed = 0.0
+    return float(fixed), float(per_peer), max(float(slope), 1e-15)
+
+
 def fit_all_to_all(rows: list[dict], node: int) -> dict:
     """intra_node_bw and a2a_latency from the groups inside a node; from the groups across nodes,
-    the inter-node rate and the latency a call across nodes adds (a2a_inter_latency) under the
-    group and the link reading, each with its relative RMS residual."""
+    the inter-node rate, the latency a call across nodes adds (a2a_inter_latency) and, where the
+    groups across nodes have two sizes or more, what each peer past the first adds to a call
+    (a2a_peer_latency: a call sends to and receives from each peer in turn; 0 from one size,
+    where it cannot be told from the rest), under the group and the link reading, each with its
+    relative RMS residual."""
     intra = [r for r in rows if not r["spans_nodes"]]
     inter = [r for r in rows if r["spans_nodes"]]
     out: dict = {}
@@ -237,14 +255,20 @@ def fit_all_to_all(rows: list[dict], node: int) -> dict:
         intra_part = per_peer * intra_peers / out["intra"]["intra_node_bw"]
         # group: the whole exchange at the inter rate; link: intra peers at the intra rate, inter
         # peers at the inter rate; both on top of the latency inside a node plus what crossing adds
+        peers = np.maximum(size - 2, 0.0)  # past the first: the groups inside a node, of 2, pay none
         fits = {}
         for name, x, known in (("group", per_peer * (size - 1), 0.0), ("link", per_peer * inter_peers, intra_part)):
-            extra, inv = _fixed_and_slope(x, y - lat - known, y)
-            pred = lat + extra + known + x * inv
+            if len(set(size.tolist())) > 1:
+                extra, peer, inv = _fixed_peers_and_slope(x, peers, y - lat - known, y)
+            else:
+                (extra, inv), peer = _fixed_and_slope(x, y - lat - known, y), 0.0
+            pred = lat + extra + peer * peers + known + x * inv
             fits[name] = {
                 "inter_node_bw": 1.0 / inv,
                 "ratio": out["intra"]["intra_node_bw"] * inv,
                 "a2a_inter_latency": extra,
+                "a2a_peer_latency": peer,
+                "sizes": sorted({int(v) for v in size}),
                 "rel_rms": float(np.sqrt(np.mean(((pred - y) / y) ** 2))),
             }
         out["inter"] = fits
@@ -666,6 +690,7 @@ def calibrate(
         ratio_reading=reading,
         a2a_latency=net["intra"]["a2a_latency"],
         a2a_inter_latency=net["inter"][reading]["a2a_inter_latency"] if "inter" in net else base.a2a_inter_latency,
+        a2a_peer_latency=net["inter"][reading]["a2a_peer_latency"] if "inter" in net else base.a2a_peer_latency,
         experts_intra_bw=experts_net["intra"]["intra_node_bw"],
         experts_inter_bw=experts_net["inter"][reading]["inter_node_bw"] if "inter" in experts_net else None,
         bytes_per_element=torch.tensor([], dtype=dtype).element_size(),
@@ -728,9 +753,14 @@ def report(profile: dict) -> str:
     if "inter" in net:
         for name, f in net["inter"].items():
             kept = " <- kept" if name == net["reading"] else ""
+            peer = (
+                f", +{1e6 * f['a2a_peer_latency']:.0f} us per peer past the first (groups of {f['sizes']})"
+                if len(f.get("sizes", ())) > 1
+                else f", per peer not told apart (groups of {f.get('sizes', '?')} only)"
+            )
             lines.append(
                 f"  across nodes, {name} reading: {f['inter_node_bw'] / 1e9:.3f} GB/s, ratio {f['ratio']:.2f}x, "
-                f"+{1e6 * f['a2a_inter_latency']:.0f} us per call (rel. RMS residual {100 * f['rel_rms']:.1f}%){kept}"
+                f"+{1e6 * f['a2a_inter_latency']:.0f} us per call{peer} (rel. RMS residual {100 * f['rel_rms']:.1f}%){kept}"
             )
     else:
         lines.append(f"  across nodes: not measured (one node); ratio kept at {hw['inter_intra_ratio']} ({hw['ratio_reading']} reading)")

@@ -497,6 +497,13 @@ def _emulated_shape(result: dict) -> str:
     return f"{c['nodes']} emulated nodes x {c['ranks_per_node']} gloo ranks, {c['inter_mbit']:g} Mbit/s between nodes{model}"
 
 
+def _per_peer(hw: dict) -> str:
+    """What each peer past the first adds to an all-to-all call, where a calibration fitted it
+    (profiles from before the setting carry none, and say nothing of it)."""
+    peer = hw.get("a2a_peer_latency") or 0.0
+    return f", +{1e3 * peer:.2f} ms per peer past the first" if peer else ""
+
+
 def emulated(folder: str) -> tuple[str, list[dict]]:
     path = os.path.join(folder, "compare.json")
     if not os.path.exists(path):
@@ -541,7 +548,7 @@ def emulated(folder: str) -> tuple[str, list[dict]]:
         hw = profile_section(profile, "hardware")
         halo = hw.get("halo_latency")
         text += (
-            f" Calibrated there: an all-to-all call costs {1e3 * hw['a2a_latency']:.1f} ms whatever its bytes, a halo call "
+            f" Calibrated there: an all-to-all call costs {1e3 * hw['a2a_latency']:.1f} ms whatever its bytes{_per_peer(hw)}, a halo call "
             + (f"{1e3 * halo:.1f} ms" if halo is not None else "as much (halo_latency unset)")
             + f", and the inter/intra ratio is {hw['inter_intra_ratio']:.2f}x ({hw['ratio_reading']} reading)."
         )
@@ -597,7 +604,7 @@ def emulated_runs(*folders: str) -> tuple[str, list[dict]]:
         block = hw.get("linear_block_latency") or 0.0
         fitted.append(
             f"run {k}: ratio {hw['inter_intra_ratio']:.2f}x ({hw['ratio_reading']}), all-to-all call {1e3 * hw['a2a_latency']:.1f} ms "
-            f"(+{1e3 * hw['a2a_inter_latency']:.1f} ms across nodes), "
+            f"(+{1e3 * hw['a2a_inter_latency']:.1f} ms across nodes{_per_peer(hw)}), "
             + (f"halo call {1e3 * halo:.1f} ms" if halo is not None else "halo call as an all-to-all's")
             + (f", {1e3 * block:.2f} ms per recurrence block" if block else "")
         )
