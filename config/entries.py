@@ -169,6 +169,10 @@ class EmulateOptions(Section):
 
     nodes: int = setting(4, "emulated nodes, one network namespace each", int_in(2, 32))
     inter_mbit: float = setting(800.0, "rate of each node's link to the others, both ways, in Mbit/s", number_in(0, 1e6, lo_open=True))
+    burst_kb: int = setting(
+        256, "the token bucket's burst on each node's link, KB: what a link passes at the wire's speed before it meets the rate "
+        "(small: every call meets the rate, as a step's back-to-back calls do)", int_in(2, 1 << 20),
+    )  # fmt: skip
     compare: bool = setting(False, "calibrate, run the ablation on the cluster's shape, replay its steps, compare")
     wall_limit: float = setting(900.0, "seconds before every launcher of a run is killed (the replay's: x --repeats)", POSITIVE)
     repeats: int = repeats(3)

@@ -84,12 +84,12 @@ def _sh(*cmd: str) -> None:
 class EmulatedCluster:
     """Namespaces and links for `nodes` nodes; a context manager that always removes them."""
 
-    def __init__(self, nodes: int, inter_mbit: float):
+    def __init__(self, nodes: int, inter_mbit: float, burst_kb: int = 256):
         if not 2 <= nodes <= 32:
             raise SettingError(f"--nodes={nodes} is invalid: it must be an integer in [2, 32]")
         if not inter_mbit > 0:
             raise SettingError(f"--inter-mbit={inter_mbit} is invalid: it must be a rate > 0")
-        self.nodes, self.mbit = nodes, inter_mbit
+        self.nodes, self.mbit, self.burst = nodes, inter_mbit, burst_kb
         tag = f"{os.getpid() % 100000}"
         self.hub = f"lrhub{tag}"
         self.names = [f"lrn{tag}x{k}" for k in range(nodes)]
@@ -131,7 +131,7 @@ class EmulatedCluster:
                         "rate",
                         rate,
                         "burst",
-                        "256kb",
+                        f"{self.burst}kb",
                         "latency",
                         "100ms",
                     )
@@ -231,8 +231,12 @@ def run_compare(s) -> None:
     calibrated = os.path.join(out, "calibrate")
     profile = os.path.join(calibrated, "profile.json")
     trace = os.path.join(out, "trace.csv")
-    with EmulatedCluster(e.nodes, e.inter_mbit) as cluster:
-        print(f"emulated cluster: {e.nodes} nodes x {gpn} gloo ranks, {e.inter_mbit:g} Mbit/s between nodes; model {model}", flush=True)
+    with EmulatedCluster(e.nodes, e.inter_mbit, e.burst_kb) as cluster:
+        print(
+            f"emulated cluster: {e.nodes} nodes x {gpn} gloo ranks, {e.inter_mbit:g} Mbit/s between nodes (burst {e.burst_kb} KB); "
+            f"model {model}",
+            flush=True,
+        )
         _run_or_fail(
             cluster,
             ["-m", "experiments.calibrate", "--model", model, "--quick", "--median-of", str(CALIBRATION_MEDIAN_OF), "--out", calibrated],
@@ -275,7 +279,7 @@ def run_compare(s) -> None:
     parts = breakdown(pairs)
     result = {
         "provenance": provenance(),
-        "cluster": {"nodes": e.nodes, "ranks_per_node": gpn, "inter_mbit": e.inter_mbit},
+        "cluster": {"nodes": e.nodes, "ranks_per_node": gpn, "inter_mbit": e.inter_mbit, "burst_kb": e.burst_kb},
         "model": model,
         "modes": summary,
         "breakdown": parts,
@@ -372,7 +376,7 @@ def main(argv=None):
             return
         if not module_args:
             entry.fail("give --compare or a module to run after '--' (e.g. -- -m experiments.calibrate --quick)")
-        with EmulatedCluster(e.nodes, e.inter_mbit) as cluster:
+        with EmulatedCluster(e.nodes, e.inter_mbit, e.burst_kb) as cluster:
             log_dir = os.path.join(os.path.abspath(e.out), "logs")
             os.makedirs(log_dir, exist_ok=True)
             codes = cluster.run(module_args, s.cluster.gpus_per_node, e.wall_limit, log_dir)
