@@ -159,11 +159,12 @@ class HardwareConfig(Section):
         """achieved / peak of a linear kind's mixer (linear_efficiency, or attention_efficiency's)."""
         return self.attention_efficiency if self.linear_efficiency is None else self.linear_efficiency
 
-    def a2a_call_latency(self, size: int) -> float:
-        """Seconds of one all-to-all call in a group of `size` ranks whatever its bytes:
-        a2a_latency, and a2a_peer_latency for each peer past the first (what a call across nodes
-        adds, a2a_inter_latency, is apart)."""
-        return self.a2a_latency + self.a2a_peer_latency * max(size - 2, 0)
+    def a2a_call_latency(self, size):
+        """Seconds of one all-to-all call in a group of `size` ranks whatever its bytes (a number,
+        or a numpy array of sizes: per element): a2a_latency, and a2a_peer_latency for each peer
+        past the first (what a call across nodes adds, a2a_inter_latency, is apart)."""
+        past_first = size - 2
+        return self.a2a_latency + self.a2a_peer_latency * past_first * (past_first > 0)
 
     @property
     def halo_call_latency(self) -> float:

@@ -127,14 +127,8 @@ def _exchange(cost: CostModel, layout: _Layout, send_rows: np.ndarray, recv_rows
     recv_inter = (recv_rows - node_rows) * per_peer
     spans = size > same  # a call across nodes pays the network's round trip
     group_rate = spans if cost.hw.ratio_reading == "group" else None  # a group across nodes: all its bytes at the cross-node rate
-    latency = _call_latency(cost, size)
+    latency = cost.hw.a2a_call_latency(size)  # per rank, its group's call
     return _priced(cost, send_intra, send_inter, recv_intra, recv_inter, size > 1, spans, group_rate, latency)
-
-
-def _call_latency(cost: CostModel, size: np.ndarray) -> np.ndarray:
-    """Per rank, HardwareConfig.a2a_call_latency of an all-to-all in a group of size[r] ranks."""
-    hw = cost.hw
-    return hw.a2a_latency + hw.a2a_peer_latency * np.maximum(size - 2, 0.0)
 
 
 def _priced(cost: CostModel, send_intra, send_inter, recv_intra, recv_inter, calls, across, group_rate, call_latency):
@@ -251,7 +245,7 @@ def redistributions(plan: StepPlan, cost: CostModel):
                 pairs[key] = pairs.get(key, 0.0) + rows * row
     reading = spans if cost.hw.ratio_reading == "group" else None
     back = {(dst, src): b for (src, dst), b in pairs.items()}
-    lat = _call_latency(cost, size)  # an all-to-all's call over the parent
+    lat = cost.hw.a2a_call_latency(size)  # an all-to-all's call over the parent
     return _pairs_exchange(cost, pairs, world, g, callers, reading, lat), _pairs_exchange(cost, back, world, g, callers, reading, lat)
 
 

@@ -145,7 +145,11 @@ def forked_driver(nproc: int, *args, timeout=240) -> subprocess.CompletedProcess
             time.sleep(0.05)
 
         def read(name):
-            return "".join(open(os.path.join(logs, f"{r}.{name}"), errors="replace").read() for r in range(nproc))
+            out = []
+            for r in range(nproc):
+                with open(os.path.join(logs, f"{r}.{name}"), errors="replace") as f:
+                    out.append(f.read())
+            return "".join(out)
 
         first = next((c for c in codes.values() if c != 0), 0)
         return subprocess.CompletedProcess(["forked_driver", str(nproc), *argv], first, read("out"), read("err"))

@@ -256,9 +256,10 @@ def fit_all_to_all(rows: list[dict], node: int) -> dict:
         # group: the whole exchange at the inter rate; link: intra peers at the intra rate, inter
         # peers at the inter rate; both on top of the latency inside a node plus what crossing adds
         peers = np.maximum(size - 2, 0.0)  # past the first: the groups inside a node, of 2, pay none
+        sizes = sorted({int(v) for v in size})
         fits = {}
         for name, x, known in (("group", per_peer * (size - 1), 0.0), ("link", per_peer * inter_peers, intra_part)):
-            if len(set(size.tolist())) > 1:
+            if len(sizes) > 1:
                 extra, peer, inv = _fixed_peers_and_slope(x, peers, y - lat - known, y)
             else:
                 (extra, inv), peer = _fixed_and_slope(x, y - lat - known, y), 0.0
@@ -268,7 +269,7 @@ def fit_all_to_all(rows: list[dict], node: int) -> dict:
                 "ratio": out["intra"]["intra_node_bw"] * inv,
                 "a2a_inter_latency": extra,
                 "a2a_peer_latency": peer,
-                "sizes": sorted({int(v) for v in size}),
+                "sizes": sizes,
                 "rel_rms": float(np.sqrt(np.mean(((pred - y) / y) ** 2))),
             }
         out["inter"] = fits
@@ -753,11 +754,11 @@ def report(profile: dict) -> str:
     if "inter" in net:
         for name, f in net["inter"].items():
             kept = " <- kept" if name == net["reading"] else ""
-            peer = (
-                f", +{1e6 * f['a2a_peer_latency']:.0f} us per peer past the first (groups of {f['sizes']})"
-                if len(f.get("sizes", ())) > 1
-                else f", per peer not told apart (groups of {f.get('sizes', '?')} only)"
-            )
+            peer = ""  # a profile from before the per-peer latency says nothing of it
+            if len(f.get("sizes", ())) > 1:
+                peer = f", +{1e6 * f['a2a_peer_latency']:.0f} us per peer past the first (groups of {f['sizes']})"
+            elif "sizes" in f:
+                peer = f", per peer not told apart (groups of {f['sizes']} only)"
             lines.append(
                 f"  across nodes, {name} reading: {f['inter_node_bw'] / 1e9:.3f} GB/s, ratio {f['ratio']:.2f}x, "
                 f"+{1e6 * f['a2a_inter_latency']:.0f} us per call{peer} (rel. RMS residual {100 * f['rel_rms']:.1f}%){kept}"
