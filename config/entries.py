@@ -170,8 +170,9 @@ class EmulateOptions(Section):
     nodes: int = setting(4, "emulated nodes, one network namespace each", int_in(2, 32))
     inter_mbit: float = setting(800.0, "rate of each node's link to the others, both ways, in Mbit/s", number_in(0, 1e6, lo_open=True))
     burst_kb: int = setting(
-        256, "the token bucket's burst on each node's link, KB: what a link passes at the wire's speed before it meets the rate "
-        "(small: every call meets the rate, as a step's back-to-back calls do)", int_in(2, 1 << 20),
+        None, "the token bucket's burst on each node's link, KB: what a link passes at the wire's speed before it meets the rate "
+        "(default: 2 ms of the rate, at least 8 KB: 20 KB at 80 Mbit/s, 200 KB at 800, so every call meets the rate, as on a NIC)",
+        optional(int_in(2, 1 << 20)), type_=int,
     )  # fmt: skip
     compare: bool = setting(False, "calibrate, run the ablation on the cluster's shape, replay its steps, compare")
     wall_limit: float = setting(900.0, "seconds before every launcher of a run is killed (the replay's: x --repeats)", POSITIVE)

@@ -5,7 +5,7 @@ import subprocess
 
 import pytest
 
-from experiments.calibrate.emulate import EmulatedCluster, compare, unavailable
+from experiments.calibrate.emulate import EmulatedCluster, compare, default_burst_kb, unavailable
 from experiments.common.results import exchanges_paid, gap_by_part, imbalance_paid, paired_steps, write_run
 
 WHY = unavailable()
@@ -17,7 +17,6 @@ def test_namespaces_and_links_are_removed_even_when_the_run_fails():
         out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
         return [line.split()[0] for line in out.splitlines() if line.startswith(("lrhub", "lrn"))]
 
-    before = ours()
     with pytest.raises(RuntimeError, match="boom"):
         with EmulatedCluster(2, 100) as cluster:
             made = ours()
@@ -27,8 +26,17 @@ def test_namespaces_and_links_are_removed_even_when_the_run_fails():
                 ["ip", "netns", "exec", cluster.names[0], "tc", "qdisc", "show", "dev", "eth0"], capture_output=True, text=True
             )
             assert "tbf" in qd.stdout and "100Mbit" in qd.stdout
+            # its default burst is 2 ms of the rate: 100e6 / 8 x 2e-3 = 25,000 bytes, as tc's 25 KB (1,024 bytes each)
+            assert cluster.burst == 25 and "burst 25Kb" in qd.stdout, qd.stdout
             raise RuntimeError("boom")
-    assert ours() == before
+    assert not set(ours()) & (set(cluster.names) | {cluster.hub})  # only its own: a parallel test's may come and go
+
+
+def test_a_links_default_burst_is_two_ms_of_its_rate_and_never_below_8kb():
+    # bytes a link passes in 2 ms, in KB: rate / 8 x 0.002 / 1000
+    assert [default_burst_kb(m) for m in (80, 800, 100, 1000)] == [20, 200, 25, 250]
+    assert default_burst_kb(10) == 8 and default_burst_kb(0.5) == 8  # 2.5 KB and 0.125 KB: the floor
+    assert EmulatedCluster(2, 80, 16).burst == 16 and EmulatedCluster(2, 80).burst == 20  # --burst-kb wins over the default
 
 
 @pytest.mark.slow
@@ -158,7 +166,7 @@ def test_several_runs_render_each_gap_and_their_median(tmp_path):
     repack = next(line for line in text.splitlines() if line.startswith("| repack"))
     assert "-5.0% vs -8.0%, -5.0% vs -4.0%, -5.0% vs -5.5%" in repack
     assert "| +3.0, -1.0, +0.5 | +0.5 (1.0) | 11%, 12%, 13% |" in repack
-    assert "3 runs, 4 emulated nodes x 2 gloo ranks, 800 Mbit/s between nodes, the tiny-gdn model." in text
+    assert "3 runs, 4 emulated nodes x 2 gloo ranks, 800 Mbit/s between nodes (a 256 KB burst), the tiny-gdn model." in text
     run2 = "run 2: ratio 7.00x (group), all-to-all call 4.0 ms (+2.5 ms across nodes), halo call 6.0 ms, 1.00 ms per recurrence block"
     assert run2 in text
     assert len(prov) == 3 and "| baseline" not in text

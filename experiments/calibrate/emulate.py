@@ -33,6 +33,7 @@ row per step and mode) and compare.json (the summary and the breakdown, with con
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import signal
@@ -81,15 +82,32 @@ def _sh(*cmd: str) -> None:
         raise RuntimeError(f"{' '.join(cmd)}: {p.stderr.strip()}")
 
 
+BURST_MS = 2.0  # the token bucket's default burst, in ms of the link's rate
+MIN_BURST_KB = 8
+
+
+def default_burst_kb(inter_mbit: float) -> int:
+    """The burst a link's token bucket gets unless --burst-kb says otherwise: BURST_MS of its rate,
+    at least MIN_BURST_KB (20 KB at 80 Mbit/s, 200 KB at 800).
+
+    A NIC passes nothing faster than its rate, so a burst should be small: a bucket of 256 KB let
+    the calibration's lone calls through at the loopback's speed while a step's back-to-back calls
+    found it drained, and the simulator priced the calls a busy step makes below what they measured
+    (docs/calibration.md). The bucket must still hold what the link passes between two of the
+    kernel's timer ticks (1 ms at HZ=1000), or the link runs below its rate; 2 ms is twice that."""
+    return max(MIN_BURST_KB, math.ceil(inter_mbit * 1e6 / 8 * BURST_MS / 1e3 / 1e3))
+
+
 class EmulatedCluster:
     """Namespaces and links for `nodes` nodes; a context manager that always removes them."""
 
-    def __init__(self, nodes: int, inter_mbit: float, burst_kb: int = 256):
+    def __init__(self, nodes: int, inter_mbit: float, burst_kb: int | None = None):
         if not 2 <= nodes <= 32:
             raise SettingError(f"--nodes={nodes} is invalid: it must be an integer in [2, 32]")
         if not inter_mbit > 0:
             raise SettingError(f"--inter-mbit={inter_mbit} is invalid: it must be a rate > 0")
-        self.nodes, self.mbit, self.burst = nodes, inter_mbit, burst_kb
+        self.nodes, self.mbit = nodes, inter_mbit
+        self.burst = default_burst_kb(inter_mbit) if burst_kb is None else burst_kb
         tag = f"{os.getpid() % 100000}"
         self.hub = f"lrhub{tag}"
         self.names = [f"lrn{tag}x{k}" for k in range(nodes)]
@@ -233,7 +251,7 @@ def run_compare(s) -> None:
     trace = os.path.join(out, "trace.csv")
     with EmulatedCluster(e.nodes, e.inter_mbit, e.burst_kb) as cluster:
         print(
-            f"emulated cluster: {e.nodes} nodes x {gpn} gloo ranks, {e.inter_mbit:g} Mbit/s between nodes (burst {e.burst_kb} KB); "
+            f"emulated cluster: {e.nodes} nodes x {gpn} gloo ranks, {e.inter_mbit:g} Mbit/s between nodes (burst {cluster.burst} KB); "
             f"model {model}",
             flush=True,
         )
@@ -279,7 +297,7 @@ def run_compare(s) -> None:
     parts = breakdown(pairs)
     result = {
         "provenance": provenance(),
-        "cluster": {"nodes": e.nodes, "ranks_per_node": gpn, "inter_mbit": e.inter_mbit, "burst_kb": e.burst_kb},
+        "cluster": {"nodes": e.nodes, "ranks_per_node": gpn, "inter_mbit": e.inter_mbit, "burst_kb": cluster.burst},
         "model": model,
         "modes": summary,
         "breakdown": parts,

@@ -494,7 +494,7 @@ def _emulated_shape(result: dict) -> str:
     """An emulated comparison's cluster and model (compare.json), as the blocks say it."""
     c = result["cluster"]
     model = f", the {result['model']} model" if "model" in result else ""  # comparisons before --model ran the tiny model
-    burst = f" (a {c['burst_kb']} KB burst)" if c.get("burst_kb", 256) != 256 else ""  # runs before --burst-kb had 256
+    burst = f" (a {c.get('burst_kb', 256)} KB burst)"  # runs before --burst-kb had 256
     return f"{c['nodes']} emulated nodes x {c['ranks_per_node']} gloo ranks, {c['inter_mbit']:g} Mbit/s between nodes{burst}{model}"
 
 
