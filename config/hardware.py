@@ -75,7 +75,7 @@ class HardwareConfig(Section):
         0.0, "seconds of one forward of a linear kind's recurrence per block a rank runs, whatever its heads (a loop's "
         "iteration of the blockwise form; backward counts twice)", number_in(0, 60),
         source="0 on GPUs, where a chunked kernel runs every block of a call at once; the project's torch form loops over "
-        "blocks (experiments.calibrate fits it)",
+        "blocks (experiments.calibrate fits it from the mixer, and from the runtime's step of many one-block samples a rank)",
     )  # fmt: skip
     intra_node_bw: float = setting(
         150e9, "effective all-to-all bytes/s per GPU inside a node", BYTE_RATE,

@@ -180,6 +180,50 @@ def test_the_fixed_costs_fitted_round_by_round_are_the_median_of_each_rounds_fit
         fit_fixed_costs({**rounds, "wide": rounds["wide"][:4]}, cfg, hw, 8, 2, sizes, 2)
 
 
+def test_a_linear_kinds_block_cost_fits_back_from_what_its_short_sample_step_took_over_the_own_step():
+    """The runtime step of ranks alone with SHORT_STEP_SAMPLES one-block samples each and the step
+    with one, priced by the simulator with a known block cost: what the first took more fits back to
+    it from a profile that had another, whatever the other costs (they are the same in both steps);
+    no more than the price without it fits to 0; a kind without blocks has nothing to fit."""
+    from experiments.calibrate.measure import SHORT_STEP_SAMPLES, fit_block_latency
+
+    cfg, known = ModelConfig.from_name("tiny-gdn"), 2.3e-3
+    hw = HardwareConfig(collective_latency=2e-3, layer_overhead=1e-3, linear_block_latency=4e-4)
+    costs = CostsConfig(recompute="full", moe_all_to_all=False, optimizer=False)
+    priced = CostModel(cfg, hw.replace(linear_block_latency=known, layer_overhead=5e-3), costs=costs)
+    short, own = (simulate(runtime_step_plan(8, 2, 1, 2, samples=k), priced).step_time for k in (SHORT_STEP_SAMPLES, 1))
+    assert short > own
+    assert fit_block_latency(short - own, cfg, hw, 8, 2) == pytest.approx(known, rel=1e-9)
+    assert fit_block_latency(0.0, cfg, hw, 8, 2) == 0.0
+    with pytest.raises(ValueError, match="loop over no blocks"):
+        fit_block_latency(short - own, ModelConfig.from_name("tiny"), hw, 8, 2)
+
+
+def test_the_fixed_costs_of_a_linear_model_fit_its_block_cost_first_and_the_rest_on_it():
+    """tiny-gdn's runtime steps, the short-sample one among them, priced with known costs: the block
+    cost fits back from the short step less the own step, and the layer's and the call's costs
+    from their steps on it (each step's one block priced at the fitted cost); a profile's block cost
+    above the fitted one (the mixer timed alone) is kept, as every isolated figure is."""
+    from experiments.calibrate.measure import SHORT_STEP, STEP_SAMPLES, fit_fixed_costs
+
+    cfg = ModelConfig.from_name("tiny-gdn")
+    known = {"linear_block_latency": 1.7e-3, "layer_overhead": 2.1e-3, "a2a_latency": 3.3e-3}
+    hw = HardwareConfig(collective_latency=2e-3, layer_overhead=1e-4, a2a_latency=1e-4, linear_block_latency=5e-4)
+    costs = CostsConfig(recompute="full", moe_all_to_all=False, optimizer=False)
+    priced = CostModel(cfg, hw.replace(**known), costs=costs)
+    sizes = {"own": 1, "node": 2, SHORT_STEP: 1}
+    clean = {k: simulate(runtime_step_plan(8, 2, sizes[k], 2, samples=STEP_SAMPLES.get(k, 1)), priced).step_time for k in sizes}
+    fitted_hw, fitted, each = fit_fixed_costs({k: [t, t, t] for k, t in clean.items()}, cfg, hw, 8, 2, sizes, 2)
+    assert list(fitted) == ["linear_block_latency", "layer_overhead", "a2a_latency"]
+    for field, value in known.items():
+        assert fitted[field] == pytest.approx(value, rel=1e-9), field
+        assert getattr(fitted_hw, field) == pytest.approx(value, rel=1e-9), field
+    higher = fit_fixed_costs({k: [t] for k, t in clean.items()}, cfg, hw.replace(linear_block_latency=9e-3), 8, 2, sizes, 2)[0]
+    assert higher.linear_block_latency == 9e-3
+    with pytest.raises(ValueError, match="unequal rounds"):
+        fit_fixed_costs({**{k: [t, t] for k, t in clean.items()}, SHORT_STEP: [clean[SHORT_STEP]]}, cfg, hw, 8, 2, sizes, 2)
+
+
 def test_an_all_to_all_whose_largest_transfer_took_no_longer_than_the_latency_fits_a_rate_the_hardware_accepts():
     """Noise can make the largest transfer inside a node no slower than the fitted latency (a
     calibration of one timed run each); its whole time then bounds the rate, and the profile's

@@ -331,12 +331,12 @@ def measure_layer_overhead(cfg: ModelConfig, backend: str, device, dtype, repeat
 EXPERTS_STEP_TOKENS = 32
 
 
-def runtime_step_plan(world: int, node: int, size: int = 1, tokens: int = STEP_SAMPLE_TOKENS, halo: bool = False):
-    """The plan measure_runtime_steps runs: aligned groups of `size` ranks, each holding one sample of
-    `tokens` tokens per rank. Size 1 exchanges nothing; groups of a node's ranks exchange inside
-    nodes only; wider groups across nodes. `halo`: each group's sparse layers run on its own token
-    layout by halo exchange (a parent+halo plan): the full layers' all-to-alls, the sparse layers'
-    point-to-point calls."""
+def runtime_step_plan(world: int, node: int, size: int = 1, tokens: int = STEP_SAMPLE_TOKENS, halo: bool = False, samples: int = 1):
+    """The plan measure_runtime_steps runs: aligned groups of `size` ranks, each holding `samples`
+    samples of `tokens` tokens per rank. Size 1 exchanges nothing; groups of a node's ranks exchange
+    inside nodes only; wider groups across nodes. `halo`: each group's sparse layers run on its own
+    token layout by halo exchange (a parent+halo plan): the full layers' all-to-alls, the sparse
+    layers' point-to-point calls."""
     from solver import Group, StepPlan  # noqa: PLC0415
     from solver.plan import NODE_LOCAL, ParentPlan  # noqa: PLC0415
 
@@ -344,13 +344,15 @@ def runtime_step_plan(world: int, node: int, size: int = 1, tokens: int = STEP_S
         raise ValueError(f"runtime step groups of {size} ranks do not tile {world} ranks: use a power of two dividing it")
     if halo and size == 1:
         raise ValueError("a runtime halo step needs groups of 2 ranks or more: a rank alone exchanges nothing")
+    if samples < 1:
+        raise ValueError(f"a runtime step group holds {samples} samples: it needs 1 or more")
     reason = NODE_LOCAL if size <= node else "one group across nodes: what its exchanges cost in a step"
-    groups = [Group(k * size, size, (k,)) for k in range(world // size)]
+    groups = [Group(k * size, size, tuple(range(k * samples, (k + 1) * samples))) for k in range(world // size)]
     if tokens < 2:
         raise SettingError(f"--step-tokens={tokens} is invalid: it must be 2 or more (a sample needs a label)")
-    lengths = tuple((k, tokens * size) for k in range(world // size))
+    lengths = tuple((i, tokens * size) for i in range(world // size * samples))
     parents = tuple(ParentPlan(g, (Group(g.start, g.size, g.samples, halo=halo),), reason) for g in groups)
-    return StepPlan(Cluster(world, node, tokens), lengths, parents, "parent+halo" if halo else "baseline").validate()
+    return StepPlan(Cluster(world, node, tokens * samples), lengths, parents, "parent+halo" if halo else "baseline").validate()
 
 
 def measure_runtime_steps(
@@ -382,7 +384,7 @@ def measure_runtime_steps(
         shard_model(model, device)
     steps = {}
     for name, size in sizes.items():
-        plan = runtime_step_plan(world, node, size, tokens, name in HALO_STEPS)
+        plan = runtime_step_plan(world, node, size, tokens, name in HALO_STEPS, STEP_SAMPLES.get(name, 1))
         gen = np.random.default_rng(0)
         batch = {k: gen.integers(0, cfg.vocab, n) for k, n in plan.lengths}
 
@@ -403,6 +405,11 @@ def measure_runtime_steps(
 # before (the halo step's full layers pay the all-to-all latency the node step fitted)
 STEP_FITS = (("layer_overhead", "own"), ("a2a_latency", "node"), ("a2a_inter_latency", "wide"), ("halo_latency", "node-halo"))
 HALO_STEPS = frozenset({"node-halo"})  # the runtime steps whose plan is a halo plan
+# a linear kind's runtime step of ranks alone with many short samples each (every sample one block of
+# the recurrence), paired with "own" (one sample a rank): what its extra blocks took is what a block
+# costs a rank in a step (fit_block_latency), where the mixer timed alone takes about half of it
+SHORT_STEP, SHORT_STEP_SAMPLES = "own-short", 16
+STEP_SAMPLES = {SHORT_STEP: SHORT_STEP_SAMPLES}  # samples per group of each runtime step (1 where absent)
 # the runtime steps' rounds per median_of: the fixed costs are differences of steps, noisier than
 # any one figure, and a round of a few steps on next to no tokens costs little
 STEP_ROUNDS_PER_MEDIAN = 3
@@ -436,6 +443,30 @@ def fit_fixed_cost(
     return max(step_s - without, 0.0) / per_second
 
 
+def fit_block_latency(
+    extra_s: float, cfg: ModelConfig, hw: HardwareConfig, world: int, node: int, tokens: int = STEP_SAMPLE_TOKENS
+) -> float:
+    """The linear_block_latency that makes the simulator's price of the SHORT_STEP runtime step
+    (ranks alone, SHORT_STEP_SAMPLES samples of `tokens` tokens each) exceed that of "own" (one
+    such sample a rank) by `extra_s`, what the runtime's step took more: the same layers and calls,
+    so what is left once the extra samples' token-wise work and attention are priced is their
+    blocks. 0 if the price without it already accounts for `extra_s`."""
+    from solver.simulator import simulate  # noqa: PLC0415
+
+    short, own = runtime_step_plan(world, node, 1, tokens, samples=SHORT_STEP_SAMPLES), runtime_step_plan(world, node, 1, tokens)
+    costs = CostsConfig(recompute="full", moe_all_to_all=False, optimizer=False)
+
+    def extra(v: float) -> float:
+        cost = CostModel(cfg, hw.replace(linear_block_latency=v), costs=costs)
+        return simulate(short, cost).step_time - simulate(own, cost).step_time
+
+    without = extra(0.0)
+    per_second = extra(1.0) - without
+    if per_second <= 0:
+        raise ValueError(f"{cfg.name}'s sparse layers ({cfg.sparse_kind}) loop over no blocks: nothing to fit linear_block_latency to")
+    return max(extra_s - without, 0.0) / per_second
+
+
 def keep_fit(hw: HardwareConfig, field: str, fitted: float) -> HardwareConfig:
     """The hardware with a fixed cost fitted to a runtime step: never below what the isolated
     measurement put there, but the halo call's (no lone halo call is measured: the halo step's fit
@@ -449,26 +480,32 @@ def keep_fit(hw: HardwareConfig, field: str, fitted: float) -> HardwareConfig:
 def fit_fixed_costs(
     rounds: dict[str, list[float]], cfg: ModelConfig, hw: HardwareConfig, world: int, node: int, sizes: dict[str, int], tokens: int
 ) -> tuple[HardwareConfig, dict[str, float], dict[str, list[float]]]:
-    """The fixed costs of STEP_FITS from measure_runtime_steps' rounds. Each round is fitted on its
-    own, in STEP_FITS' order, each fit keeping the ones before it from the same round (the wide
+    """The fixed costs of STEP_FITS from measure_runtime_steps' rounds, and first, where the rounds
+    time SHORT_STEP, a linear kind's block cost (fit_block_latency: that round's SHORT_STEP less its
+    "own" step). Each round is fitted on its own, in that order, each fit keeping the ones before it from the same round (the wide
     step's call latency is what that round's wide step took beyond that round's layers and calls
     inside a node), and each cost's figure is the median of its rounds' fits, kept by keep_fit in
     order. A difference of two medians taken over separate spells of a shared machine is what made
     single fits swing between runs (docs/calibration.md); the rounds' median drops a spell that
     slowed one round. Returns the hardware, each cost's median fit, and its rounds' fits."""
     present = [(field, key) for field, key in STEP_FITS if key in rounds]
-    count = {len(rounds[key]) for _, key in present}
+    pair = SHORT_STEP in rounds and "own" in rounds  # the block cost first: the own step's one block pays it too
+    count = {len(rounds[key]) for _, key in present} | ({len(rounds[SHORT_STEP])} if pair else set())
     if len(count) > 1:
         raise ValueError(f"the runtime steps were timed in unequal rounds ({sorted(count)}): each round times every step")
-    each: dict[str, list[float]] = {field: [] for field, _ in present}
+    each: dict[str, list[float]] = {field: [] for field, _ in ([("linear_block_latency", SHORT_STEP)] if pair else []) + present}
     for r in range(count.pop() if count else 0):
         h = hw
+        if pair:
+            v = fit_block_latency(rounds[SHORT_STEP][r] - rounds["own"][r], cfg, h, world, node, tokens)
+            each["linear_block_latency"].append(v)
+            h = keep_fit(h, "linear_block_latency", v)
         for field, key in present:
             v = fit_fixed_cost(rounds[key][r], cfg, h, world, node, field, sizes[key], tokens, key in HALO_STEPS)
             each[field].append(v)
             h = keep_fit(h, field, v)
     fitted = {field: float(np.median(v)) for field, v in each.items()}
-    for field, _ in present:
+    for field in fitted:  # in the order fitted
         hw = keep_fit(hw, field, fitted[field])
     return hw, fitted, each
 
@@ -666,6 +703,8 @@ def calibrate(
         del step_sizes["node"], step_sizes["node-halo"]
     elif sparse_cost(cfg.sparse_kind).first_key is None:  # a kind without a reach runs no halo exchange
         del step_sizes["node-halo"]
+    if linear:  # ranks alone with many one-block samples: a block's cost as a step pays it (fit_block_latency)
+        step_sizes[SHORT_STEP] = 1
     rounds = step_rounds or STEP_ROUNDS_PER_MEDIAN * sizes["median_of"]
     runtime_rounds = measure_runtime_steps(cfg, groups, node, device, dtype, rounds, step_sizes, step_tokens)
     experts_a2a = measure_experts_all_to_all(groups, node, sizes["bytes"], cfg, device, dtype, sizes["median_of"])
@@ -742,6 +781,14 @@ def calibrate(
     }
 
 
+def _spread(rounds: dict, field: str) -> str:
+    """' (median of N rounds, quartiles a-b)' in ms of a fixed cost's fits round by round, or ''."""
+    if not rounds.get(field):
+        return ""
+    lo, hi = 1e3 * np.percentile(rounds[field], [25, 75])
+    return f" (median of {len(rounds[field])} rounds, quartiles {lo:.2f}-{hi:.2f})"
+
+
 def report(profile: dict) -> str:
     hw, fits = profile["hardware"], profile["fits"]
     net = fits["all_to_all"]
@@ -797,15 +844,19 @@ def report(profile: dict) -> str:
     for field, key in STEP_FITS:
         if field in m["from_runtime_step"]:
             label, alone = isolated[field]
-            spread = ""
-            if rounds.get(field):
-                lo, hi = 1e3 * np.percentile(rounds[field], [25, 75])
-                spread = f" (median of {len(rounds[field])} rounds, quartiles {lo:.2f}-{hi:.2f})"
             lines.append(
                 f"    groups of {m['runtime_step_sizes'][key]}{', halo sparse layers' if key in HALO_STEPS else ''}: "
                 f"{1e3 * m['runtime_step_s'][key]:.1f} ms -> "
-                f"{1e3 * m['from_runtime_step'][field]:.2f} ms{spread} {label}: {1e3 * alone:.2f} ms; kept {1e3 * hw[field]:.2f} ms"
+                f"{1e3 * m['from_runtime_step'][field]:.2f} ms{_spread(rounds, field)} {label}: {1e3 * alone:.2f} ms; "
+                f"kept {1e3 * hw[field]:.2f} ms"
             )
+    if "linear_block_latency" in m["from_runtime_step"]:
+        extra = m["runtime_step_s"][SHORT_STEP] - m["runtime_step_s"]["own"]
+        lines.append(
+            f"    ranks alone, {SHORT_STEP_SAMPLES} samples a rank against one: {1e3 * extra:.1f} ms more -> "
+            f"{1e3 * m['from_runtime_step']['linear_block_latency']:.3f} ms per recurrence block{_spread(rounds, 'linear_block_latency')}; "
+            f"the mixer alone: {1e3 * fits['linear']['block_latency']:.3f} ms; kept {1e3 * hw['linear_block_latency']:.3f} ms"
+        )
     for field in hw.get("floored", ()):
         lines.append(f"    {field} fitted at the floor of its range (0): the step took no longer than its price without it; priced free")
     if "a2a_inter_latency" not in m["from_runtime_step"]:
