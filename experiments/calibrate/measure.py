@@ -407,7 +407,7 @@ STEP_FITS = (("layer_overhead", "own"), ("a2a_latency", "node"), ("a2a_inter_lat
 HALO_STEPS = frozenset({"node-halo"})  # the runtime steps whose plan is a halo plan
 # a linear kind's runtime step of ranks alone with many short samples each (every sample one block of
 # the recurrence), paired with "own" (one sample a rank): what its extra blocks took is what a block
-# costs a rank in a step (fit_block_latency), where the mixer timed alone takes about half of it
+# costs a rank in a step (fit_block_latency), where the mixer timed alone takes a third to a half of it
 SHORT_STEP, SHORT_STEP_SAMPLES = "own-short", 16
 STEP_SAMPLES = {SHORT_STEP: SHORT_STEP_SAMPLES}  # samples per group of each runtime step (1 where absent)
 # the runtime steps' rounds per median_of: the fixed costs are differences of steps, noisier than
@@ -434,13 +434,25 @@ def fit_fixed_cost(
     from solver.simulator import simulate  # noqa: PLC0415
 
     plan = runtime_step_plan(world, node, size, tokens, halo)
-    costs = CostsConfig(recompute="full", moe_all_to_all=False, optimizer=False)
-    price = lambda v: simulate(plan, CostModel(cfg, hw.replace(**{field: v}), costs=costs)).step_time  # noqa: E731
+    price = lambda v: simulate(plan, _step_cost(cfg, hw, field, v)).step_time  # noqa: E731
+    return _solve_linear(step_s, price, f"the runtime step on groups of {size} ranks does not pay {field}: nothing to fit it to")
+
+
+def _step_cost(cfg: ModelConfig, hw: HardwareConfig, field: str, value: float) -> CostModel:
+    """The cost model of a runtime step as measure_runtime_steps runs it (full recompute, no
+    optimizer, no experts' all-to-all), with the hardware setting `field` at `value`."""
+    return CostModel(cfg, hw.replace(**{field: value}), costs=CostsConfig(recompute="full", moe_all_to_all=False, optimizer=False))
+
+
+def _solve_linear(target: float, price, refusal: str) -> float:
+    """The value v >= 0 of a cost that price(v) charges linearly at which price(v) equals
+    `target`: the price with it at 0, the rest over what one second of it adds; 0 if the price
+    without it is already as long. ValueError(refusal) where the cost moves no price."""
     without = price(0.0)
     per_second = price(1.0) - without
     if per_second <= 0:
-        raise ValueError(f"the runtime step on groups of {size} ranks does not pay {field}: nothing to fit it to")
-    return max(step_s - without, 0.0) / per_second
+        raise ValueError(refusal)
+    return max(target - without, 0.0) / per_second
 
 
 def fit_block_latency(
@@ -454,17 +466,13 @@ def fit_block_latency(
     from solver.simulator import simulate  # noqa: PLC0415
 
     short, own = runtime_step_plan(world, node, 1, tokens, samples=SHORT_STEP_SAMPLES), runtime_step_plan(world, node, 1, tokens)
-    costs = CostsConfig(recompute="full", moe_all_to_all=False, optimizer=False)
 
     def extra(v: float) -> float:
-        cost = CostModel(cfg, hw.replace(linear_block_latency=v), costs=costs)
+        cost = _step_cost(cfg, hw, "linear_block_latency", v)
         return simulate(short, cost).step_time - simulate(own, cost).step_time
 
-    without = extra(0.0)
-    per_second = extra(1.0) - without
-    if per_second <= 0:
-        raise ValueError(f"{cfg.name}'s sparse layers ({cfg.sparse_kind}) loop over no blocks: nothing to fit linear_block_latency to")
-    return max(extra_s - without, 0.0) / per_second
+    refusal = f"{cfg.name}'s sparse layers ({cfg.sparse_kind}) loop over no blocks: nothing to fit linear_block_latency to"
+    return _solve_linear(extra_s, extra, refusal)
 
 
 def keep_fit(hw: HardwareConfig, field: str, fitted: float) -> HardwareConfig:
@@ -481,11 +489,11 @@ def fit_fixed_costs(
     rounds: dict[str, list[float]], cfg: ModelConfig, hw: HardwareConfig, world: int, node: int, sizes: dict[str, int], tokens: int
 ) -> tuple[HardwareConfig, dict[str, float], dict[str, list[float]]]:
     """The fixed costs of STEP_FITS from measure_runtime_steps' rounds, and first, where the rounds
-    time SHORT_STEP, a linear kind's block cost (fit_block_latency: that round's SHORT_STEP less its
-    "own" step). Each round is fitted on its own, in that order, each fit keeping the ones before it from the same round (the wide
-    step's call latency is what that round's wide step took beyond that round's layers and calls
-    inside a node), and each cost's figure is the median of its rounds' fits, kept by keep_fit in
-    order. A difference of two medians taken over separate spells of a shared machine is what made
+    time SHORT_STEP, a linear kind's block cost (fit_block_latency: that round's SHORT_STEP less
+    its "own" step). Each round is fitted on its own, in that order, each fit keeping the ones
+    before it from the same round (the wide step's call latency is what that round's wide step
+    took beyond that round's layers and calls inside a node), and each cost's figure is the median
+    of its rounds' fits, kept by keep_fit in order. A difference of two medians taken over separate spells of a shared machine is what made
     single fits swing between runs (docs/calibration.md); the rounds' median drops a spell that
     slowed one round. Returns the hardware, each cost's median fit, and its rounds' fits."""
     present = [(field, key) for field, key in STEP_FITS if key in rounds]
@@ -493,7 +501,8 @@ def fit_fixed_costs(
     count = {len(rounds[key]) for _, key in present} | ({len(rounds[SHORT_STEP])} if pair else set())
     if len(count) > 1:
         raise ValueError(f"the runtime steps were timed in unequal rounds ({sorted(count)}): each round times every step")
-    each: dict[str, list[float]] = {field: [] for field, _ in ([("linear_block_latency", SHORT_STEP)] if pair else []) + present}
+    each: dict[str, list[float]] = {"linear_block_latency": []} if pair else {}
+    each.update((field, []) for field, _ in present)
     for r in range(count.pop() if count else 0):
         h = hw
         if pair:
