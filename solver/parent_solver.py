@@ -42,12 +42,15 @@ class _BinFill:
         self.cost, self.budget = cost, cluster.tokens_per_rank
         # plain lists: the fill reads one item at a time (numpy scalars would cost a conversion each)
         self.linear, self.full, self.lengths = np.asarray(linear).tolist(), np.asarray(full).tolist(), np.asarray(lengths).tolist()
-        # per parent: size, full-attention seconds, its cost.shared_time, tokens per rank, members
-        self.parent_size, self.parent_full, self.parent_shared, self.parent_rank_tokens, self.parent_members = [], [], [], [], []
+        # per parent: size, full-attention seconds, its cost.shared_time, tokens per rank
+        self.parent_size, self.parent_full, self.parent_shared, self.parent_rank_tokens = [], [], [], []
         self.parent_fixed = []  # cost.parent_fixed of each parent (shared_time = full / size + fixed)
-        # per bin: its parent, size, cost line, linear seconds, tokens, its cost.rank_time, tokens per rank, members
+        # per bin: its parent, size, cost line, linear seconds, tokens, its cost.rank_time, tokens per rank
         self.bin_parent, self.bin_size, self.bin_line, self.bin_linear, self.bin_tokens, self.bin_own = [], [], [], [], [], []
-        self.bin_rank_tokens, self.bin_members = [], []
+        self.bin_rank_tokens = []
+        # every placement, in order: the item and its bin (members() groups them)
+        self.placed_items: list[int] = []
+        self.placed_bins: list[int] = []
         self.fill = LeastLoaded(self.time, self.room)
         self._entries: list[tuple] = []  # per shape: what place reads (_shapes)
         self._last = 0  # the shape of the last placement, looked at first
@@ -63,7 +66,6 @@ class _BinFill:
         self.parent_shared.append(self.cost.shared_time(0.0, size))
         self.parent_fixed.append(self.cost.parent_fixed(size))
         self.parent_rank_tokens.append(0)
-        self.parent_members.append([])
         bins = []
         own = child_sizes is None
         for c in child_sizes or (size,):
@@ -76,7 +78,6 @@ class _BinFill:
             self.bin_tokens.append(0)
             self.bin_own.append(line[1])
             self.bin_rank_tokens.append(0)
-            self.bin_members.append([])
             bins.append(b)
             self.fill.add((size, c, own), b)
         return bins
@@ -92,7 +93,6 @@ class _BinFill:
         self.parent_shared += [self.cost.shared_time(0.0, size)] * count
         self.parent_fixed += [self.cost.parent_fixed(size)] * count
         self.parent_rank_tokens += [0] * count
-        self.parent_members += [[] for _ in range(count)]
         self.bin_parent += range(p0, p0 + count)
         self.bin_size += [size] * count
         self.bin_line += [line[0]] * count
@@ -100,7 +100,6 @@ class _BinFill:
         self.bin_tokens += [0] * count
         self.bin_own += [line[1]] * count
         self.bin_rank_tokens += [0] * count
-        self.bin_members += [[] for _ in range(count)]
         bins = range(b0, b0 + count)
         self.fill.add_many((size, size, True), bins)
         return bins
@@ -129,13 +128,24 @@ class _BinFill:
         full = self.parent_full[p] = self.parent_full[p] + self.full[i]
         self.parent_shared[p] = full / size + self.parent_fixed[p]  # cost.shared_time, inlined
         self.parent_rank_tokens[p] += -(-n // size)
-        self.parent_members[p].append(i)
         linear = self.bin_linear[b] = self.bin_linear[b] + self.linear[i]
         tokens = self.bin_tokens[b] = self.bin_tokens[b] + n
         a, fixed = self.bin_line[b]
         self.bin_own[b] = (linear + a * tokens) / c + fixed  # cost.rank_time, inlined
         self.bin_rank_tokens[b] += -(-n // c)
-        self.bin_members[b].append(i)
+        self.placed_items.append(i)
+        self.placed_bins.append(b)
+
+    def members(self, names: np.ndarray, of_bins: bool = False) -> list[tuple]:
+        """The items of each parent (of each bin where `of_bins`), in the order they were placed,
+        each item given as names[item] (a sample's id): grouped at once rather than kept per
+        parent while filling (a large step has thousands of parents)."""
+        bins = np.array(self.placed_bins, dtype=np.int64)
+        key = bins if of_bins else np.array(self.bin_parent, dtype=np.int64)[bins]
+        order = np.argsort(key, kind="stable")
+        flat = names[np.array(self.placed_items, dtype=np.int64)[order]].tolist()
+        ends = np.cumsum(np.bincount(key, minlength=len(self.bin_size) if of_bins else len(self.parent_size))).tolist()
+        return [tuple(flat[a:b]) for a, b in zip([0, *ends[:-1]], ends)]
 
     def _shapes(self) -> tuple[list[tuple], list[list[int]]]:
         """Per shape of bin, in the order the shapes were added: (shape, open heap, parked heap,
@@ -187,12 +197,14 @@ class _BinFill:
             self.bin_own,
         )
         lengths, linears, fulls, least_loaded = self.lengths, self.linear, self.full, self.fill.least_loaded
-        parent_size, bin_size, parent_members, bin_members = self.parent_size, self.bin_size, self.parent_members, self.bin_members
+        parent_size, bin_size, chosen = self.parent_size, self.bin_size, self.placed_bins
         entries, orders = self._shapes()
         last, best = self._last if self._last < len(entries) else 0, -1
+        items = items if isinstance(items, list) else list(items)
+        done = len(chosen)
         for i in items:
             n, lin, full = lengths[i], linears[i], fulls[i]
-            best, best_t, best_k, bound = -1, float("inf"), -1, float("inf")
+            best, best_t, best_k, bound = -1, INF, -1, INF
             for k in orders[last]:
                 shape, heap, held, size, c, slope = entries[k]
                 may_open = held and -held[0][0] >= n  # a parked bin may fit this sample: the full query
@@ -221,6 +233,7 @@ class _BinFill:
                     best, best_t, best_k, bound = b, t, k, t * PRUNE_MARGIN
             if best < 0:
                 self._last = last
+                self.placed_items += items[: len(chosen) - done]
                 return i, -1
             last = best_k
             # self.add(best, i), inlined
@@ -229,20 +242,21 @@ class _BinFill:
             pf = parent_full[p] = parent_full[p] + full
             parent_shared[p] = pf / size + parent_fixed[p]  # cost.shared_time
             parent_rank_tokens[p] += -(-n // size)
-            parent_members[p].append(i)
             bl = bin_linear[best] = bin_linear[best] + lin
             bt = bin_tokens[best] = bin_tokens[best] + n
             a, fixed = bin_line[best]
             bin_own[best] = (bl + a * bt) / c + fixed  # cost.rank_time
             bin_rank_tokens[best] += -(-n // c)
-            bin_members[best].append(i)
+            chosen.append(best)
             heap = entries[best_k][1]
             if heap[0][1] == best:  # re-keyed at once (solver.fill); its siblings' entries when they surface
                 heapq.heapreplace(heap, (parent_shared[bin_parent[best]] + bin_own[best], best))
         self._last = last
+        self.placed_items += items
         return -1, best
 
 
+INF = float("inf")
 # a shape is skipped when its bound exceeds the best time by more than this factor: float sums
 # in another order differ by a few ulps (1e-16 relative), far inside it
 PRUNE_MARGIN = 1 + 1e-9
@@ -317,13 +331,16 @@ def assign_with_children(
     failed, _ = fill.place_all(rest)  # a list of ints, costliest first
     if failed >= 0:
         raise unplaceable(samples, failed, lengths, cluster)
-    sid = [s.id for s in samples]
+    sid = np.fromiter((s.id for s in samples), dtype=np.int64, count=len(samples))
+    members, bin_members = fill.members(sid), None
     out = []
     for k, (start, w) in enumerate(groups):
-        ids = tuple(map(sid.__getitem__, fill.parent_members[k]))
         bins = parent_bins[k]
-        kids = None if len(bins) == 1 else tuple((fill.bin_size[b], tuple(map(sid.__getitem__, fill.bin_members[b]))) for b in bins)
-        out.append((Group(start, w, ids), kids))
+        kids = None
+        if len(bins) > 1:
+            bin_members = bin_members or fill.members(sid, of_bins=True)
+            kids = tuple((fill.bin_size[b], bin_members[b]) for b in bins)
+        out.append((Group(start, w, members[k]), kids))
     out = tuple(out)
     _JOINT.put(samples, key, out)
     return out

@@ -27,7 +27,6 @@ from __future__ import annotations
 import itertools
 import operator
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -43,15 +42,6 @@ from .plan import DISABLED, NODE_LOCAL, ParentPlan
 MAX_ROUNDS = 64
 # a candidate must beat the slowest parent by this relative margin (float noise is no gain)
 MIN_GAIN = 1e-9
-
-
-@dataclass
-class _Parent:
-    size: int
-    ids: tuple[int, ...]
-    plan: ParentPlan  # laid out from rank `origin` (positions are set at the end)
-    time: float
-    origin: int = 0
 
 
 class _Search:
@@ -73,9 +63,10 @@ class _Search:
         self.target = float(self.sample_cost.sum()) / cluster.world_size  # the per-rank share the anchor rules use
 
     # ----- pricing ----------------------------------------------------------------------------------
-    def parent(self, size: int, ids: Sequence[int], kids=None) -> _Parent:
-        """A parent of `size` holding `ids`, its children polished from `kids` ((size, ids) per
-        child) or solved, priced by PlanEstimate."""
+    def parent(self, size: int, ids: Sequence[int], kids=None) -> tuple[ParentPlan, float]:
+        """A parent of `size` holding `ids` laid out from rank 0 (positions are set at the end),
+        its children polished from `kids` ((size, ids) per child) or solved, and its
+        PlanEstimate time."""
         g = Group(0, size, tuple(ids))
         if size <= self.node:
             pp = ParentPlan(g, (g,), NODE_LOCAL)
@@ -83,16 +74,17 @@ class _Search:
             pp = ParentPlan(g, *polish_children(g, kids, self.length_of, self.cluster, self.cost))
         else:
             pp = ParentPlan(g, *solve_children(g, self.length_of, self.cluster, self.cost))
-        return _Parent(size, g.samples, pp, self.est.parent_time(pp))
+        return pp, self.est.parent_time(pp)
 
     def floor(self, s: int) -> int:
         return self.cluster.min_group_size(self.length_of[s])
 
-    def longest(self, p: _Parent) -> int | None:
-        return max(p.ids, key=lambda s: (self.length_of[s], -s)) if p.ids else None
+    def longest(self, p: ParentPlan) -> int | None:
+        ids = p.group.samples
+        return max(ids, key=lambda s: (self.length_of[s], -s)) if ids else None
 
     # ----- a candidate: new parents for a pool of samples -----------------------------------------
-    def refill(self, sizes: list[int], anchors: list[list[int]], pool: Sequence[int]) -> list[_Parent] | None:
+    def refill(self, sizes: list[int], anchors: list[list[int]], pool: Sequence[int]) -> list[tuple[ParentPlan, float]] | None:
         """Parents of `sizes` with their `anchors` (sample ids per parent) placed first, then the rest
         of `pool` longest first where it finishes earliest (the joint fill's bins: a wide parent's
         anchors in node-local children sized by the anchor rules, single ranks for the rest). None
@@ -121,26 +113,26 @@ class _Search:
         for s in sorted((s for s in pool if s not in placed), key=lambda s: -self.sample_cost[self.index[s]]):
             if fill.place(local[s]) < 0:
                 return None
-        out = []
+        out, names = [], np.array(pool, dtype=np.int64)
+        members, bin_members = fill.members(names), fill.members(names, of_bins=True)
         for k, size in enumerate(sizes):
-            ids = [pool[i] for i in fill.parent_members[k]]
             bins = [b for b in range(len(fill.bin_parent)) if fill.bin_parent[b] == k]
             kids = None
             if size > self.node and len(bins) > 1:
-                kids = tuple((fill.bin_size[b], tuple(pool[i] for i in fill.bin_members[b])) for b in bins)
-            out.append(self.parent(size, ids, kids))
+                kids = tuple((fill.bin_size[b], bin_members[b]) for b in bins)
+            out.append(self.parent(size, members[k], kids))
         return out
 
     # ----- moves around the slowest parent -------------------------------------------------------
-    def candidates(self, parents: list[_Parent], si: int, times: np.ndarray, sizes: np.ndarray):
+    def candidates(self, parents: list[ParentPlan], si: int, times: np.ndarray, sizes: np.ndarray):
         """(indices of the parents replaced, sizes, anchors) of each move on parents[si]; `times`
         and `sizes`: every parent's, as arrays."""
         s = parents[si]
         a = self.longest(s)
         if a is None:
             return
-        w = s.size
-        longs = sorted((x for x in s.ids if self.floor(x) > 1 and x != a), key=lambda x: -self.length_of[x])
+        w = s.group.size
+        longs = sorted((x for x in s.group.samples if self.floor(x) > 1 and x != a), key=lambda x: -self.length_of[x])
         if w > 1 and self.floor(a) <= w // 2:  # narrow
             second = [longs[0]] if longs and self.floor(longs[0]) <= w // 2 else []
             yield [si], [w // 2, w // 2], [[a], second]
@@ -149,9 +141,9 @@ class _Search:
         if 2 * w <= self.widest:  # widen, on the fastest parents' ranks (at most w parents of them)
             need, donors = w, []
             for k in _fastest(times, others & (sizes <= w), 2 * w):
-                if parents[k].size <= need:
+                if parents[k].group.size <= need:
                     donors.append(k)
-                    need -= parents[k].size
+                    need -= parents[k].group.size
                     if need == 0:
                         break
             if need == 0:
@@ -160,26 +152,28 @@ class _Search:
         # its samples fit one rank's budget)
         same = np.flatnonzero(others & (sizes == w)) if w > 1 else np.zeros(0, dtype=np.int64)
         same = same[np.lexsort((same, times[same]))].tolist()
-        partners = list(itertools.islice((k for k in same if parents[k].ids and self.floor(self.longest(parents[k])) > 1), 2))
+        partners = list(itertools.islice((k for k in same if parents[k].group.samples and self.floor(self.longest(parents[k])) > 1), 2))
         for k in partners:  # merge with, or share the short samples of, the fastest parents of its width
             b = self.longest(parents[k])
             if 2 * w <= self.widest:
                 yield [si, k], [2 * w], [[a, b]]
             yield [si, k], [w, w], [[a], [b]]
 
-    def improve(self, parents: list[_Parent]) -> list[_Parent]:
-        times = np.array([p.time for p in parents])
-        sizes = np.array([p.size for p in parents], dtype=np.int64)
+    def improve(self, parents: list[ParentPlan], times: Sequence[float]) -> list[ParentPlan]:
+        """Parents (and their PlanEstimate times) after the search's moves: the ones it keeps in
+        their order, then the new ones."""
+        times = np.array(times, dtype=np.float64)
+        sizes = np.fromiter((p.group.size for p in parents), dtype=np.int64, count=len(parents))
         for _ in range(MAX_ROUNDS):
             si = int(np.argmax(times))  # the first slowest
-            slowest = parents[si].time
+            slowest = float(times[si])
             best, best_t = None, slowest * (1 - MIN_GAIN)
             for replaced, new_sizes, anchors in self.candidates(parents, si, times, sizes):
-                pool = [x for k in replaced for x in parents[k].ids]
+                pool = [x for k in replaced for x in parents[k].group.samples]
                 new = self.refill(new_sizes, anchors, pool)
                 if new is None:
                     continue
-                t = max(p.time for p in new)
+                t = max(t for _, t in new)
                 if t < best_t:
                     best, best_t = (replaced, new), t
             if best is None:
@@ -187,11 +181,11 @@ class _Search:
             replaced, new = best
             for k in sorted(replaced, reverse=True):  # the others keep their order; the new ones go last
                 del parents[k]
-            parents += new
+            parents += [pp for pp, _ in new]
             keep = np.ones(len(times), dtype=bool)
             keep[replaced] = False
-            times = np.concatenate([times[keep], [p.time for p in new]])
-            sizes = np.concatenate([sizes[keep], np.array([p.size for p in new], dtype=np.int64)])
+            times = np.concatenate([times[keep], [t for _, t in new]])
+            sizes = np.concatenate([sizes[keep], np.array([pp.group.size for pp, _ in new], dtype=np.int64)])
         return parents
 
 
@@ -205,24 +199,25 @@ def _fastest(times: np.ndarray, mask: np.ndarray, n: int) -> list[int]:
     return idx[np.lexsort((idx, times[idx]))][:n].tolist()
 
 
-def _laid_out(parents: list[_Parent], cluster: Cluster) -> tuple[ParentPlan, ...]:
+def _laid_out(parents: list[ParentPlan], cluster: Cluster) -> tuple[ParentPlan, ...]:
     """Parents widest first from rank 0; each one's children shifted with it (a wide parent starts
     on a node boundary, so its node-local children stay node-local). A parent that lands where its
     plan lies already is kept as it is."""
     out, at = [], 0
-    for p in sorted(parents, key=lambda p: -p.size):
-        if at == p.origin and (p.plan.reason or p.plan.repacked):
-            out.append(p.plan)
+    for p in sorted(parents, key=lambda p: -p.group.size):
+        size = p.group.size
+        if at == p.group.start and (p.reason or p.repacked):
+            out.append(p)
         else:
-            shift = at - p.origin
-            g = Group(at, p.size, p.ids)
-            if p.plan.repacked:
-                kids = tuple(Group(c.start + shift, c.size, c.samples) for c in p.plan.children)
-                out.append(ParentPlan(g, kids, p.plan.reason))
+            shift = at - p.group.start
+            g = Group(at, size, p.group.samples)
+            if p.repacked:
+                kids = tuple(Group(c.start + shift, c.size, c.samples) for c in p.children)
+                out.append(ParentPlan(g, kids, p.reason))
             else:
-                reason = p.plan.reason or (NODE_LOCAL if p.size <= cluster.gpus_per_node else DISABLED)
+                reason = p.reason or (NODE_LOCAL if size <= cluster.gpus_per_node else DISABLED)
                 out.append(ParentPlan(g, (g,), reason))
-        at += p.size
+        at += size
     return tuple(out)
 
 
@@ -242,8 +237,7 @@ def solve_widths(
     search = _Search(samples, cluster, cost, est)
     start = tuple(start)
     times = est.parent_times(start).tolist() if times is None else list(times)
-    parents = [_Parent(pp.group.size, pp.group.samples, pp, t, pp.group.start) for pp, t in zip(start, times)]
-    improved = _laid_out(search.improve(parents), cluster)
+    improved = _laid_out(search.improve(list(start), times), cluster)
     if len(improved) == len(start) and all(map(operator.is_, improved, start)):
         return start  # nothing moved: the same parents where they were
     # the search lowers the slowest parent; kept only if the whole step (PlanEstimate.step_time, the

@@ -198,16 +198,16 @@ def test_the_joint_fill_prices_a_bin_and_places_a_sample_as_the_reference(case, 
         """The reference's time of bin b (its parent's shared part and the child it is), with `extra` samples added."""
         p = fill.bin_parent[b]
         parent, children = layouts[p]
-        parent = Group(parent.start, parent.size, tuple(fill.parent_members[p]) + extra)
+        parent = Group(parent.start, parent.size, fill.members(np.arange(n))[p] + extra)
         child = children[bins[p].index(b)]
-        child = parent if child.size == parent.size else Group(child.start, child.size, tuple(fill.bin_members[b]) + extra)
+        child = parent if child.size == parent.size else Group(child.start, child.size, fill.members(np.arange(n), of_bins=True)[b] + extra)
         return ref.shared_time(parent, length_of, cost) + ref.child_time(child, parent, length_of, cost)
 
     every = bins[0] + bins[1]
     for b in every:
         assert fill.time(b) == pytest.approx(bin_time(b), rel=REL)
     budget = cluster.tokens_per_rank
-    for i in range(len(fill.parent_members[0]), n):
+    for i in range(len(fill.placed_items), n):
         room = [
             b
             for b in every
