@@ -23,6 +23,7 @@ not share. A test holds a step priced from kept parents to a fresh estimate's pr
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from itertools import chain
 from operator import attrgetter
@@ -166,9 +167,8 @@ class PlanEstimate:
         cost = cost.for_cluster(cluster)
         self.length_of, self.cluster, self.cost = length_of, cluster, cost
         ids = list(length_of)
-        lens = np.array([length_of[s] for s in ids], dtype=np.float64)
+        lens = np.fromiter(length_of.values(), dtype=np.float64, count=len(ids))
         # per-sample terms as arrays (parent_times) and by id (parent_time)
-        self._row = {s: k for k, s in enumerate(ids)}
         # ids -> rows as an array lookup where the ids are not much sparser than the samples
         # (every planner's step: ids 0..n-1), else through the dict (rows_of)
         self._ids = id_arr = np.fromiter(ids, dtype=np.int64, count=len(ids))  # row -> id
@@ -184,6 +184,19 @@ class PlanEstimate:
         self._per_row: tuple | None = None  # per sample: full attention, sparse attention, blocks
         self.linear = dict(zip(ids, self._lin.tolist()))
         self.full = dict(zip(ids, self._full.tolist()))
+
+    @functools.cached_property
+    def _row(self) -> dict[int, int]:
+        """Sample id -> its row (made when first read: most steps' ids index an array, rows_of)."""
+        return {s: k for k, s in enumerate(self._ids.tolist())}
+
+    @functools.cached_property
+    def longest_first(self) -> np.ndarray:
+        """Each sample's place in (longest first, then by id) order, by its row (the rebalances of
+        a step share it)."""
+        rank = np.empty(len(self._ids), dtype=np.int64)
+        rank[np.lexsort((self._ids, -self._len))] = np.arange(len(self._ids))
+        return rank
 
     def rows_of(self, ids: Iterable[int], count: int = -1) -> np.ndarray:
         """The rows of sample ids (in the per-sample arrays), in order; KeyError naming an id not in the step."""
@@ -224,16 +237,21 @@ class PlanEstimate:
         return self.cost.shared_time(sum(self.full[s] for s in g.samples), g.size) + slowest
 
     def parent_times(self, parents) -> np.ndarray:
-        """parent_time of every ParentPlan at once (the same arithmetic, summed with numpy)."""
+        """parent_time of every ParentPlan at once (the same arithmetic, summed with numpy), from
+        the parents' gathered arrays (_Known: a step_time of the same parents gathers nothing again)."""
         parents = list(parents)
         if not parents:
             return np.zeros(0)
-        self._refuse_halo(parents)
-        kids, owner, counts, sizes, _, _ = _gather(parents)
-        nk = len(kids)
-        rows = self.rows_of(chain.from_iterable(map(_samples, kids)), int(counts.sum()))
-        of = np.repeat(np.arange(nk), counts)
-        psize = np.fromiter((pp.group.size for pp in parents), dtype=np.int64, count=len(parents))
+        known = self._known
+        at = known.find(parents, self)
+        kid_at, owner = _spans(known.kid0[at], known.nkid[at])
+        if known.halo[kid_at].any():
+            self._refuse_halo(parents)
+        counts, sizes = known.count[kid_at], known.size[kid_at]
+        nk = len(kid_at)
+        row_at, of = _spans(known.row0[kid_at], counts)
+        rows = known.rows[row_at]
+        psize = known.psize[at]
         lin = np.bincount(of, self._lin[rows], nk)
         tok = np.bincount(of, self._len[rows], nk)
         full = np.bincount(of, self._full[rows], nk)
@@ -248,8 +266,7 @@ class PlanEstimate:
         widths, width_of = np.unique(psize, return_inverse=True)
         fixed = np.array([self.cost.parent_fixed(p) for p in widths.tolist()])[width_of]
         times = pfull / psize + fixed + slowest  # cost.shared_time + the slowest child
-        empty = np.array([not pp.group.samples for pp in parents])
-        times[empty] = 0.0
+        times[np.bincount(owner, counts, len(parents)) == 0] = 0.0  # a parent without samples
         return times
 
     def plan_time(self, parents) -> float:
@@ -301,8 +318,11 @@ class PlanEstimate:
         else:
             known = self._known
             at = known.find(parents, self)
-            todo = np.unique(at[~known.priced[at]])
-            if len(todo):
+            fresh = at[~known.priced[at]]
+            if len(fresh):  # the parents never priced, each once, in index order
+                mark = np.zeros(len(known.held), dtype=bool)
+                mark[fresh] = True
+                todo = np.flatnonzero(mark)
                 sequence, ends = self._stretch_ends([known.held[k] for k in todo.tolist()])
                 known.keep_ends(todo, sequence, ends)
             sequence = known.sequence

@@ -11,7 +11,6 @@ below the old slowest time, so the step estimate (the max over groups) never ris
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 from itertools import chain
 
@@ -79,7 +78,8 @@ class _GroupState:
             self.config, self.time = hint, self.price(hint)
             return
         kids = None
-        ids = sorted(ids, key=self.prices.order.__getitem__)  # longest first, then by id
+        length_of = self.prices.length_of
+        ids = sorted(ids, key=lambda s: (-length_of[s], s))  # longest first, then by id
         lens = tuple(map(self.prices.length_of.__getitem__, ids))
         if self.wide and ids and lens[0] <= self.prices.node_cap:
             sol = solve_sorted(lens, self.size, self.prices.cluster, self.prices.cost, True)
@@ -188,14 +188,7 @@ class _StepPrices:
         self.est = est
         self.linear, self.full = est.linear, est.full
         self._children_problems: dict[int, ChildProblem] = {}
-        # each sample's place in (longest first, then by id) order, by its row in the estimate
-        self._rank = np.empty(len(est._ids), dtype=np.int64)
-        self._rank[np.lexsort((est._ids, -est._len))] = np.arange(len(est._ids))
-
-    @functools.cached_property
-    def order(self) -> dict[int, int]:
-        """Each sample's place in (longest first, then by id) order: a sort key without a tuple per sample."""
-        return dict(zip(self.length_of, self._rank.tolist()))
+        self._rank = est.longest_first  # each sample's place in (longest first, then by id) order, by its row
 
     def sample_cost(self, s: int) -> float:
         """A sample's seconds on one rank (cost.sample_cost: its linear plus its full-attention seconds)."""
