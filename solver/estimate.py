@@ -33,7 +33,7 @@ import numpy as np
 from .cluster import Cluster
 from .cost import CostModel, rank_time
 from .layout import rank_tokens
-from .plan import StepPlan
+from .plan import ParentPlan, StepPlan
 from .reference import halo_seconds, state_load
 from .simulator import redistributions
 from .timeline import Groups, Phases, step_end, stretch_ends
@@ -181,9 +181,20 @@ class PlanEstimate:
         self._full = np.asarray(cost.full_cost(lens), dtype=np.float64)
         self._steps: dict[int, tuple] = {}  # id -> (parents tuple, its step_time)
         self._known = _Known()  # the parents step_time has seen, gathered once each
+        self._own: dict[tuple[int, str], ParentPlan] = {}  # own_layout's plans
         self._per_row: tuple | None = None  # per sample: full attention, sparse attention, blocks
         self.linear = dict(zip(ids, self._lin.tolist()))
         self.full = dict(zip(ids, self._full.tolist()))
+
+    def own_layout(self, group, reason: str) -> ParentPlan:
+        """ParentPlan(group, (group,), reason), one object per Group object and reason on this
+        step: the plans a planner compares (the parent solver's with and without repacking) share
+        the parents they leave alone, and step_time prices a shared parent once."""
+        key = (id(group), reason)
+        kept = self._own.get(key)
+        if kept is None:
+            kept = self._own[key] = ParentPlan(group, (group,), reason)  # it holds the group, so the id stays its
+        return kept
 
     @functools.cached_property
     def _row(self) -> dict[int, int]:

@@ -370,11 +370,13 @@ def joint_parents(
     if not repack:
         node = cluster.gpus_per_node
         polished = rebalance(start, length_of, cluster, cost, repack=False, est=est)
-        parents = tuple(ParentPlan(g, (g,), NODE_LOCAL if g.size <= node else DISABLED) for g, _ in polished)
+        parents = tuple(est.own_layout(g, NODE_LOCAL if g.size <= node else DISABLED) for g, _ in polished)
         return parents, est.parent_times(parents).tolist()
     parents = []
     for g, kids in rebalance(start, length_of, cluster, cost, est=est):
-        if kids is None:
+        if g.size <= cluster.gpus_per_node:
+            pp = est.own_layout(g, NODE_LOCAL)  # solve_children's answer for a node-local parent
+        elif kids is None:
             pp = ParentPlan(g, *solve_children(g, length_of, cluster, cost))
         else:
             pp = ParentPlan(g, *polish_children(g, kids, length_of, cluster, cost))
