@@ -322,25 +322,25 @@ def assign_with_children(
     if kept is not StepMemo.MISS:
         return kept
     fill = _BinFill(cluster, cost, linear, full, lengths)
-    parent_bins = []
+    anchor_bins = []  # each anchor's parent's bins (the SP1 groups after the anchors hold one bin each)
     for k, (_, w) in enumerate(groups[: len(anchors)]):
         bins = fill.add_parent(w, decisions[k])
-        parent_bins.append(bins)
+        anchor_bins.append(bins)
         fill.add(bins[0], int(anchors[k]))
-    parent_bins += [[b] for b in fill.add_own_parents(1, len(groups) - len(anchors))]  # the SP1 groups after the anchors
+    fill.add_own_parents(1, len(groups) - len(anchors))
     failed, _ = fill.place_all(rest)  # a list of ints, costliest first
     if failed >= 0:
         raise unplaceable(samples, failed, lengths, cluster)
     sid = np.fromiter((s.id for s in samples), dtype=np.int64, count=len(samples))
     members, bin_members = fill.members(sid), None
     out = []
-    for k, (start, w) in enumerate(groups):
-        bins = parent_bins[k]
+    for k, bins in enumerate(anchor_bins):
         kids = None
         if len(bins) > 1:
             bin_members = bin_members or fill.members(sid, of_bins=True)
             kids = tuple((fill.bin_size[b], bin_members[b]) for b in bins)
-        out.append((Group(start, w, members[k]), kids))
+        out.append((Group(*groups[k], members[k]), kids))
+    out += [(Group(start, w, ids), None) for (start, w), ids in zip(groups[len(anchors) :], members[len(anchors) :])]
     out = tuple(out)
     _JOINT.put(samples, key, out)
     return out

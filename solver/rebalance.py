@@ -197,7 +197,7 @@ class _StepPrices:
     def own_layouts(self, groups: Sequence[Sequence[int]], sizes: Sequence[int]) -> _OwnLayouts:
         """The configuration of parents in their own layout, each with its members sorted (longest
         first, then by id) and their sums, as _GroupState.set and sums make them, for many parents
-        at once. Every parent's members are sorted in one lexsort; the members of parents with as
+        at once. Every parent's members are sorted in one sort; the members of parents with as
         many members stand in the columns of one array, summed row by row (each column a sum in
         its members' order, each addition the one Python's sum makes, so every float is the same),
         where one sum per parent costs a Python loop over every sample of the step."""
@@ -205,7 +205,8 @@ class _StepPrices:
         counts = np.fromiter(map(len, groups), dtype=np.int64, count=len(groups))
         rows = est.rows_of(chain.from_iterable(groups), int(counts.sum()))
         owner = np.repeat(np.arange(len(groups)), counts)
-        rows = rows[np.lexsort((self._rank[rows], owner))]  # each parent's members, longest first, then by id
+        # each parent's members, longest first, then by id (one distinct key per member, one sort)
+        rows = rows[np.argsort(owner * len(self._rank) + self._rank[rows])]
         starts = np.concatenate(([0], np.cumsum(counts)[:-1])).astype(np.int64)
         full, linear, lens = est._full, est._lin, est._len.astype(np.int64)
         size_of = np.asarray(sizes, dtype=np.int64)

@@ -24,6 +24,7 @@ parent's node-local children inside it.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import operator
 from collections.abc import Sequence
@@ -50,17 +51,23 @@ class _Search:
         self.length_of = est.length_of
         self.node = cluster.gpus_per_node
         self.widest = cost.widest_group(cluster)
-        self.ids = [s.id for s in samples]
-        if est.cost is cost and self.ids == est._ids.tolist():  # the estimate's rows are the samples' (the planner's): its terms
-            self.index, lengths, self.linear, self.full = est._row, est._len.astype(np.int64), est._lin, est._full
+        ids = np.fromiter((s.id for s in samples), dtype=np.int64, count=len(samples))
+        self._est_rows = est.cost is cost and np.array_equal(ids, est._ids)  # the planner's: the estimate's rows are the samples'
+        if self._est_rows:  # its terms
+            lengths, self.linear, self.full = est._len.astype(np.int64), est._lin, est._full
         else:
-            self.index = {s: i for i, s in enumerate(self.ids)}
+            self._ids = ids.tolist()
             lengths = np.array([s.length for s in samples], dtype=np.int64)
             self.linear = np.asarray(cost.linear_cost(lengths), dtype=np.float64)
             self.full = np.asarray(cost.full_cost(lengths), dtype=np.float64)
         self.lengths = lengths
         self.sample_cost = self.linear + self.full  # cost.sample_cost
         self.target = float(self.sample_cost.sum()) / cluster.world_size  # the per-rank share the anchor rules use
+
+    @functools.cached_property
+    def index(self) -> dict[int, int]:
+        """Sample id -> its row in the per-sample arrays (made when a move first reads it)."""
+        return self.est._row if self._est_rows else {s: i for i, s in enumerate(self._ids)}
 
     # ----- pricing ----------------------------------------------------------------------------------
     def parent(self, size: int, ids: Sequence[int], kids=None) -> tuple[ParentPlan, float]:
