@@ -326,25 +326,37 @@ class PlanEstimate:
         """The step's end (timeline.step_end) from each parent's stretch ends (timeline.stretch_ends):
         a parent's are computed the first time a step holds it and kept (_Known.ends), so a plan
         that shares most of its parents with one priced before is priced from the few it does not
-        (the ways choose compares, a width search's moves). floor: floor_time's units, not kept."""
+        (the ways choose compares, a width search's moves). floor: floor_time's units; its parents
+        no wider than a node are units as a step prices them (their ends kept), only the wider
+        ones' floor units are computed afresh, and not kept."""
         parents = list(parents)
         cost, world = self.cost, self.cluster.world_size
         if floor:
-            sequence, ends = self._stretch_ends(parents, floor=True)
-            latest = ends.max(axis=1).tolist()
+            node = self.cluster.gpus_per_node
+            wide = [pp for pp in parents if pp.group.size > node]
+            sequence, latest = self._kept_latest([pp for pp in parents if pp.group.size <= node])
+            if wide:
+                sequence, ends = self._stretch_ends(wide, floor=True)
+                latest = np.maximum(latest, ends.max(axis=1)) if latest is not None else ends.max(axis=1)
         else:
-            known = self._known
-            at = known.find(parents, self)
-            fresh = at[~known.priced[at]]
-            if len(fresh):  # the parents never priced, each once, in index order
-                mark = np.zeros(len(known.held), dtype=bool)
-                mark[fresh] = True
-                todo = np.flatnonzero(mark)
-                sequence, ends = self._stretch_ends([known.held[k] for k in todo.tolist()])
-                known.keep_ends(todo, sequence, ends)
-            sequence = known.sequence
-            latest = known.ends[:, at].max(axis=1).tolist()
-        return step_end(sequence, latest) + cost.grad_sync_time(world) + cost.optimizer_time(world)
+            sequence, latest = self._kept_latest(parents)
+        return step_end(sequence, latest.tolist()) + cost.grad_sync_time(world) + cost.optimizer_time(world)
+
+    def _kept_latest(self, parents: list) -> tuple[list, np.ndarray | None]:
+        """(the step's sequence of stretches, each kind's latest end over these parents), from their
+        kept stretch ends, computing those of the parents never priced (None for no parents)."""
+        known = self._known
+        if not parents:
+            return known.sequence, None
+        at = known.find(parents, self)
+        fresh = at[~known.priced[at]]
+        if len(fresh):  # the parents never priced, each once, in index order
+            mark = np.zeros(len(known.held), dtype=bool)
+            mark[fresh] = True
+            todo = np.flatnonzero(mark)
+            sequence, ends = self._stretch_ends([known.held[k] for k in todo.tolist()])
+            known.keep_ends(todo, sequence, ends)
+        return known.sequence, known.ends[:, at].max(axis=1)
 
     def _stretch_ends(self, parents: list, floor: bool = False) -> tuple[list[tuple[int, float]], np.ndarray]:
         """timeline.stretch_ends of these parents' units: (the sequence of stretches, each kind's
