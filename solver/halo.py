@@ -137,10 +137,14 @@ def _halo_children_for(
     return tuple(sorted(kids, key=lambda c: c.start))
 
 
-def solve_halo_children(parent: Group, length_of: Mapping[int, int], cluster: Cluster, cost: CostModel) -> tuple[tuple[Group, ...], str]:
+def solve_halo_children(
+    parent: Group, length_of: Mapping[int, int], cluster: Cluster, cost: CostModel, priced: dict | None = None
+) -> tuple[tuple[Group, ...], str]:
     """Halo children for a wide parent (the best of a few per-rank targets), or its own layout with
-    the reason when none fits the token budget or halo children do not beat it."""
+    the reason when none fits the token budget or halo children do not beat it. `priced`: the
+    parent's time by its children (_price), shared with a caller that prices them too."""
     cost = cost.for_cluster(cluster)
+    priced = {} if priced is None else priced
     cost.sparse.check_local()
     ids = sorted(parent.samples, key=lambda s: (-length_of[s], s))
     lin = dict(zip(ids, per_sample(cost.linear_cost, ids, length_of)))
@@ -149,15 +153,25 @@ def solve_halo_children(parent: Group, length_of: Mapping[int, int], cluster: Cl
     for scale in HALO_TARGET_SCALES:
         kids = _halo_children_for(parent, ids, length_of, cluster, cost, scale * mean, lin)
         if kids is not None:
-            t = parent_time(ParentPlan(parent, kids), length_of, cost)
+            t = _price(parent, kids, length_of, cost, priced)
             if t < best_t:
                 best, best_t = kids, t
     if best is None:
         return (parent,), "no halo children fit the token budget"
-    own = parent_time(ParentPlan(parent, (parent,), "own"), length_of, cost)
+    own = _price(parent, (parent,), length_of, cost, priced)
     if best_t >= own:
         return (parent,), f"halo children do not pay: {best_t * 1e3:.1f} ms vs {own * 1e3:.1f} ms in the parent layout (estimated)"
     return best, "" if ParentPlan(parent, best).repacked else HALO_PARENT  # one sample over every rank: its own layout
+
+
+def _price(parent: Group, children: tuple[Group, ...], length_of: Mapping[int, int], cost: CostModel, priced: dict) -> float:
+    """parent_time of the parent with these children, each set of children priced once (`priced`,
+    keyed by the children: the halo solver's targets may give the same ones, and choose_children
+    prices again what it solved)."""
+    t = priced.get(children)
+    if t is None:
+        t = priced[children] = parent_time(ParentPlan(parent, children), length_of, cost)
+    return t
 
 
 def choose_children(
@@ -167,6 +181,7 @@ def choose_children(
     children (`repack`, as the child solver left them), halo children, and the mix of repack's
     children each as Ulysses or as halo."""
     cost = cost.for_cluster(cluster)
+    priced: dict[tuple[Group, ...], float] = {}  # the parent's time by its children (_price)
     cands = [ParentPlan(parent, (parent,), "the parent layout is the cheapest (choose)")]
     kids, reason = repack
     if not reason:
@@ -183,8 +198,8 @@ def choose_children(
             )
             cands.append(ParentPlan(parent, mixed))
     if cost.sparse.first_key is not None:
-        halo_kids, halo_reason = solve_halo_children(parent, length_of, cluster, cost)
+        halo_kids, halo_reason = solve_halo_children(parent, length_of, cluster, cost, priced)
         if halo_kids != (parent,):
             cands.append(ParentPlan(parent, halo_kids, halo_reason))
         cands.append(own_layout_halo(parent, length_of, cost))
-    return min(cands, key=lambda pp: parent_time(pp, length_of, cost))
+    return min(cands, key=lambda pp: _price(parent, pp.children, length_of, cost, priced))
