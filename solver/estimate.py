@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterable
-from itertools import chain
+from itertools import chain, repeat
 from operator import attrgetter
 
 import numpy as np
@@ -118,13 +118,12 @@ class _Known:
 
     def find(self, parents: list, est: PlanEstimate) -> np.ndarray:
         """Each parent's index, gathering the ones not seen before."""
-        get = self.index.get
-        at = [get(i, -1) for i in map(id, parents)]
-        new = [pp for pp, k in zip(parents, at) if k < 0]
-        if new:
-            self._add(new, est)
-            at = [get(i) for i in map(id, parents)]
-        return np.array(at, dtype=np.int64)
+        get, n = self.index.get, len(parents)
+        at = np.fromiter(map(get, map(id, parents), repeat(-1, n)), dtype=np.int64, count=n)
+        if (at < 0).any():
+            self._add([parents[k] for k in np.flatnonzero(at < 0).tolist()], est)
+            at = np.fromiter(map(get, map(id, parents)), dtype=np.int64, count=n)
+        return at
 
     def _add(self, new: list, est: PlanEstimate) -> None:
         kids, owner, counts, sizes, firsts, halo = _gather(new, by_start=True)
@@ -419,17 +418,23 @@ class PlanEstimate:
             tok_s = tok_f = np.where(free, mean, tok_s)
         zero = np.zeros(nu)
 
-        def ulysses(priced: CostModel, tok: np.ndarray, sizes: np.ndarray, layer_type: str, entry: bool):
+        def ulysses(priced: CostModel, tok: np.ndarray, sizes: tuple[list, np.ndarray], layer_type: str, entry: bool):
             """(intra, inter) seconds of one all-to-all for a rank of each unit holding `tok` rows
-            in an aligned group of `sizes` (its peers on and off its node follow from the size)."""
-            lines = np.zeros((4, nu))
-            for n in np.unique(sizes).tolist():
+            in an aligned group of its size (`sizes`: the distinct sizes, and each unit's among
+            them; its peers on and off its node follow from the size)."""
+            table = np.zeros((4, len(sizes[0])))
+            for k, n in enumerate(sizes[0]):
                 rb = priced.entry_row_bytes(n, layer_type) if entry else priced.exit_row_bytes(layer_type)
                 at0, at1 = priced.exchange_time(0.0, 0, n, 0, rb), priced.exchange_time(1.0, 0, n, 0, rb)
-                lines[:, sizes == n] = np.array([at1[0] - at0[0], at0[0], at1[1] - at0[1], at0[1]])[:, None]
+                table[:, k] = (at1[0] - at0[0], at0[0], at1[1] - at0[1], at0[1])
+            lines = table[:, sizes[1]]
             return lines[0] * tok + lines[1], lines[2] * tok + lines[3]
 
-        psizes, csizes = psize.astype(np.int64)[owner][unit_of], size[unit_of]
+        def distinct(sizes: np.ndarray) -> tuple[list, np.ndarray]:
+            values, of = np.unique(sizes, return_inverse=True)
+            return values.tolist(), of
+
+        psizes, csizes = distinct(psize.astype(np.int64)[owner][unit_of]), distinct(size[unit_of])
 
         def exchanges(priced: CostModel):
             """(full entry, full exit, sparse entry, sparse exit), each (intra, inter) per unit."""

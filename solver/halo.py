@@ -34,7 +34,7 @@ from .cluster import Cluster, ceil_div
 from .cost import CostModel
 from .layout import Group
 from .plan import ParentPlan
-from .reference import child_time, halo_pass, parent_time, per_sample
+from .reference import child_time, halo_pass, per_sample, shared_time
 
 HALO_PARENT = "its own layout; sparse layers by halo exchange (parent+halo)"
 HALO_TARGET_SCALES = (1.0, 0.75, 1.5, 0.5, 2.0)  # per-rank targets (the parent's mean load x these) the halo solver tries
@@ -137,14 +137,44 @@ def _halo_children_for(
     return tuple(sorted(kids, key=lambda c: c.start))
 
 
+class _Prices:
+    """solver.reference.parent_time of one parent with given children (its shared part plus its
+    slowest child's), each set of children and each child priced once: the halo solver's targets
+    give many of the same children, and choose_children prices again what it solved."""
+
+    def __init__(self, parent: Group, length_of: Mapping[int, int], cost: CostModel):
+        self.parent, self.length_of, self.cost = parent, length_of, cost
+        self._shared: float | None = None
+        self._child: dict[Group, float] = {}
+        self._plan: dict[tuple[Group, ...], float] = {}
+
+    def child(self, c: Group) -> float:
+        t = self._child.get(c)
+        if t is None:
+            t = self._child[c] = child_time(c, self.parent, self.length_of, self.cost)
+        return t
+
+    def __call__(self, children: tuple[Group, ...]) -> float:
+        t = self._plan.get(children)
+        if t is None:
+            if not self.parent.samples:
+                t = 0.0
+            else:
+                if self._shared is None:
+                    self._shared = shared_time(self.parent, self.length_of, self.cost)
+                t = self._shared + max(map(self.child, children))
+            self._plan[children] = t
+        return t
+
+
 def solve_halo_children(
-    parent: Group, length_of: Mapping[int, int], cluster: Cluster, cost: CostModel, priced: dict | None = None
+    parent: Group, length_of: Mapping[int, int], cluster: Cluster, cost: CostModel, priced: _Prices | None = None
 ) -> tuple[tuple[Group, ...], str]:
     """Halo children for a wide parent (the best of a few per-rank targets), or its own layout with
     the reason when none fits the token budget or halo children do not beat it. `priced`: the
-    parent's time by its children (_price), shared with a caller that prices them too."""
+    parent's prices (_Prices), shared with a caller that prices its children too."""
     cost = cost.for_cluster(cluster)
-    priced = {} if priced is None else priced
+    priced = _Prices(parent, length_of, cost) if priced is None else priced
     cost.sparse.check_local()
     ids = sorted(parent.samples, key=lambda s: (-length_of[s], s))
     lin = dict(zip(ids, per_sample(cost.linear_cost, ids, length_of)))
@@ -153,25 +183,15 @@ def solve_halo_children(
     for scale in HALO_TARGET_SCALES:
         kids = _halo_children_for(parent, ids, length_of, cluster, cost, scale * mean, lin)
         if kids is not None:
-            t = _price(parent, kids, length_of, cost, priced)
+            t = priced(kids)
             if t < best_t:
                 best, best_t = kids, t
     if best is None:
         return (parent,), "no halo children fit the token budget"
-    own = _price(parent, (parent,), length_of, cost, priced)
+    own = priced((parent,))
     if best_t >= own:
         return (parent,), f"halo children do not pay: {best_t * 1e3:.1f} ms vs {own * 1e3:.1f} ms in the parent layout (estimated)"
     return best, "" if ParentPlan(parent, best).repacked else HALO_PARENT  # one sample over every rank: its own layout
-
-
-def _price(parent: Group, children: tuple[Group, ...], length_of: Mapping[int, int], cost: CostModel, priced: dict) -> float:
-    """parent_time of the parent with these children, each set of children priced once (`priced`,
-    keyed by the children: the halo solver's targets may give the same ones, and choose_children
-    prices again what it solved)."""
-    t = priced.get(children)
-    if t is None:
-        t = priced[children] = parent_time(ParentPlan(parent, children), length_of, cost)
-    return t
 
 
 def choose_children(
@@ -181,7 +201,7 @@ def choose_children(
     children (`repack`, as the child solver left them), halo children, and the mix of repack's
     children each as Ulysses or as halo."""
     cost = cost.for_cluster(cluster)
-    priced: dict[tuple[Group, ...], float] = {}  # the parent's time by its children (_price)
+    priced = _Prices(parent, length_of, cost)
     cands = [ParentPlan(parent, (parent,), "the parent layout is the cheapest (choose)")]
     kids, reason = repack
     if not reason:
@@ -202,4 +222,4 @@ def choose_children(
         if halo_kids != (parent,):
             cands.append(ParentPlan(parent, halo_kids, halo_reason))
         cands.append(own_layout_halo(parent, length_of, cost))
-    return min(cands, key=lambda pp: _price(parent, pp.children, length_of, cost, priced))
+    return min(cands, key=lambda pp: priced(pp.children))

@@ -99,9 +99,12 @@ def rank_tokens(
     else:
         n = np.asarray(lengths).astype(np.int64)
     sizes, starts = np.repeat(shape[1], counts), np.repeat(shape[2], counts)
+    if not pieces and (sizes == 1).all():  # every sample whole on one rank
+        return np.bincount(starts, n, world).astype(np.float64)
     per = np.repeat(np.arange(len(n)), sizes)  # one entry per (sample, rank of its group)
     j = np.arange(len(per)) - np.repeat(np.cumsum(sizes) - sizes, sizes)
-    held = (n[per] * (j + 1)) // sizes[per] - (n[per] * j) // sizes[per]
+    n_of, s_of = n[per], sizes[per]
+    held = (n_of * (j + 1)) // s_of - (n_of * j) // s_of
     return np.bincount(starts[per] + j, held > 0 if pieces else held, world).astype(np.float64)
 
 
