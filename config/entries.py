@@ -243,6 +243,13 @@ def _fills_ok(v) -> bool:
         return False
 
 
+def _ranks_ok(v) -> bool:
+    try:
+        return isinstance(v, str) and all((r := int(x)) >= 64 and r & (r - 1) == 0 for x in v.split(","))
+    except ValueError:
+        return False
+
+
 @dataclass(frozen=True)
 class SolverBenchOptions(Section):
     """The planner's bench: plan time against the baseline's, and the heuristics' gap to the exact optimum."""
@@ -254,6 +261,10 @@ class SolverBenchOptions(Section):
     fills: str = setting(
         "0.5,0.95", "the fills of the cluster's tokens its steps are planned at, comma-separated (0.95: the ablation's)",
         Check("a comma-separated list of fills in (0, 1]", _fills_ok),
+    )  # fmt: skip
+    ranks: str = setting(
+        "64,256,1024,4096,16384", "the cluster sizes planned, comma-separated (above 4,096 ranks: one step); --quick plans 64 and 256",
+        Check("a comma-separated list of powers of two, each at least 64", _ranks_ok),
     )  # fmt: skip
     out: str = out("results")
 

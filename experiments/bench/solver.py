@@ -2,6 +2,7 @@
 
     python -m experiments.bench.solver            # 64 .. 4096 ranks (+ 16384, one step), 45 joint and 100 child instances
     python -m experiments.bench.solver --quick    # smaller, for a smoke run
+    python -m experiments.bench.solver --ranks 16384 --fills 0.5   # one row, in a process of its own
 
 A benchmark, not a test. It prints and writes (results/):
 - solver_bench.csv: planning time per mode, cluster size and fill (--fills: half the cluster's
@@ -236,7 +237,7 @@ def main(argv=None):
     with entry.user_errors():
         check_output_dir(args.out)
     cost = CostModel(s.model, s.hardware, costs=s.costs)  # bound to each cluster size it plans
-    sizes = [64, 256] if args.quick else [64, 256, 1024, 4096, 16384]
+    sizes = [64, 256] if args.quick else [int(x) for x in args.ranks.split(",")]
     ctx = provenance()
     core = "one thread"
     if hasattr(os, "sched_setaffinity"):  # Linux: pin to one core, as the target says
