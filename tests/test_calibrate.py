@@ -8,7 +8,7 @@ import pytest
 
 import experiments.ablation.__main__ as ablation
 from config import CostsConfig, HardwareConfig, ModelConfig, SettingError
-from experiments.calibrate.measure import calibrate, fit_all_to_all, fit_fixed_cost, runtime_step_plan
+from experiments.calibrate.measure import bare_layer_overhead, calibrate, fit_all_to_all, fit_fixed_cost, runtime_step_plan
 from solver import CostModel
 from solver.simulator import simulate
 from tests.dist_utils import run_distributed
@@ -39,7 +39,9 @@ def test_a_quick_calibration_writes_a_profile_the_planners_accept(tmp_path, caps
     assert m["runtime_step_sizes"] == {"own": 1, "node": 2, "wide": 4, "node-halo": 2} and m["runtime_step_tokens"] == 4
     assert all(t > 0 for t in m["runtime_step_s"].values())
     step = m["from_runtime_step"]
-    assert hw.layer_overhead == pytest.approx(max(m["layer_1_token_s"] / 3, step["layer_overhead"]))
+    # the isolated floor: a bare layer's forward share less its one attention call's (bare_layer_overhead)
+    alone = bare_layer_overhead(m["layer_1_token_s"], profile["fits"]["attention"]["sample_latency"])
+    assert hw.layer_overhead == pytest.approx(max(alone, step["layer_overhead"]))
     assert hw.a2a_latency == pytest.approx(max(net["intra"]["a2a_latency"], step["a2a_latency"]))
     assert hw.a2a_inter_latency == pytest.approx(max(net["inter"][net["reading"]]["a2a_inter_latency"], step["a2a_inter_latency"]))
     assert hw.halo_latency == pytest.approx(step["halo_latency"])  # no lone halo call to floor it: the halo step's fit
