@@ -34,7 +34,7 @@ from .cluster import Cluster, ceil_div
 from .cost import CostModel
 from .layout import Group
 from .plan import ParentPlan
-from .reference import child_time, halo_pass, per_sample, shared_time
+from .reference import child_time, halo_pass, parent_time, per_sample
 
 HALO_PARENT = "its own layout; sparse layers by halo exchange (parent+halo)"
 HALO_TARGET_SCALES = (1.0, 0.75, 1.5, 0.5, 2.0)  # per-rank targets (the parent's mean load x these) the halo solver tries
@@ -138,32 +138,18 @@ def _halo_children_for(
 
 
 class _Prices:
-    """solver.reference.parent_time of one parent with given children (its shared part plus its
-    slowest child's), each set of children and each child priced once: the halo solver's targets
-    give many of the same children, and choose_children prices again what it solved."""
+    """solver.reference.parent_time of one parent with given children, each set of children
+    priced once: the halo solver's targets often give the same children, and choose_children
+    prices again what it solved."""
 
     def __init__(self, parent: Group, length_of: Mapping[int, int], cost: CostModel):
         self.parent, self.length_of, self.cost = parent, length_of, cost
-        self._shared: float | None = None
-        self._child: dict[Group, float] = {}
         self._plan: dict[tuple[Group, ...], float] = {}
-
-    def child(self, c: Group) -> float:
-        t = self._child.get(c)
-        if t is None:
-            t = self._child[c] = child_time(c, self.parent, self.length_of, self.cost)
-        return t
 
     def __call__(self, children: tuple[Group, ...]) -> float:
         t = self._plan.get(children)
         if t is None:
-            if not self.parent.samples:
-                t = 0.0
-            else:
-                if self._shared is None:
-                    self._shared = shared_time(self.parent, self.length_of, self.cost)
-                t = self._shared + max(map(self.child, children))
-            self._plan[children] = t
+            t = self._plan[children] = parent_time(ParentPlan(self.parent, children), self.length_of, self.cost)
         return t
 
 

@@ -121,11 +121,12 @@ class _Search:
             if fill.place(local[s]) < 0:
                 return None
         out, names = [], np.array(pool, dtype=np.int64)
-        members, bin_members = fill.members(names), fill.members(names, of_bins=True)
+        members, bin_members = fill.members(names), None
         for k, size in enumerate(sizes):
             bins = [b for b in range(len(fill.bin_parent)) if fill.bin_parent[b] == k]
             kids = None
             if size > self.node and len(bins) > 1:
+                bin_members = bin_members or fill.members(names, of_bins=True)
                 kids = tuple((fill.bin_size[b], bin_members[b]) for b in bins)
             out.append(self.parent(size, members[k], kids))
         return out

@@ -493,9 +493,10 @@ def fit_fixed_costs(
     its "own" step). Each round is fitted on its own, in that order, each fit keeping the ones
     before it from the same round (the wide step's call latency is what that round's wide step
     took beyond that round's layers and calls inside a node), and each cost's figure is the median
-    of its rounds' fits, kept by keep_fit in order. A difference of two medians taken over separate spells of a shared machine is what made
-    single fits swing between runs (docs/calibration.md); the rounds' median drops a spell that
-    slowed one round. Returns the hardware, each cost's median fit, and its rounds' fits."""
+    of its rounds' fits, kept by keep_fit in order. A difference of two medians taken over
+    separate spells of a shared machine is what made single fits swing between runs
+    (docs/calibration.md); the rounds' median drops a spell that slowed one round. Returns the
+    hardware, each cost's median fit, and its rounds' fits."""
     present = [(field, key) for field, key in STEP_FITS if key in rounds]
     pair = SHORT_STEP in rounds and "own" in rounds  # the block cost first: the own step's one block pays it too
     count = {len(rounds[key]) for _, key in present} | ({len(rounds[SHORT_STEP])} if pair else set())
