@@ -67,7 +67,15 @@ class _GroupFill:
         self.tokens = [0] * len(groups)  # per-rank tokens, counting ceil(L / size) per sample
         self.members: list[list[int]] = [[] for _ in groups]
         self.budget = budget
-        self.fill = LeastLoaded(self.load.__getitem__, self.room)
+        size, tokens = self.size, self.tokens
+
+        def room(i: int) -> int:
+            """The longest sample group i can still take: ceil(n / size) more tokens per rank fit its
+            budget. A closure over the lists, not a method: the LeastLoaded below holds it, and a
+            bound method would make a cycle that keeps the fill alive until the cyclic collector runs."""
+            return size[i] * (budget - tokens[i])
+
+        self.fill = LeastLoaded(self.load.__getitem__, room)
         for i, w in enumerate(self.size):
             self.fill.add(w, i)
 
@@ -75,10 +83,6 @@ class _GroupFill:
         self.load[i] += (cost + self.comm_per_token[self.size[i]] * length) / self.size[i]
         self.tokens[i] += ceil_div(length, self.size[i])
         self.members[i].append(item)
-
-    def room(self, i: int) -> int:
-        """The longest sample group i can still take: ceil(n / size) more tokens per rank fit its budget."""
-        return self.size[i] * (self.budget - self.tokens[i])
 
     def place(self, item: int, cost: float, length: int) -> int:
         """Put the item in the group whose per-rank load stays lowest; -1 if none has room. Per

@@ -51,6 +51,7 @@ class _BinFill:
         # every placement, in order: the item and its bin (members() groups them)
         self.placed_items: list[int] = []
         self.placed_bins: list[int] = []
+        self.time, self.room = self._pricers()
         self.fill = LeastLoaded(self.time, self.room)
         self._entries: list[tuple] = []  # per shape: what place reads (_shapes)
         self._last = 0  # the shape of the last placement, looked at first
@@ -111,16 +112,30 @@ class _BinFill:
             line = self._lines[(c, size)] = (self.cost.child_line(c, size), rank_time(0.0, 0, c, self.cost.child_line(c, size)))
         return line
 
-    def room(self, b: int) -> int:
-        """The longest sample bin b can still take: its own ranks' budget and its parent's."""
-        p = self.bin_parent[b]
-        return min(
-            self.bin_size[b] * (self.budget - self.bin_rank_tokens[b]), self.parent_size[p] * (self.budget - self.parent_rank_tokens[p])
+    def _pricers(self):
+        """(time, room) of a bin, as closures over the fill's lists rather than methods: the
+        LeastLoaded the fill holds calls them, and a bound method would make a reference cycle
+        (fill -> LeastLoaded -> method -> fill) that keeps every list and heap of the fill alive
+        until the cyclic collector runs. The lists are only ever changed in place."""
+        budget, bin_parent, bin_size, bin_rank_tokens, bin_own = (
+            self.budget,
+            self.bin_parent,
+            self.bin_size,
+            self.bin_rank_tokens,
+            self.bin_own,
         )
+        parent_size, parent_rank_tokens, parent_shared = self.parent_size, self.parent_rank_tokens, self.parent_shared
 
-    def time(self, b: int) -> float:
-        """Bin b's time: its parent's shared time plus its own rank time (both kept up to date by add)."""
-        return self.parent_shared[self.bin_parent[b]] + self.bin_own[b]
+        def time(b: int) -> float:
+            """Bin b's time: its parent's shared time plus its own rank time (both kept up to date by add)."""
+            return parent_shared[bin_parent[b]] + bin_own[b]
+
+        def room(b: int) -> int:
+            """The longest sample bin b can still take: its own ranks' budget and its parent's."""
+            p = bin_parent[b]
+            return min(bin_size[b] * (budget - bin_rank_tokens[b]), parent_size[p] * (budget - parent_rank_tokens[p]))
+
+        return time, room
 
     def add(self, b: int, i: int) -> None:
         p, n = self.bin_parent[b], self.lengths[i]
