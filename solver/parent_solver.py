@@ -162,18 +162,19 @@ class _BinFill:
         ends = np.cumsum(np.bincount(key, minlength=len(self.bin_size) if of_bins else len(self.parent_size))).tolist()
         return [tuple(flat[a:b]) for a, b in zip([0, *ends[:-1]], ends)]
 
-    def _shapes(self) -> tuple[list[tuple], list[list[int]]]:
+    def _shapes(self) -> tuple[list[tuple], list[list[tuple]]]:
         """Per shape of bin, in the order the shapes were added: (shape, open heap, parked heap,
-        parent size, bin size, the cost line's slope); and per shape, the order to look at the
-        shapes in after it won (itself first, then the rest in order). Rebuilt when a parent adds
-        a shape."""
+        parent size, bin size, the cost line's slope); and per shape, what place_all looks at
+        after that shape won: every shape as (its index, open heap, parked heap, parent size, bin
+        size, slope), the winner first, then the rest in order. Rebuilt when a parent adds a
+        shape."""
         if len(self._entries) != len(self.fill.heaps):
             self._entries = [
                 (shape, heap, self.fill.parked[shape], shape[0], shape[1], self.cost.child_line(shape[1], shape[0])[0])
                 for shape, heap in self.fill.heaps.items()
             ]
             k = len(self._entries)
-            self._orders = [[last, *(j for j in range(k) if j != last)] for last in range(k)]
+            self._orders = [[(j, *self._entries[j][1:]) for j in (last, *(j for j in range(k) if j != last))] for last in range(k)]
         return self._entries, self._orders
 
     def place(self, i: int) -> int:
@@ -217,14 +218,16 @@ class _BinFill:
         last, best = self._last if self._last < len(entries) else 0, -1
         items = items if isinstance(items, list) else list(items)
         done = len(chosen)
+        heapreplace = heapq.heapreplace
         for i in items:
             n, lin, full = lengths[i], linears[i], fulls[i]
             best, best_t, best_k, bound = -1, INF, -1, INF
-            for k in orders[last]:
-                shape, heap, held, size, c, slope = entries[k]
-                may_open = held and -held[0][0] >= n  # a parked bin may fit this sample: the full query
-                if not may_open and (not heap or heap[0][0] + full / size + (lin + slope * n) / c > bound):
-                    continue  # nothing open, or no bin of the shape can beat the best so far
+            for k, heap, held, size, c, slope in orders[last]:
+                if heap:
+                    if heap[0][0] + full / size + (lin + slope * n) / c > bound and (not held or -held[0][0] < n):
+                        continue  # no bin of the shape can beat the best so far, and no parked one may fit
+                elif not held or -held[0][0] < n:
+                    continue  # nothing open, and no parked bin may fit
                 need = -(-n // c)
                 if need > budget:
                     continue
@@ -232,12 +235,12 @@ class _BinFill:
                 p = bin_parent[b]
                 if (
                     b < 0
-                    or may_open
+                    or (held and -held[0][0] >= n)
                     or heap[0][0] != parent_shared[p] + bin_own[b]
                     or bin_rank_tokens[b] + need > budget
                     or parent_rank_tokens[p] + -(-n // size) > budget
                 ):
-                    b = least_loaded(shape, n)
+                    b = least_loaded(entries[k][0], n)
                     if b < 0:
                         continue
                     p = bin_parent[b]
@@ -265,7 +268,7 @@ class _BinFill:
             chosen.append(best)
             heap = entries[best_k][1]
             if heap[0][1] == best:  # re-keyed at once (solver.fill); its siblings' entries when they surface
-                heapq.heapreplace(heap, (parent_shared[bin_parent[best]] + bin_own[best], best))
+                heapreplace(heap, (parent_shared[p] + bin_own[best], best))
         self._last = last
         self.placed_items += items
         return -1, best

@@ -117,9 +117,9 @@ class _Search:
             for j, s in enumerate(anch):
                 fill.add(bins[j] if kids is not None else bins[0], local[s])
                 placed.add(s)
-        for s in sorted((s for s in pool if s not in placed), key=lambda s: -self.sample_cost[self.index[s]]):
-            if fill.place(local[s]) < 0:
-                return None
+        rest = sorted((s for s in pool if s not in placed), key=lambda s: -self.sample_cost[self.index[s]])
+        if fill.place_all([local[s] for s in rest])[0] >= 0:
+            return None
         out, names = [], np.array(pool, dtype=np.int64)
         members, bin_members = fill.members(names), None
         for k, size in enumerate(sizes):
