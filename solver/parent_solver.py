@@ -85,8 +85,9 @@ class _BinFill:
 
     def add_own_parents(self, size: int, count: int) -> range:
         """`count` empty parents of `size` ranks in their own layout: add_parent(size, None) of
-        each, in bulk (the SP1 groups the assignment lays out after its anchors: most of a large
-        step's parents). Returns their bins, one each."""
+        each, in bulk (the SP1 groups the assignment lays out after its anchors, and each run of
+        anchors of one width without children: most of a large step's parents). Returns their
+        bins, one each."""
         p0, b0 = len(self.parent_size), len(self.bin_size)
         line = self._line(size, size)
         self.parent_size += [size] * count
@@ -341,11 +342,21 @@ def assign_with_children(
         return kept
     fill = _BinFill(cluster, cost, linear, full, lengths)
     anchor_bins = []  # each anchor's parent's bins (the SP1 groups after the anchors hold one bin each)
-    for k, (_, w) in enumerate(groups[: len(anchors)]):
-        bins = fill.add_parent(w, decisions[k])
-        anchor_bins.append(bins)
-        fill.add(bins[0], int(anchors[k]))
-    fill.add_own_parents(1, len(groups) - len(anchors))
+    k, n_anchors = 0, len(anchors)
+    while k < n_anchors:
+        w = groups[k][1]
+        if decisions[k] is None:  # a run of anchors of one width in their own layout: their parents at once
+            run = k + 1
+            while run < n_anchors and decisions[run] is None and groups[run][1] == w:
+                run += 1
+            anchor_bins += [[b] for b in fill.add_own_parents(w, run - k)]
+        else:
+            run = k + 1
+            anchor_bins.append(fill.add_parent(w, decisions[k]))
+        for j in range(k, run):
+            fill.add(anchor_bins[j][0], int(anchors[j]))
+        k = run
+    fill.add_own_parents(1, len(groups) - n_anchors)
     failed, _ = fill.place_all(rest)  # a list of ints, costliest first
     if failed >= 0:
         raise unplaceable(samples, failed, lengths, cluster)
@@ -373,13 +384,13 @@ RESOLVE_NEAR_SLOWEST = 0.01
 
 def joint_parents(
     samples: Sequence[Sample], cluster: Cluster, cost: CostModel, est: PlanEstimate, repack: bool = True
-) -> tuple[tuple[ParentPlan, ...], list[float]] | None:
+) -> tuple[tuple[ParentPlan, ...], list[float] | None] | None:
     """Stages 1 and 2: parents and children filled together (assign_with_children), polished by
     moves and swaps between parents (rebalance) and inside them (polish_children); the slowest
     parents also get a child solve from scratch, the faster of the two kept. Returns the parents
-    and their PlanEstimate times; None when the joint fill cannot place the batch (the
-    assignment's fill may still have placed it). repack=False: the same stages with every parent
-    in its own layout (the attribution control)."""
+    and their PlanEstimate times (None where repack=False: nothing here reads them); None when
+    the joint fill cannot place the batch (the assignment's fill may still have placed it).
+    repack=False: the same stages with every parent in its own layout (the attribution control)."""
     length_of = est.length_of
     try:
         start = assign_with_children(samples, cluster, cost, repack)
@@ -388,8 +399,7 @@ def joint_parents(
     if not repack:
         node = cluster.gpus_per_node
         polished = rebalance(start, length_of, cluster, cost, repack=False, est=est)
-        parents = tuple(est.own_layout(g, NODE_LOCAL if g.size <= node else DISABLED) for g, _ in polished)
-        return parents, est.parent_times(parents).tolist()
+        return tuple(est.own_layout(g, NODE_LOCAL if g.size <= node else DISABLED) for g, _ in polished), None
     parents = []
     for g, kids in rebalance(start, length_of, cluster, cost, est=est):
         if g.size <= cluster.gpus_per_node:
@@ -417,16 +427,17 @@ def solve_parents(
     cost: CostModel,
     repack: bool = True,
     est: PlanEstimate | None = None,
-) -> tuple[tuple[ParentPlan, ...], list[float]]:
+) -> tuple[tuple[ParentPlan, ...], list[float] | None]:
     """The parent solver: joint_parents, kept only if its step (PlanEstimate.step_time) is no
     slower than `start`'s (the repack plan: the assigned parents with solved children; without repacking, the
     baseline plan), which is returned otherwise, so the result is never estimated slower than
-    its input. Returns the parents and the PlanEstimate time of each (the width solver starts
-    from them). `est`: the step's PlanEstimate, if the caller has one."""
+    its input. Returns the parents and the PlanEstimate time of each where joint_parents computed
+    them, else None (the width solver starts from them, and prices them itself where None).
+    `est`: the step's PlanEstimate, if the caller has one."""
     cost = cost.for_cluster(cluster)
     est = est or PlanEstimate({s.id: s.length for s in samples}, cluster, cost)
     start = tuple(start)
     joint = joint_parents(samples, cluster, cost, est, repack)
     if joint is None or est.step_time(joint[0]) > est.step_time(start):  # whole plans by the step the simulator charges
-        return start, est.parent_times(start).tolist()
+        return start, None
     return joint
