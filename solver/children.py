@@ -445,6 +445,14 @@ def solve_children(parent: Group, length_of: dict[int, int], cluster: Cluster, c
     ids, lengths, reason = _sorted_members(parent, length_of, cluster)
     if reason:
         return (parent,), reason
+    # no children beat the slowest of them at the child problem's lower bound: where that bound is
+    # no faster than the parent's own layout, the solve could only confirm the own layout
+    bound, own = child_problem(lengths, parent.size, cluster, cost).lower_bound(), cost.own_layout_time(lengths, parent.size)
+    if bound >= own:
+        return (parent,), (
+            f"repacking does not pay: any children take at least {bound * 1e3:.1f} ms vs "
+            f"{own * 1e3:.1f} ms in the parent layout (estimated sparse + token-wise time)"
+        )
     sol = solve_sorted(tuple(int(n) for n in lengths), parent.size, cluster, cost)
     return _choose(parent, ids, lengths, sol, cost)
 

@@ -583,3 +583,28 @@ def test_a_plan_makes_no_reference_cycles_and_leaves_the_collector_as_it_was(mod
         assert gc.isenabled()
     finally:
         (gc.enable if was else gc.disable)()
+
+
+def test_a_parent_no_children_can_speed_up_keeps_its_layout_as_the_exact_optimum_says():
+    """solve_children skips the child solve where the child problem's lower bound is no faster
+    than the parent's own layout. Held to the exact MILP optimum: on parents where that shortcut
+    is taken, no assignment of children beats the own layout; on a parent where it is not, the
+    solve still runs and repacks it."""
+    cluster = Cluster(16, 8, 32768)
+    cost = PAPER.for_cluster(cluster)
+    rng = np.random.default_rng(5)
+    taken = 0
+    for anchor, shorts in ((250_000, 12), (200_000, 6), (60_000, 20)):
+        lengths = {i: int(n) for i, n in enumerate([anchor, *rng.integers(200, 4000, shorts)])}
+        parent = Group(0, 16, tuple(lengths))
+        ordered = np.array(sorted(lengths.values(), reverse=True), dtype=np.int64)
+        p = child_problem(ordered, 16, cluster, cost)
+        own = cost.own_layout_time(ordered, 16)
+        kids, reason = solve_children(parent, lengths, cluster, cost)
+        if p.lower_bound() >= own:
+            taken += 1
+            assert kids == (parent,) and reason.startswith("repacking does not pay: any children take at least"), reason
+            assert solve_exact(p) >= own * (1 - 1e-9)
+        else:
+            assert kids != (parent,) and not reason, reason
+    assert 0 < taken < 3  # both paths ran
