@@ -182,6 +182,7 @@ class PlanEstimate:
         self._known = _Known()  # the parents step_time has seen, gathered once each
         self._own: dict[str, dict[int, ParentPlan]] = {}  # own_layout's plans, by reason and id(group)
         self._per_row: tuple | None = None  # per sample: full attention, sparse attention, blocks
+        self.kept_layouts: tuple | None = None  # the last start a rebalance laid out, and its layouts (rebalance)
         self.linear = dict(zip(ids, self._lin.tolist()))
         self.full = dict(zip(ids, self._full.tolist()))
 

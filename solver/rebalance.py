@@ -226,6 +226,19 @@ class _StepPrices:
             toks[0, js], toks[1, js] = n.sum(axis=0), (-(-n // size_of[js])).sum(axis=0)
         return _OwnLayouts(est._ids[rows].tolist(), starts.tolist(), counts.tolist(), size_of, sums, toks)
 
+    def start_layouts(self, start: Sequence[tuple[Group, Kids | None]]) -> _OwnLayouts:
+        """own_layouts of every parent of `start`, in its order, kept on the step's PlanEstimate
+        for the next rebalance from the same start object: choose rebalances the joint fill's
+        parents with and without repacking, from one start where no parent got children. Each
+        parent's sums are its own (summed in its members' order), whichever parents are laid out
+        with it, so a rebalance reads the same floats from layouts of more parents than it keeps."""
+        kept = self.est.kept_layouts
+        if kept is not None and kept[0] is start:
+            return kept[1]
+        layouts = self.own_layouts([g.samples for g, _ in start], [g.size for g, _ in start])
+        self.est.kept_layouts = (start, layouts)  # it holds the start, so the object stays the one compared
+        return layouts
+
     def sums(self, ids, size: int) -> tuple[float, float, int, int]:
         """Full-attention and linear seconds, tokens, and tokens per rank (chunks of ceil(L / size))
         of `ids` on `size` ranks, each summed in the order of `ids`."""
@@ -281,13 +294,11 @@ def rebalance(
     own, wide = [], []  # parents that keep their own layout, and the others
     for j, (g, _) in enumerate(start):
         (wide if repack and g.size > node else own).append(j)
-    own_groups = [start[j][0] for j in own]
-    layouts = prices.own_layouts([g.samples for g in own_groups], [g.size for g in own_groups])
-    at = dict(zip(own, range(len(own))))  # a parent's place in `layouts`
+    layouts = prices.start_layouts(start)  # every parent's, in start's order (the wide ones' unread here)
     states: list[_GroupState | None] = [None] * len(start)  # made when a move first reads the parent
     times = np.zeros(len(start))
     if own:
-        times[own] = layouts.times(prices.cost)
+        times[own] = layouts.times(prices.cost)[own]
     for j in wide:
         g, kids = start[j]
         states[j] = _GroupState(g, list(g.samples), prices, kids)
@@ -296,7 +307,7 @@ def rebalance(
     def state(j: int) -> _GroupState:
         s = states[j]
         if s is None:
-            s = states[j] = _GroupState(start[j][0], [], prices, None, layouts.membership(at[j]))
+            s = states[j] = _GroupState(start[j][0], [], prices, None, layouts.membership(j))
         return s
 
     max_moves = min(MOVES_PER_PARENT * len(states) + MOVES_BASE, MAX_MOVES) if max_moves is None else max_moves
@@ -346,9 +357,10 @@ def rebalance(
         times[worst], times[k] = src.time, states[k].time
     out = list(start)
     ids, firsts, counts = layouts.ids, layouts.starts, layouts.counts
-    for k, (j, g) in enumerate(zip(own, own_groups)):
+    for j in own:
+        g = start[j][0]
         if states[j] is None:  # never read: its own layout, its members sorted
-            held = tuple(ids[firsts[k] : firsts[k] + counts[k]])
+            held = tuple(ids[firsts[j] : firsts[j] + counts[j]])
             if held != g.samples or start[j][1] is not None:
                 out[j] = (Group(g.start, g.size, held), None)
     for j, s in enumerate(states):
