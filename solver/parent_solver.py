@@ -167,15 +167,18 @@ class _BinFill:
         """Per shape of bin, in the order the shapes were added: (shape, open heap, parked heap,
         parent size, bin size, the cost line's slope); and per shape, what place_all looks at
         after that shape won: every shape as (its index, open heap, parked heap, parent size, bin
-        size, slope), the winner first, then the rest in order. Rebuilt when a parent adds a
-        shape."""
+        size, slope, whether its bins are their parents' own layouts), the winner first, then the
+        rest in order. Rebuilt when a parent adds a shape."""
         if len(self._entries) != len(self.fill.heaps):
             self._entries = [
                 (shape, heap, self.fill.parked[shape], shape[0], shape[1], self.cost.child_line(shape[1], shape[0])[0])
                 for shape, heap in self.fill.heaps.items()
             ]
             k = len(self._entries)
-            self._orders = [[(j, *self._entries[j][1:]) for j in (last, *(j for j in range(k) if j != last))] for last in range(k)]
+            self._orders = [
+                [(j, *self._entries[j][1:], self._entries[j][0][2]) for j in (last, *(j for j in range(k) if j != last))]
+                for last in range(k)
+            ]
         return self._entries, self._orders
 
     def place(self, i: int) -> int:
@@ -223,7 +226,7 @@ class _BinFill:
         for i in items:
             n, lin, full = lengths[i], linears[i], fulls[i]
             best, best_t, best_k, bound = -1, INF, -1, INF
-            for k, heap, held, size, c, slope in orders[last]:
+            for k, heap, held, size, c, slope, own in orders[last]:
                 if heap:
                     if heap[0][0] + full / size + (lin + slope * n) / c > bound and (not held or -held[0][0] < n):
                         continue  # no bin of the shape can beat the best so far, and no parked one may fit
@@ -239,7 +242,7 @@ class _BinFill:
                     or (held and -held[0][0] >= n)
                     or heap[0][0] != parent_shared[p] + bin_own[b]
                     or bin_rank_tokens[b] + need > budget
-                    or parent_rank_tokens[p] + -(-n // size) > budget
+                    or (not own and parent_rank_tokens[p] + -(-n // size) > budget)  # an own layout's bin is its parent
                 ):
                     b = least_loaded(entries[k][0], n)
                     if b < 0:
@@ -249,7 +252,7 @@ class _BinFill:
                 a, fixed = bin_line[b]
                 t = ((parent_full[p] + full) / size + parent_fixed[p]) + ((bin_linear[b] + lin + a * (bin_tokens[b] + n)) / c + fixed)
                 if t < best_t or (t == best_t and k < best_k):
-                    best, best_t, best_k, bound = b, t, k, t * PRUNE_MARGIN
+                    best, best_t, best_k, bound, best_need, best_own = b, t, k, t * PRUNE_MARGIN, need, own
             if best < 0:
                 self._last = last
                 self.placed_items += items[: len(chosen) - done]
@@ -260,12 +263,12 @@ class _BinFill:
             size = parent_size[p]
             pf = parent_full[p] = parent_full[p] + full
             parent_shared[p] = pf / size + parent_fixed[p]  # cost.shared_time
-            parent_rank_tokens[p] += -(-n // size)
+            parent_rank_tokens[p] += best_need if best_own else -(-n // size)
             bl = bin_linear[best] = bin_linear[best] + lin
             bt = bin_tokens[best] = bin_tokens[best] + n
             a, fixed = bin_line[best]
             bin_own[best] = (bl + a * bt) / c + fixed  # cost.rank_time
-            bin_rank_tokens[best] += -(-n // c)
+            bin_rank_tokens[best] += best_need
             chosen.append(best)
             heap = entries[best_k][1]
             if heap[0][1] == best:  # re-keyed at once (solver.fill); its siblings' entries when they surface
