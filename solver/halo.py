@@ -25,6 +25,7 @@ Every candidate is priced by solver.reference.parent_time, the one definition of
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Mapping
 from dataclasses import replace
 
@@ -146,35 +147,49 @@ class _Prices:
         self.parent, self.length_of, self.cost = parent, length_of, cost
         self._plan: dict[tuple[Group, ...], float] = {}
 
-    def __call__(self, children: tuple[Group, ...]) -> float:
+    def __call__(self, children: tuple[Group, ...], below: float = math.inf) -> float:
+        """parent_time of the parent with these children; with `below`, a time at least `below`
+        where the children reach it (parent_time's bound), kept only where exact."""
         t = self._plan.get(children)
         if t is None:
-            t = self._plan[children] = parent_time(ParentPlan(self.parent, children), self.length_of, self.cost)
+            t = parent_time(ParentPlan(self.parent, children), self.length_of, self.cost, below)
+            if t < below:
+                self._plan[children] = t
         return t
 
 
 def solve_halo_children(
-    parent: Group, length_of: Mapping[int, int], cluster: Cluster, cost: CostModel, priced: _Prices | None = None
+    parent: Group,
+    length_of: Mapping[int, int],
+    cluster: Cluster,
+    cost: CostModel,
+    priced: _Prices | None = None,
+    bounded: bool = False,
 ) -> tuple[tuple[Group, ...], str]:
     """Halo children for a wide parent (the best of a few per-rank targets), or its own layout with
     the reason when none fits the token budget or halo children do not beat it. `priced`: the
-    parent's prices (_Prices), shared with a caller that prices its children too."""
+    parent's prices (_Prices), shared with a caller that prices its children too.
+
+    bounded: each target's children are priced only as far as it takes to see them reach the best
+    so far or the own layout (parent_time's `below`), which cannot change the answer (a candidate
+    is kept only where it is strictly faster than both); the time the reason quotes when the own
+    layout wins may then be such a bound (choose_children discards that reason)."""
     cost = cost.for_cluster(cluster)
     priced = _Prices(parent, length_of, cost) if priced is None else priced
     cost.sparse.check_local()
     ids = sorted(parent.samples, key=lambda s: (-length_of[s], s))
     lin = dict(zip(ids, per_sample(cost.linear_cost, ids, length_of)))
     mean = sum(lin[s] for s in ids) / parent.size
-    best, best_t = None, float("inf")
+    own = priced((parent,))
+    best, best_t = None, math.inf
     for scale in HALO_TARGET_SCALES:
         kids = _halo_children_for(parent, ids, length_of, cluster, cost, scale * mean, lin)
         if kids is not None:
-            t = priced(kids)
+            t = priced(kids, min(best_t, own)) if bounded else priced(kids)
             if t < best_t:
                 best, best_t = kids, t
     if best is None:
         return (parent,), "no halo children fit the token budget"
-    own = priced((parent,))
     if best_t >= own:
         return (parent,), f"halo children do not pay: {best_t * 1e3:.1f} ms vs {own * 1e3:.1f} ms in the parent layout (estimated)"
     return best, "" if ParentPlan(parent, best).repacked else HALO_PARENT  # one sample over every rank: its own layout
@@ -204,7 +219,7 @@ def choose_children(
             )
             cands.append(ParentPlan(parent, mixed))
     if cost.sparse.first_key is not None:
-        halo_kids, halo_reason = solve_halo_children(parent, length_of, cluster, cost, priced)
+        halo_kids, halo_reason = solve_halo_children(parent, length_of, cluster, cost, priced, bounded=True)
         if halo_kids != (parent,):
             cands.append(ParentPlan(parent, halo_kids, halo_reason))
         cands.append(own_layout_halo(parent, length_of, cost))

@@ -19,6 +19,7 @@ parent's time.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -144,13 +145,26 @@ def child_time(child: Group, parent: Group, length_of: Mapping[int, int], cost: 
     return work + sparse_exchanges + m.n_full * full_bytes
 
 
-def parent_time(parent: ParentPlan, length_of: Mapping[int, int], cost: CostModel) -> float:
+def parent_time(parent: ParentPlan, length_of: Mapping[int, int], cost: CostModel, below: float = math.inf) -> float:
     """Seconds of one parent plan (any children, Ulysses or halo): its shared part plus its slowest
-    child's (0 for an empty parent). The one definition: the halo stages price candidates with it."""
+    child's (0 for an empty parent). The one definition: the halo stages price candidates with it.
+
+    below: a caller that only needs a time under `below` (a candidate against the best so far):
+    once the children priced so far bring the parent to `below` or more, that time is returned,
+    a lower bound of the full one and at least `below`. Halo children are priced first, then the
+    widest (they are the likely slowest); the slowest is the same in any order."""
     g = parent.group
     if not g.samples:
         return 0.0
-    return shared_time(g, length_of, cost) + max(child_time(c, g, length_of, cost) for c in parent.children)
+    shared = shared_time(g, length_of, cost)
+    if below == math.inf:
+        return shared + max(child_time(c, g, length_of, cost) for c in parent.children)
+    slowest = -math.inf
+    for c in sorted(parent.children, key=lambda c: (not c.halo, -c.size)):
+        slowest = max(slowest, child_time(c, g, length_of, cost))
+        if shared + slowest >= below:
+            break
+    return shared + slowest
 
 
 def best_layout_time(group: Group, children: tuple[Group, ...], length_of: Mapping[int, int], cost: CostModel) -> float:

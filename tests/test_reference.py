@@ -16,7 +16,7 @@ from solver import CostModel, Group, make_plan
 from solver import reference as ref
 from solver.children import child_problem
 from solver.estimate import PlanEstimate
-from solver.halo import passing_way
+from solver.halo import own_layout_halo, passing_way, solve_halo_children
 from solver.modes import MODE_TABLE
 from solver.parent_solver import _BinFill
 from solver.plan import NODE_LOCAL, ParentPlan, StepPlan
@@ -341,3 +341,53 @@ def test_the_rebalance_prices_every_own_layout_parent_at_once_as_the_reference(c
         assert layouts.members(j) == sorted(g.samples, key=lambda s: (-length_of[s], s))
         assert times[j] == pytest.approx(ref.parent_time(ParentPlan(g, (g,)), length_of, cost), rel=REL)
         assert times[j] == _GroupState(g, list(g.samples), prices).time  # the same float, not just close
+
+
+@given(parents(), st.floats(0.0, 2.0))
+def test_a_parent_priced_under_a_bound_is_exact_below_it_and_a_lower_bound_above(case, scale):
+    """reference.parent_time(..., below): where the parent's time is under `below`, exactly that
+    time; where not, a time at least `below` and at most the parent's (what lets the per-parent
+    choice stop pricing a candidate that cannot win), for Ulysses children, the own layout and,
+    where the kind has a reach, halo attention over the whole parent."""
+    cluster, cost, plan, length_of = case
+    plans = [plan, ParentPlan(plan.group, (plan.group,), NODE_LOCAL)]
+    if cost.sparse.first_key is not None:
+        plans.append(own_layout_halo(plan.group, length_of, cost))
+    for pp in plans:
+        full = ref.parent_time(pp, length_of, cost)
+        below = full * scale
+        t = ref.parent_time(pp, length_of, cost, below)
+        if full < below:
+            assert t == full
+        else:
+            assert below <= t <= full
+
+
+def test_the_halo_solver_bounded_by_the_best_so_far_picks_what_it_picks_unbounded():
+    """solve_halo_children(bounded=True), which prices each target's children only until they
+    reach the best so far or the own layout (choose_children's call), returns the children the
+    solver returns pricing every candidate in full: on every wide parent of the assigned parents
+    of random steps with long samples, at 64 and 256 ranks, for two models with a reach."""
+    from solver import samples_from_lengths  # noqa: PLC0415
+    from solver.assignment import assign_parents  # noqa: PLC0415
+
+    checked, halo = 0, 0
+    for model, node, longest in (("paper", 8, 400_000), ("tiny", 4, 200_000)):  # tiny's 8 heads: at most SP8
+        for seed, w in enumerate((64, 256, 64, 256)):
+            rng = np.random.default_rng(seed)
+            cluster = Cluster(w, node, 32768)
+            cost = CostModel(ModelConfig.from_name(model), HardwareConfig()).for_cluster(cluster)
+            lengths = [int(n) for n in rng.integers(40_000, longest, w // 16)]
+            while sum(lengths) < 0.7 * w * 32768:
+                lengths.append(min(int(rng.lognormal(8.5, 1.3)) + 16, longest))
+            samples = samples_from_lengths(lengths)
+            length_of = dict(enumerate(lengths))
+            for g in assign_parents(samples, cluster, cost):
+                if g.size <= cluster.gpus_per_node:
+                    continue
+                full = solve_halo_children(g, length_of, cluster, cost)
+                bounded = solve_halo_children(g, length_of, cluster, cost, bounded=True)
+                assert bounded[0] == full[0], (model, w, g.start)
+                checked += 1
+                halo += full[0] != (g,)
+    assert checked >= 20 and 0 < halo < checked, (checked, halo)  # both answers occur
