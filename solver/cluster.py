@@ -46,6 +46,21 @@ def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def distinct(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """np.unique(values, return_inverse=True) of non-negative integers: its sorted distinct values
+    and each value's index among them. Where the values are small (group sizes, keys made of a
+    few of them) by a table over 0..max, about ten times faster than np.unique's sort on the
+    thousands of parents of a large step, which hold a handful of sizes."""
+    values = np.asarray(values)
+    if values.dtype.kind in "iu" and len(values) and int(values.min()) >= 0 and int(values.max()) < DENSE_DISTINCT:
+        present = np.bincount(values) > 0
+        return np.flatnonzero(present), (np.cumsum(present) - 1)[values]
+    return np.unique(values, return_inverse=True)
+
+
+DENSE_DISTINCT = 1 << 20  # distinct() tables values below this
+
+
 @dataclass(frozen=True)
 class Sample:
     id: int

@@ -30,7 +30,7 @@ from operator import attrgetter
 
 import numpy as np
 
-from .cluster import Cluster
+from .cluster import Cluster, distinct
 from .cost import CostModel, rank_time
 from .layout import rank_tokens
 from .plan import ParentPlan, StepPlan
@@ -63,6 +63,7 @@ def _gather(parents, by_start: bool = False):
 
 
 _first_rank, _samples, _size, _halo = attrgetter("start"), attrgetter("samples"), attrgetter("size"), attrgetter("halo")
+_group, _redistributed = attrgetter("group"), attrgetter("redistributed")
 
 
 def _spans(first: np.ndarray, count: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -129,14 +130,13 @@ class _Known:
         kids, owner, counts, sizes, firsts, halo = _gather(new, by_start=True)
         rows = est.rows_of(chain.from_iterable(map(_samples, kids)), int(counts.sum()))
         p0, k0, r0 = len(self.held), len(self.kids), len(self.rows)
-        for k, pp in enumerate(new):
-            self.index[id(pp)] = p0 + k
+        self.index.update(zip(map(id, new), range(p0, p0 + len(new))))
         self.held += new
         self.kids += kids
         nkid = np.bincount(owner, minlength=len(new))
         cat = np.concatenate
-        self.psize = cat([self.psize, np.fromiter((pp.group.size for pp in new), dtype=np.int64, count=len(new))])
-        self.moved = cat([self.moved, np.fromiter((pp.redistributed for pp in new), dtype=bool, count=len(new))])
+        self.psize = cat([self.psize, np.fromiter(map(_size, map(_group, new)), dtype=np.int64, count=len(new))])
+        self.moved = cat([self.moved, np.fromiter(map(_redistributed, new), dtype=bool, count=len(new))])
         self.kid0 = cat([self.kid0, k0 + np.cumsum(nkid) - nkid])
         self.nkid = cat([self.nkid, nkid])
         self.count, self.size = cat([self.count, counts]), cat([self.size, sizes])
@@ -274,13 +274,13 @@ class PlanEstimate:
         full = np.bincount(of, self._full[rows], nk)
         # each (child size, parent size)'s cost line, and each parent size's fixed seconds, once
         span = int(psize.max()) + 1
-        pairs, pair_of = np.unique(sizes * span + psize[owner], return_inverse=True)
+        pairs, pair_of = distinct(sizes * span + psize[owner])
         lines = np.array([self.cost.child_line(k // span, k % span) for k in pairs.tolist()]).reshape(-1, 2)[pair_of]
         kid_time = (lin + lines[:, 0] * tok) / sizes + lines[:, 1]  # cost.rank_time
         slowest = np.full(len(parents), -np.inf)
         np.maximum.at(slowest, owner, kid_time)
         pfull = np.bincount(owner, full, len(parents))
-        widths, width_of = np.unique(psize, return_inverse=True)
+        widths, width_of = distinct(psize)
         fixed = np.array([self.cost.parent_fixed(p) for p in widths.tolist()])[width_of]
         times = pfull / psize + fixed + slowest  # cost.shared_time + the slowest child
         times[np.bincount(owner, counts, len(parents)) == 0] = 0.0  # a parent without samples
@@ -431,11 +431,11 @@ class PlanEstimate:
             lines = table[:, sizes[1]]
             return lines[0] * tok + lines[1], lines[2] * tok + lines[3]
 
-        def distinct(sizes: np.ndarray) -> tuple[list, np.ndarray]:
-            values, of = np.unique(sizes, return_inverse=True)
+        def sizes_of(sizes: np.ndarray) -> tuple[list, np.ndarray]:
+            values, of = distinct(sizes)
             return values.tolist(), of
 
-        psizes, csizes = distinct(psize.astype(np.int64)[owner][unit_of]), distinct(size[unit_of])
+        psizes, csizes = sizes_of(psize.astype(np.int64)[owner][unit_of]), sizes_of(size[unit_of])
 
         def exchanges(priced: CostModel):
             """(full entry, full exit, sparse entry, sparse exit), each (intra, inter) per unit."""

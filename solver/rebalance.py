@@ -17,7 +17,7 @@ from itertools import chain
 import numpy as np
 
 from .children import ChildProblem, child_problem, solve_sorted
-from .cluster import Cluster, ceil_div
+from .cluster import Cluster, ceil_div, distinct
 from .cost import CostModel, rank_time
 from .estimate import PlanEstimate
 from .layout import Group
@@ -168,7 +168,7 @@ class _OwnLayouts:
 
     def times(self, cost: CostModel) -> np.ndarray:
         """_GroupState.price of every parent: cost.shared_time plus rank_time on its own line (0 when empty)."""
-        widths, of = np.unique(self.sizes, return_inverse=True)
+        widths, of = distinct(self.sizes)
         fixed = np.array([cost.parent_fixed(n) for n in widths.tolist()])[of]
         line = np.array([cost.child_line(n, n) for n in widths.tolist()]).reshape(len(widths), 2)[of]
         t = (self.full / self.sizes + fixed) + ((self.linear + line[:, 0] * self.tokens) / self.sizes + line[:, 1])
@@ -212,7 +212,7 @@ class _StepPrices:
         size_of = np.asarray(sizes, dtype=np.int64)
         sums = np.zeros((2, len(groups)))  # full and linear seconds
         toks = np.zeros((2, len(groups)), dtype=np.int64)  # tokens, tokens per rank
-        for m in np.unique(counts).tolist():
+        for m in distinct(counts)[0].tolist():
             if m == 0:
                 continue
             js = np.nonzero(counts == m)[0]

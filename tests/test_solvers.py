@@ -10,7 +10,7 @@ from config import Cluster, HardwareConfig, ModelConfig, SettingError, WorkloadC
 from solver import CostModel, Group, PlanError, Sample, StepPlan, TokenLayout, make_plan, samples_from_lengths
 from solver.assignment import assign_parents
 from solver.children import child_problem, polish_children, solve_child_problem, solve_children, solve_sorted
-from solver.cluster import ceil_pow2, ceil_pow2_array
+from solver.cluster import DENSE_DISTINCT, ceil_pow2, ceil_pow2_array, distinct
 from solver.estimate import PlanEstimate
 from solver.exact import solve_exact, solve_joint_exact
 from solver.modes import MODE_TABLE, MODES
@@ -295,6 +295,18 @@ def test_vectorized_pow2_matches_the_scalar_one_at_and_around_powers_of_two():
         ]
     )
     np.testing.assert_array_equal(ceil_pow2_array(x), [ceil_pow2(v) for v in x])
+
+
+@pytest.mark.parametrize("high", [2, 64, 40_000, DENSE_DISTINCT + 5])
+def test_distinct_by_table_is_numpys_unique_with_its_inverse(high):
+    """distinct (a table over 0..max for the small sizes of a step's groups) gives np.unique's
+    sorted values and inverse, on small keys, on keys past the table (np.unique's own path), on
+    one value and on none."""
+    rng = np.random.default_rng(high)
+    for x in (rng.integers(0, high, 3000), rng.integers(0, high, 1), np.full(7, high - 1), np.zeros(0, dtype=np.int64)):
+        got, want = distinct(x), np.unique(x, return_inverse=True)
+        np.testing.assert_array_equal(got[0], want[0])
+        np.testing.assert_array_equal(got[1], want[1])
 
 
 def test_groups_are_never_wider_than_the_model_splits():
