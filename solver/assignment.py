@@ -199,6 +199,14 @@ def assign_parents(samples: Sequence[Sample], cluster: Cluster, cost: CostModel,
     pricing: what the fill balances. "compute" (the design's): full attention ~L^2 plus
     token-wise work ~L, divided over the group. "comm": also each group's own all-to-alls, as
     FlexSP's cost model does; a stronger assignment that gives wide groups fewer short samples."""
+    return assign_parents_loaded(samples, cluster, cost, pricing)[0]
+
+
+def assign_parents_loaded(
+    samples: Sequence[Sample], cluster: Cluster, cost: CostModel, pricing: str = "compute"
+) -> tuple[tuple[Group, ...], list[float]]:
+    """assign_parents' groups and the per-rank load the fill gave each (what it balanced, in the
+    groups' order): the planner reads the most loaded as the assigned parents likely slowest."""
     if pricing not in PRICINGS:
         raise SettingError(f"planner.assignment_pricing={pricing!r} is invalid: it must be one of {list(PRICINGS)}")
     cost = cost.for_cluster(cluster)
@@ -219,5 +227,6 @@ def assign_parents(samples: Sequence[Sample], cluster: Cluster, cost: CostModel,
             fill.add(gi, i, cost_of[i], length_of[i])
         failed = next((i for i in rest if fill.place(i, cost_of[i], length_of[i]) < 0), None)
         if failed is None:
-            return tuple(Group(fill.start[k], fill.size[k], tuple(samples[i].id for i in fill.members[k])) for k in range(len(groups)))
+            out = tuple(Group(fill.start[k], fill.size[k], tuple(samples[i].id for i in fill.members[k])) for k in range(len(groups)))
+            return out, fill.load
     raise unplaceable(samples, failed, lengths, cluster)

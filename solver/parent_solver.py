@@ -430,17 +430,23 @@ def solve_parents(
     cost: CostModel,
     repack: bool = True,
     est: PlanEstimate | None = None,
+    likely: Sequence[ParentPlan] | None = None,
 ) -> tuple[tuple[ParentPlan, ...], list[float] | None]:
     """The parent solver: joint_parents, kept only if its step (PlanEstimate.step_time) is no
     slower than `start`'s (the repack plan: the assigned parents with solved children; without repacking, the
     baseline plan), which is returned otherwise, so the result is never estimated slower than
     its input. Returns the parents and the PlanEstimate time of each where joint_parents computed
     them, else None (the width solver starts from them, and prices them itself where None).
-    `est`: the step's PlanEstimate, if the caller has one."""
+    `est`: the step's PlanEstimate, if the caller has one. `likely`: some of start's parents,
+    those likely to end its step (the planner's _likely_slowest): a step of them alone is no
+    later than start's, so where the joint plan's is no later than that, the joint plan is kept
+    without pricing all of start (thousands of node-local parents on a large step)."""
     cost = cost.for_cluster(cluster)
     est = est or PlanEstimate({s.id: s.length for s in samples}, cluster, cost)
     start = tuple(start)
     joint = joint_parents(samples, cluster, cost, est, repack)
+    if joint is not None and likely is not None and est.step_time(joint[0]) <= est.step_time(list(likely)):
+        return joint
     if joint is None or est.step_time(joint[0]) > est.step_time(start):  # whole plans by the step the simulator charges
         return start, None
     return joint

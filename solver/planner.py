@@ -22,7 +22,7 @@ import numpy as np
 
 from config import SettingError
 
-from .assignment import assign_parents
+from .assignment import assign_parents_loaded
 from .children import solve_children
 from .cluster import Cluster, PlanError, Sample, ceil_pow2, check_samples
 from .cost import CostModel
@@ -85,7 +85,7 @@ def _parents(
         memo["lengths"] = {s.id: s.length for s in samples}
     length_of = memo["lengths"]
     if "assignment" not in memo:
-        memo["assignment"] = assign_parents(samples, cluster, cost, pricing=assignment_pricing)
+        memo["assignment"], memo["loads"] = assign_parents_loaded(samples, cluster, cost, pricing=assignment_pricing)
     parents = _started(mode.start, cluster, cost, memo)
     key = (mode.start,)
     if mode.solver:
@@ -94,7 +94,7 @@ def _parents(
         est = memo["estimate"]
         key += ("solver", mode.repacks)
         if key not in memo:
-            memo[key] = solve_parents(parents, samples, cluster, cost, mode.repacks, est)
+            memo[key] = solve_parents(parents, samples, cluster, cost, mode.repacks, est, _likely_slowest(parents, cluster, memo))
         parents, times = memo[key]
         if mode.widths:
             key += ("widths",)
@@ -118,6 +118,22 @@ def _started(start: str, cluster: Cluster, cost: CostModel, memo: dict) -> tuple
     return memo[key]
 
 
+def _likely_slowest(parents: Sequence[ParentPlan], cluster: Cluster, memo: dict) -> list[ParentPlan]:
+    """Of the assigned parents (`parents`, in the assignment's order), the ones likely to end the
+    step's stretches last: every parent wider than a node and the LIKELY_SLOWEST node-local ones
+    the assignment's fill loaded most (memo["loads"]). A step priced over any subset of a plan's
+    parents is no later than the plan's (each kind of stretch ends with its latest parent), so
+    these bound the assigned parents' step from below at a few parents' price; at 4,096 ranks the
+    bound is their step on the steps measured."""
+    loads, node = memo["loads"], cluster.gpus_per_node
+    local = [k for k, p in enumerate(parents) if p.group.size <= node]
+    top = sorted(local, key=lambda k: -loads[k])[:LIKELY_SLOWEST] if len(local) > LIKELY_SLOWEST else local
+    return [p for p in parents if p.group.size > node] + [parents[k] for k in sorted(top)]
+
+
+LIKELY_SLOWEST = 64  # node-local parents in _likely_slowest
+
+
 def _no_slower_than_any_way(
     chosen: tuple[ParentPlan, ...], samples: Sequence[Sample], cluster: Cluster, cost: CostModel, assignment_pricing: str, memo: dict
 ) -> tuple[ParentPlan, ...]:
@@ -137,8 +153,10 @@ def _no_slower_than_any_way(
     ways = [w for w in MODE_TABLE if not (w.cheapest or (w.needs_reach and cost.sparse.first_key is None))]
     solved = {w.name: _parents(w, samples, cluster, cost, assignment_pricing, memo) for w in ways if w.solver}
     low = min([est.step_time(chosen), *map(est.step_time, solved.values())])
-    # the margin: the bound is summed in another order than the steps it bounds
-    if est.floor_time(_started(OWN, cluster, cost, memo)) > low * (1 + 1e-9):
+    # the margin: the bound is summed in another order than the steps it bounds; the floor of the
+    # likely slowest parents first (a bound of the floor), of all of them only where that is not enough
+    own = _started(OWN, cluster, cost, memo)
+    if est.floor_time(_likely_slowest(own, cluster, memo)) > low * (1 + 1e-9) or est.floor_time(own) > low * (1 + 1e-9):
         ways = [w for w in ways if w.solver]
     best, best_t = chosen, est.step_time(chosen)
     for way in ways:

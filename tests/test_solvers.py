@@ -620,3 +620,39 @@ def test_a_parent_no_children_can_speed_up_keeps_its_layout_as_the_exact_optimum
         else:
             assert kids != (parent,) and not reason, reason
     assert 0 < taken < 3  # both paths ran
+
+
+def test_the_parent_solver_bounding_the_start_by_its_likely_slowest_parents_keeps_its_answer():
+    """solve_parents given `likely` (the planner's _likely_slowest: the assigned parents wider
+    than a node and the node-local ones the assignment loaded most) keeps the joint plan without
+    pricing every parent of the start where its step is no later than a step of those alone. That
+    step is a lower bound of the start's (checked), so the answer is the one pricing the whole
+    start gives, with and without repacking, on the default workload's steps at 256 and 1,024
+    ranks; and the bound decides most of them (it is what saves the time)."""
+    from experiments.common.workload import generate_steps  # noqa: PLC0415
+    from solver.assignment import assign_parents_loaded  # noqa: PLC0415
+    from solver.modes import CHILDREN, OWN  # noqa: PLC0415
+    from solver.parent_solver import solve_parents  # noqa: PLC0415
+    from solver.planner import _likely_slowest, _started  # noqa: PLC0415
+
+    decided = total = 0
+    for w in (256, 1024):
+        cluster = Cluster(w, 8, 32768)
+        cost = PAPER.for_cluster(cluster)
+        for lengths in generate_steps(WorkloadConfig().replace(steps=2, seed=w).for_cluster(cluster)):
+            samples = samples_from_lengths(lengths)
+            memo = {"lengths": dict(enumerate(lengths))}
+            memo["assignment"], memo["loads"] = assign_parents_loaded(samples, cluster, cost)
+            for start_name, repack in ((CHILDREN, True), (OWN, False)):
+                start = _started(start_name, cluster, cost, memo)
+                likely = _likely_slowest(start, cluster, memo)
+                assert len(likely) < len(start)
+                est = PlanEstimate(memo["lengths"], cluster, cost)
+                bound = est.step_time(likely)
+                assert bound <= est.step_time(start)
+                got = solve_parents(start, samples, cluster, cost, repack, PlanEstimate(memo["lengths"], cluster, cost), likely)
+                want = solve_parents(start, samples, cluster, cost, repack, PlanEstimate(memo["lengths"], cluster, cost))
+                assert got[0] == want[0], (w, start_name)
+                total += 1
+                decided += got[0] is not start and est.step_time(got[0]) <= bound
+    assert decided >= total // 2, (decided, total)
