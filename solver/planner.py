@@ -195,9 +195,10 @@ def collector_paused() -> Iterator[None]:
     A plan allocates hundreds of thousands of containers (heap entries, member lists, parents) and
     frees them by reference counting: the planner makes no reference cycles (a test holds it to
     that), so the collector finds nothing to free while it plans. It still runs, every few hundred
-    allocations, and each full pass walks every object the process holds: at 16,384 ranks a
-    plan paid two or three such passes, 30-50 ms each, more in a process that holds more (the
-    bench's, or a trainer's). Pausing it for the plan drops that cost and leaks nothing."""
+    allocations, and each full pass walks every object the process holds: at 16,384 ranks and
+    half fill, in a fresh process, a baseline plan paid one such pass and a solver plan two, about
+    30-45 ms each, more in a process that holds more (the bench's, or a trainer's). Pausing it for
+    the plan drops that cost and leaks nothing."""
     was = gc.isenabled()
     gc.disable()
     try:
