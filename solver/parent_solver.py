@@ -347,14 +347,12 @@ def assign_with_children(
     anchor_bins = []  # each anchor's parent's bins (the SP1 groups after the anchors hold one bin each)
     k, n_anchors = 0, len(anchors)
     while k < n_anchors:
-        w = groups[k][1]
+        w, run = groups[k][1], k + 1
         if decisions[k] is None:  # a run of anchors of one width in their own layout: their parents at once
-            run = k + 1
             while run < n_anchors and decisions[run] is None and groups[run][1] == w:
                 run += 1
             anchor_bins += [[b] for b in fill.add_own_parents(w, run - k)]
         else:
-            run = k + 1
             anchor_bins.append(fill.add_parent(w, decisions[k]))
         for j in range(k, run):
             fill.add(anchor_bins[j][0], int(anchors[j]))

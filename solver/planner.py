@@ -14,6 +14,7 @@ of its own (recorded per parent in the plan). It never branches on a mode's name
 from __future__ import annotations
 
 import gc
+import heapq
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
@@ -125,10 +126,12 @@ def _likely_slowest(parents: Sequence[ParentPlan], cluster: Cluster, memo: dict)
     parents is no later than the plan's (each kind of stretch ends with its latest parent), so
     these bound the assigned parents' step from below at a few parents' price; at 4,096 ranks the
     bound is their step on the steps measured."""
-    loads, node = memo["loads"], cluster.gpus_per_node
-    local = [k for k, p in enumerate(parents) if p.group.size <= node]
-    top = sorted(local, key=lambda k: -loads[k])[:LIKELY_SLOWEST] if len(local) > LIKELY_SLOWEST else local
-    return [p for p in parents if p.group.size > node] + [parents[k] for k in sorted(top)]
+    node = cluster.gpus_per_node
+    if "likely" not in memo:  # the same node-local parents, in the same places, in every start
+        loads = memo["loads"]
+        local = [k for k, g in enumerate(memo["assignment"]) if g.size <= node]
+        memo["likely"] = sorted(heapq.nlargest(LIKELY_SLOWEST, local, key=loads.__getitem__))
+    return [p for p in parents if p.group.size > node] + [parents[k] for k in memo["likely"]]
 
 
 LIKELY_SLOWEST = 64  # node-local parents in _likely_slowest
@@ -155,8 +158,8 @@ def _no_slower_than_any_way(
     low = min([est.step_time(chosen), *map(est.step_time, solved.values())])
     # the margin: the bound is summed in another order than the steps it bounds; the floor of the
     # likely slowest parents first (a bound of the floor), of all of them only where that is not enough
-    own = _started(OWN, cluster, cost, memo)
-    if est.floor_time(_likely_slowest(own, cluster, memo)) > low * (1 + 1e-9) or est.floor_time(own) > low * (1 + 1e-9):
+    own, bar = _started(OWN, cluster, cost, memo), low * (1 + 1e-9)
+    if est.floor_time(_likely_slowest(own, cluster, memo)) > bar or est.floor_time(own) > bar:
         ways = [w for w in ways if w.solver]
     best, best_t = chosen, est.step_time(chosen)
     for way in ways:

@@ -157,10 +157,9 @@ def parent_time(parent: ParentPlan, length_of: Mapping[int, int], cost: CostMode
     if not g.samples:
         return 0.0
     shared = shared_time(g, length_of, cost)
-    if below == math.inf:
-        return shared + max(child_time(c, g, length_of, cost) for c in parent.children)
+    children = parent.children if below == math.inf else sorted(parent.children, key=lambda c: (not c.halo, -c.size))
     slowest = -math.inf
-    for c in sorted(parent.children, key=lambda c: (not c.halo, -c.size)):
+    for c in children:
         slowest = max(slowest, child_time(c, g, length_of, cost))
         if shared + slowest >= below:
             break
