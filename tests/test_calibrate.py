@@ -36,7 +36,7 @@ def test_a_quick_calibration_writes_a_profile_the_planners_accept(tmp_path, caps
         assert math.isfinite(hw.to_dict()[key]) and hw.to_dict()[key] > 0, key
     # each fixed cost: the larger of the isolated measurement's and the fit to the runtime's step
     m, net = profile["measurements"], profile["fits"]["all_to_all"]
-    assert m["runtime_step_sizes"] == {"own": 1, "node": 2, "wide": 4, "node-halo": 2} and m["runtime_step_tokens"] == 4
+    assert m["runtime_step_sizes"] == {"own": 1, "node": 2, "wide": 4, "node-halo": 2, "own-short": 1} and m["runtime_step_tokens"] == 4
     assert all(t > 0 for t in m["runtime_step_s"].values())
     step = m["from_runtime_step"]
     # the isolated floor: a bare layer's forward share less its one attention call's (bare_layer_overhead)
@@ -45,6 +45,9 @@ def test_a_quick_calibration_writes_a_profile_the_planners_accept(tmp_path, caps
     assert hw.a2a_latency == pytest.approx(max(net["intra"]["a2a_latency"], step["a2a_latency"]))
     assert hw.a2a_inter_latency == pytest.approx(max(net["inter"][net["reading"]]["a2a_inter_latency"], step["a2a_inter_latency"]))
     assert hw.halo_latency == pytest.approx(step["halo_latency"])  # no lone halo call to floor it: the halo step's fit
+    # an attention call's cost per sample: the calls timed alone, or what the short-sample step took over the own step
+    alone = profile["fits"]["attention"]["sample_latency"]
+    assert hw.attention_sample_latency == pytest.approx(max(alone, step["attention_sample_latency"]))
     # the experts' all-to-all, measured like the exchanges, inside and across the emulated nodes, and
     # the share of it hidden behind compute from the runtime's EP2 step and its timers
     assert {(r["group_size"], r["spans_nodes"]) for r in m["experts_all_to_all"]} == {(2, False), (4, True)}
@@ -182,46 +185,56 @@ def test_the_fixed_costs_fitted_round_by_round_are_the_median_of_each_rounds_fit
         fit_fixed_costs({**rounds, "wide": rounds["wide"][:4]}, cfg, hw, 8, 2, sizes, 2)
 
 
-def test_a_linear_kinds_block_cost_fits_back_from_what_its_short_sample_step_took_over_the_own_step():
-    """The runtime step of ranks alone with SHORT_STEP_SAMPLES one-block samples each and the step
-    with one, priced by the simulator with a known block cost: what the first took more fits back to
-    it from a profile that had another, whatever the other costs (they are the same in both steps);
-    no more than the price without it fits to 0; a kind without blocks has nothing to fit."""
-    from experiments.calibrate.measure import SHORT_STEP_SAMPLES, fit_block_latency
+@pytest.mark.parametrize(
+    ("model", "field", "other"),
+    [("tiny-gdn", "linear_block_latency", "attention_sample_latency"), ("tiny", "attention_sample_latency", "linear_block_latency")],
+)
+def test_the_cost_per_sample_fits_back_from_what_the_short_sample_step_took_over_the_own_step(model, field, other):
+    """The runtime step of ranks alone with SHORT_STEP_SAMPLES short samples each and the step with
+    one, priced by the simulator with a known cost per sample (a linear kind's per block, each
+    sample one block; an attention kind's per sample of a call): what the first took more fits
+    back to it from a profile that had another, whatever the other costs (they are the same in
+    both steps); no more than the price without it fits to 0; the other field is not the one fitted."""
+    from experiments.calibrate.measure import SHORT_STEP_SAMPLES, fit_short_step_latency, short_step_field
 
-    cfg, known = ModelConfig.from_name("tiny-gdn"), 2.3e-3
-    hw = HardwareConfig(collective_latency=2e-3, layer_overhead=1e-3, linear_block_latency=4e-4)
+    cfg, known = ModelConfig.from_name(model), 2.3e-3
+    assert short_step_field(cfg) == field
+    hw = HardwareConfig(collective_latency=2e-3, layer_overhead=1e-3, **{field: 4e-4})
     costs = CostsConfig(recompute="full", moe_all_to_all=False, optimizer=False)
-    priced = CostModel(cfg, hw.replace(linear_block_latency=known, layer_overhead=5e-3), costs=costs)
+    priced = CostModel(cfg, hw.replace(**{field: known, "layer_overhead": 5e-3}), costs=costs)
     short, own = (simulate(runtime_step_plan(8, 2, 1, 2, samples=k), priced).step_time for k in (SHORT_STEP_SAMPLES, 1))
     assert short > own
-    assert fit_block_latency(short - own, cfg, hw, 8, 2) == pytest.approx(known, rel=1e-9)
-    assert fit_block_latency(0.0, cfg, hw, 8, 2) == 0.0
-    with pytest.raises(ValueError, match="loop over no blocks"):
-        fit_block_latency(short - own, ModelConfig.from_name("tiny"), hw, 8, 2)
+    assert fit_short_step_latency(short - own, cfg, hw, 8, 2) == pytest.approx(known, rel=1e-9)
+    assert fit_short_step_latency(0.0, cfg, hw, 8, 2) == 0.0
+    # a cost of the other kind in the steps is not what the fit recovers
+    skewed = CostModel(cfg, hw.replace(**{field: known, other: 1e-3}), costs=costs)
+    s2, o2 = (simulate(runtime_step_plan(8, 2, 1, 2, samples=k), skewed).step_time for k in (SHORT_STEP_SAMPLES, 1))
+    assert fit_short_step_latency(s2 - o2, cfg, hw.replace(**{other: 1e-3}), 8, 2) == pytest.approx(known, rel=1e-9)
 
 
-def test_the_fixed_costs_of_a_linear_model_fit_its_block_cost_first_and_the_rest_on_it():
-    """tiny-gdn's runtime steps, the short-sample one among them, priced with known costs: the block
-    cost fits back from the short step less the own step, and the layer's and the call's costs
-    from their steps on it (each step's one block priced at the fitted cost); a profile's block cost
-    above the fitted one (the mixer timed alone) is kept, as every isolated figure is."""
+@pytest.mark.parametrize(("model", "field"), [("tiny-gdn", "linear_block_latency"), ("tiny", "attention_sample_latency")])
+def test_the_fixed_costs_fit_the_cost_per_sample_first_and_the_rest_on_it(model, field):
+    """The runtime steps, the short-sample one among them, priced with known costs: the cost per
+    sample (a linear kind's per block) fits back from the short step less the own step, and the
+    layer's and the call's costs from their steps on it (each step's one sample priced at the
+    fitted cost); a profile's cost per sample above the fitted one (the mixer or the attention
+    calls timed alone) is kept, as every isolated figure is."""
     from experiments.calibrate.measure import SHORT_STEP, STEP_SAMPLES, fit_fixed_costs
 
-    cfg = ModelConfig.from_name("tiny-gdn")
-    known = {"linear_block_latency": 1.7e-3, "layer_overhead": 2.1e-3, "a2a_latency": 3.3e-3}
-    hw = HardwareConfig(collective_latency=2e-3, layer_overhead=1e-4, a2a_latency=1e-4, linear_block_latency=5e-4)
+    cfg = ModelConfig.from_name(model)
+    known = {field: 1.7e-3, "layer_overhead": 2.1e-3, "a2a_latency": 3.3e-3}
+    hw = HardwareConfig(collective_latency=2e-3, layer_overhead=1e-4, a2a_latency=1e-4, **{field: 5e-4})
     costs = CostsConfig(recompute="full", moe_all_to_all=False, optimizer=False)
     priced = CostModel(cfg, hw.replace(**known), costs=costs)
     sizes = {"own": 1, "node": 2, SHORT_STEP: 1}
     clean = {k: simulate(runtime_step_plan(8, 2, sizes[k], 2, samples=STEP_SAMPLES.get(k, 1)), priced).step_time for k in sizes}
     fitted_hw, fitted, each = fit_fixed_costs({k: [t, t, t] for k, t in clean.items()}, cfg, hw, 8, 2, sizes, 2)
-    assert list(fitted) == ["linear_block_latency", "layer_overhead", "a2a_latency"]
-    for field, value in known.items():
-        assert fitted[field] == pytest.approx(value, rel=1e-9), field
-        assert getattr(fitted_hw, field) == pytest.approx(value, rel=1e-9), field
-    higher = fit_fixed_costs({k: [t] for k, t in clean.items()}, cfg, hw.replace(linear_block_latency=9e-3), 8, 2, sizes, 2)[0]
-    assert higher.linear_block_latency == 9e-3
+    assert list(fitted) == [field, "layer_overhead", "a2a_latency"]
+    for name, value in known.items():
+        assert fitted[name] == pytest.approx(value, rel=1e-9), name
+        assert getattr(fitted_hw, name) == pytest.approx(value, rel=1e-9), name
+    higher = fit_fixed_costs({k: [t] for k, t in clean.items()}, cfg, hw.replace(**{field: 9e-3}), 8, 2, sizes, 2)[0]
+    assert getattr(higher, field) == 9e-3
     with pytest.raises(ValueError, match="unequal rounds"):
         fit_fixed_costs({**{k: [t, t] for k, t in clean.items()}, SHORT_STEP: [clean[SHORT_STEP]]}, cfg, hw, 8, 2, sizes, 2)
 

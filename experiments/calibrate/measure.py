@@ -405,9 +405,11 @@ def measure_runtime_steps(
 # before (the halo step's full layers pay the all-to-all latency the node step fitted)
 STEP_FITS = (("layer_overhead", "own"), ("a2a_latency", "node"), ("a2a_inter_latency", "wide"), ("halo_latency", "node-halo"))
 HALO_STEPS = frozenset({"node-halo"})  # the runtime steps whose plan is a halo plan
-# a linear kind's runtime step of ranks alone with many short samples each (every sample one block of
-# the recurrence), paired with "own" (one sample a rank): what its extra blocks took is what a block
-# costs a rank in a step (fit_block_latency), where the mixer timed alone takes a third to a half of it
+# the runtime step of ranks alone with many short samples each (for a linear kind, every sample one
+# block of the recurrence), paired with "own" (one sample a rank): what its extra samples took beyond
+# their tokens' price is what a sample costs a rank in a step (fit_short_step_latency): a linear
+# kind's blocks, where its mixer timed alone takes a third to a half of it; an attention kind's
+# calls' per-sample loop, where the calls timed alone take about a quarter of it
 SHORT_STEP, SHORT_STEP_SAMPLES = "own-short", 16
 STEP_SAMPLES = {SHORT_STEP: SHORT_STEP_SAMPLES}  # samples per group of each runtime step (1 where absent)
 # the runtime steps' rounds per median_of: the fixed costs are differences of steps, noisier than
@@ -455,24 +457,32 @@ def _solve_linear(target: float, price, refusal: str) -> float:
     return max(target - without, 0.0) / per_second
 
 
-def fit_block_latency(
+def short_step_field(cfg: ModelConfig) -> str:
+    """The hardware setting the SHORT_STEP runtime step's extra samples fit: a linear kind's cost
+    per block of its recurrence (each of its samples is one block), or else an attention call's
+    cost per sample it holds (both the full and the sparse layers' calls loop over the samples)."""
+    return "linear_block_latency" if sparse_cost(cfg.sparse_kind).linear else "attention_sample_latency"
+
+
+def fit_short_step_latency(
     extra_s: float, cfg: ModelConfig, hw: HardwareConfig, world: int, node: int, tokens: int = STEP_SAMPLE_TOKENS
 ) -> float:
-    """The linear_block_latency that makes the simulator's price of the SHORT_STEP runtime step
-    (ranks alone, SHORT_STEP_SAMPLES samples of `tokens` tokens each) exceed that of "own" (one
-    such sample a rank) by `extra_s`, what the runtime's step took more: the same layers and calls,
-    so what is left once the extra samples' token-wise work and attention are priced is their
-    blocks. 0 if the price without it already accounts for `extra_s`."""
+    """The short_step_field(cfg) value that makes the simulator's price of the SHORT_STEP runtime
+    step (ranks alone, SHORT_STEP_SAMPLES samples of `tokens` tokens each) exceed that of "own"
+    (one such sample a rank) by `extra_s`, what the runtime's step took more: the same layers and
+    calls, so what is left once the extra samples' token-wise work (and, for a linear kind, their
+    attention in the full layers) is priced is their per-sample cost. 0 if the price without it
+    already accounts for `extra_s`."""
     from solver.simulator import simulate  # noqa: PLC0415
 
+    field = short_step_field(cfg)
     short, own = runtime_step_plan(world, node, 1, tokens, samples=SHORT_STEP_SAMPLES), runtime_step_plan(world, node, 1, tokens)
 
     def extra(v: float) -> float:
-        cost = _step_cost(cfg, hw, "linear_block_latency", v)
+        cost = _step_cost(cfg, hw, field, v)
         return simulate(short, cost).step_time - simulate(own, cost).step_time
 
-    refusal = f"{cfg.name}'s sparse layers ({cfg.sparse_kind}) loop over no blocks: nothing to fit linear_block_latency to"
-    return _solve_linear(extra_s, extra, refusal)
+    return _solve_linear(extra_s, extra, f"{cfg.name}'s runtime steps do not pay {field} per sample: nothing to fit it to")
 
 
 def keep_fit(hw: HardwareConfig, field: str, fitted: float) -> HardwareConfig:
@@ -489,27 +499,28 @@ def fit_fixed_costs(
     rounds: dict[str, list[float]], cfg: ModelConfig, hw: HardwareConfig, world: int, node: int, sizes: dict[str, int], tokens: int
 ) -> tuple[HardwareConfig, dict[str, float], dict[str, list[float]]]:
     """The fixed costs of STEP_FITS from measure_runtime_steps' rounds, and first, where the rounds
-    time SHORT_STEP, a linear kind's block cost (fit_block_latency: that round's SHORT_STEP less
-    its "own" step). Each round is fitted on its own, in that order, each fit keeping the ones
-    before it from the same round (the wide step's call latency is what that round's wide step
+    time SHORT_STEP, the cost per sample (fit_short_step_latency: that round's SHORT_STEP less its
+    "own" step; a linear kind's per block). Each round is fitted on its own, in that order, each
+    fit keeping the ones before it from the same round (the wide step's call latency is what that round's wide step
     took beyond that round's layers and calls inside a node), and each cost's figure is the median
     of its rounds' fits, kept by keep_fit in order. A difference of two medians taken over
     separate spells of a shared machine is what made single fits swing between runs
     (docs/calibration.md); the rounds' median drops a spell that slowed one round. Returns the
     hardware, each cost's median fit, and its rounds' fits."""
     present = [(field, key) for field, key in STEP_FITS if key in rounds]
-    pair = SHORT_STEP in rounds and "own" in rounds  # the block cost first: the own step's one block pays it too
+    pair = SHORT_STEP in rounds and "own" in rounds  # the per-sample cost first: the own step's one sample pays it too
     count = {len(rounds[key]) for _, key in present} | ({len(rounds[SHORT_STEP])} if pair else set())
     if len(count) > 1:
         raise ValueError(f"the runtime steps were timed in unequal rounds ({sorted(count)}): each round times every step")
-    each: dict[str, list[float]] = {"linear_block_latency": []} if pair else {}
+    short = short_step_field(cfg)
+    each: dict[str, list[float]] = {short: []} if pair else {}
     each.update((field, []) for field, _ in present)
     for r in range(count.pop() if count else 0):
         h = hw
         if pair:
-            v = fit_block_latency(rounds[SHORT_STEP][r] - rounds["own"][r], cfg, h, world, node, tokens)
-            each["linear_block_latency"].append(v)
-            h = keep_fit(h, "linear_block_latency", v)
+            v = fit_short_step_latency(rounds[SHORT_STEP][r] - rounds["own"][r], cfg, h, world, node, tokens)
+            each[short].append(v)
+            h = keep_fit(h, short, v)
         for field, key in present:
             v = fit_fixed_cost(rounds[key][r], cfg, h, world, node, field, sizes[key], tokens, key in HALO_STEPS)
             each[field].append(v)
@@ -713,8 +724,7 @@ def calibrate(
         del step_sizes["node"], step_sizes["node-halo"]
     elif sparse_cost(cfg.sparse_kind).first_key is None:  # a kind without a reach runs no halo exchange
         del step_sizes["node-halo"]
-    if linear:  # ranks alone with many one-block samples: a block's cost as a step pays it (fit_block_latency)
-        step_sizes[SHORT_STEP] = 1
+    step_sizes[SHORT_STEP] = 1  # ranks alone with many short samples: a sample's cost as a step pays it (fit_short_step_latency)
     rounds = step_rounds or STEP_ROUNDS_PER_MEDIAN * sizes["median_of"]
     runtime_rounds = measure_runtime_steps(cfg, groups, node, device, dtype, rounds, step_sizes, step_tokens)
     experts_a2a = measure_experts_all_to_all(groups, node, sizes["bytes"], cfg, device, dtype, sizes["median_of"])
@@ -837,10 +847,11 @@ def report(profile: dict) -> str:
         )
     m = profile["measurements"]
     crossing = net["inter"][net["reading"]]["a2a_inter_latency"] if "inter" in net else 0.0
+    per_call = "block_latency" if "linear" in fits else "sample_latency"  # the mixer's one call, priced apart
     isolated = {  # field: (what it is, what the isolated measurement says)
         "layer_overhead": (
             "per layer and forward pass; a bare layer on one token",
-            bare_layer_overhead(m["layer_1_token_s"], hw["linear_block_latency"] if "linear" in fits else hw["attention_sample_latency"]),
+            bare_layer_overhead(m["layer_1_token_s"], (fits["linear"] if "linear" in fits else fits["attention"])[per_call]),
         ),
         "a2a_latency": ("per all-to-all call; a lone call", net["intra"]["a2a_latency"]),
         "a2a_inter_latency": ("more per call across nodes; a lone call", crossing),
@@ -860,12 +871,18 @@ def report(profile: dict) -> str:
                 f"{1e3 * m['from_runtime_step'][field]:.2f} ms{_spread(rounds, field)} {label}: {1e3 * alone:.2f} ms; "
                 f"kept {1e3 * hw[field]:.2f} ms"
             )
-    if "linear_block_latency" in m["from_runtime_step"]:
+    short = next((f for f in ("linear_block_latency", "attention_sample_latency") if f in m["from_runtime_step"]), None)
+    if short:  # the per-sample cost's fit, where the rounds timed the short-sample step
         extra = m["runtime_step_s"][SHORT_STEP] - m["runtime_step_s"]["own"]
+        what, alone = (
+            ("per recurrence block", ("the mixer alone", fits["linear"]["block_latency"]))
+            if short == "linear_block_latency"
+            else ("per sample of an attention call", ("the calls alone", fits["attention"]["sample_latency"]))
+        )
         lines.append(
             f"    ranks alone, {SHORT_STEP_SAMPLES} samples a rank against one: {1e3 * extra:.1f} ms more -> "
-            f"{1e3 * m['from_runtime_step']['linear_block_latency']:.3f} ms per recurrence block{_spread(rounds, 'linear_block_latency')}; "
-            f"the mixer alone: {1e3 * fits['linear']['block_latency']:.3f} ms; kept {1e3 * hw['linear_block_latency']:.3f} ms"
+            f"{1e3 * m['from_runtime_step'][short]:.3f} ms {what}{_spread(rounds, short)}; "
+            f"{alone[0]}: {1e3 * alone[1]:.3f} ms; kept {1e3 * hw[short]:.3f} ms"
         )
     for field in hw.get("floored", ()):
         lines.append(f"    {field} fitted at the floor of its range (0): the step took no longer than its price without it; priced free")

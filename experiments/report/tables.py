@@ -603,11 +603,13 @@ def emulated_runs(*folders: str) -> tuple[str, list[dict]]:
         hw = profile_section(profile, "hardware")
         halo = hw.get("halo_latency")
         block = hw.get("linear_block_latency") or 0.0
+        sample = hw.get("attention_sample_latency") or 0.0
         fitted.append(
             f"run {k}: ratio {hw['inter_intra_ratio']:.2f}x ({hw['ratio_reading']}), all-to-all call {1e3 * hw['a2a_latency']:.1f} ms "
             f"(+{1e3 * hw['a2a_inter_latency']:.1f} ms across nodes{_per_peer(hw)}), "
             + (f"halo call {1e3 * halo:.1f} ms" if halo is not None else "halo call as an all-to-all's")
             + (f", {1e3 * block:.2f} ms per recurrence block" if block else "")
+            + (f", {1e3 * sample:.2f} ms per attention sample" if sample and not block else "")
         )
     if fitted:
         text += " Calibrated in each run: " + "; ".join(fitted) + "."
