@@ -263,7 +263,8 @@ def run_compare(s) -> None:
             os.path.join(out, "logs", "calibrate"),
             "calibration",
         )
-        print(open(os.path.join(out, "logs", "calibrate", "node0.log")).read().split("hardware profile:", 1)[-1][:1500], flush=True)
+        # the calibration's report as node 0 printed it, whole (its last lines are the fits a step pays)
+        print(open(os.path.join(out, "logs", "calibrate", "node0.log")).read().split("hardware profile:", 1)[-1], flush=True)
         # the tiny workload, sized to the cluster as the driver sizes it, as a trace both sides read
         budget = TINY_TOKENS_PER_RANK
         wl = WorkloadConfig.from_name("tiny", steps=s.workload.steps, seed=s.workload.seed)
