@@ -409,7 +409,7 @@ HALO_STEPS = frozenset({"node-halo"})  # the runtime steps whose plan is a halo 
 # block of the recurrence), paired with "own" (one sample a rank): what its extra samples took beyond
 # their tokens' price is what a sample costs a rank in a step (fit_short_step_latency): a linear
 # kind's blocks, where its mixer timed alone takes a third to a half of it; an attention kind's
-# calls' per-sample loop, where the calls timed alone take about a quarter of it
+# calls' per-sample loop, where the calls timed alone take a third to two fifths of it
 SHORT_STEP, SHORT_STEP_SAMPLES = "own-short", 16
 STEP_SAMPLES = {SHORT_STEP: SHORT_STEP_SAMPLES}  # samples per group of each runtime step (1 where absent)
 # the runtime steps' rounds per median_of: the fixed costs are differences of steps, noisier than
@@ -501,9 +501,9 @@ def fit_fixed_costs(
     """The fixed costs of STEP_FITS from measure_runtime_steps' rounds, and first, where the rounds
     time SHORT_STEP, the cost per sample (fit_short_step_latency: that round's SHORT_STEP less its
     "own" step; a linear kind's per block). Each round is fitted on its own, in that order, each
-    fit keeping the ones before it from the same round (the wide step's call latency is what that round's wide step
-    took beyond that round's layers and calls inside a node), and each cost's figure is the median
-    of its rounds' fits, kept by keep_fit in order. A difference of two medians taken over
+    fit keeping the ones before it from the same round (the wide step's call latency is what that
+    round's wide step took beyond that round's layers and calls inside a node), and each cost's
+    figure is the median of its rounds' fits, kept by keep_fit in order. A difference of two medians taken over
     separate spells of a shared machine is what made single fits swing between runs
     (docs/calibration.md); the rounds' median drops a spell that slowed one round. Returns the
     hardware, each cost's median fit, and its rounds' fits."""
