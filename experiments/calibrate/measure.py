@@ -847,11 +847,16 @@ def report(profile: dict) -> str:
         )
     m = profile["measurements"]
     crossing = net["inter"][net["reading"]]["a2a_inter_latency"] if "inter" in net else 0.0
-    per_call = "block_latency" if "linear" in fits else "sample_latency"  # the mixer's one call, priced apart
+    # the S layers' cost per call of their loop, as the isolated fit has it and as the short step fits it
+    short, one_call, what, alone_label = (
+        ("linear_block_latency", fits["linear"]["block_latency"], "per recurrence block", "the mixer alone")
+        if "linear" in fits
+        else ("attention_sample_latency", fits["attention"]["sample_latency"], "per sample of an attention call", "the calls alone")
+    )
     isolated = {  # field: (what it is, what the isolated measurement says)
         "layer_overhead": (
             "per layer and forward pass; a bare layer on one token",
-            bare_layer_overhead(m["layer_1_token_s"], (fits["linear"] if "linear" in fits else fits["attention"])[per_call]),
+            bare_layer_overhead(m["layer_1_token_s"], one_call),
         ),
         "a2a_latency": ("per all-to-all call; a lone call", net["intra"]["a2a_latency"]),
         "a2a_inter_latency": ("more per call across nodes; a lone call", crossing),
@@ -871,18 +876,12 @@ def report(profile: dict) -> str:
                 f"{1e3 * m['from_runtime_step'][field]:.2f} ms{_spread(rounds, field)} {label}: {1e3 * alone:.2f} ms; "
                 f"kept {1e3 * hw[field]:.2f} ms"
             )
-    short = next((f for f in ("linear_block_latency", "attention_sample_latency") if f in m["from_runtime_step"]), None)
-    if short:  # the per-sample cost's fit, where the rounds timed the short-sample step
+    if short in m["from_runtime_step"]:  # the per-call cost's fit, where the rounds timed the short-sample step
         extra = m["runtime_step_s"][SHORT_STEP] - m["runtime_step_s"]["own"]
-        what, alone = (
-            ("per recurrence block", ("the mixer alone", fits["linear"]["block_latency"]))
-            if short == "linear_block_latency"
-            else ("per sample of an attention call", ("the calls alone", fits["attention"]["sample_latency"]))
-        )
         lines.append(
             f"    ranks alone, {SHORT_STEP_SAMPLES} samples a rank against one: {1e3 * extra:.1f} ms more -> "
             f"{1e3 * m['from_runtime_step'][short]:.3f} ms {what}{_spread(rounds, short)}; "
-            f"{alone[0]}: {1e3 * alone[1]:.3f} ms; kept {1e3 * hw[short]:.3f} ms"
+            f"{alone_label}: {1e3 * one_call:.3f} ms; kept {1e3 * hw[short]:.3f} ms"
         )
     for field in hw.get("floored", ()):
         lines.append(f"    {field} fitted at the floor of its range (0): the step took no longer than its price without it; priced free")
