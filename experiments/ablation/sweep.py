@@ -79,6 +79,7 @@ COLUMNS = [
     "mean_inter_comm_s",
     "mean_imbalance_wait_s",
     "commit",
+    "tree",
     "device",
     "time_utc",
     "command",
@@ -121,7 +122,7 @@ def main(argv=None):
                         "mode": mode,
                         "selected_steps": e["steps"],
                         **{k: e.get(k) for k in COLUMNS if k in e},
-                        **{k: prov[k] for k in ("commit", "device", "time_utc", "command")},
+                        **{k: prov[k] for k in ("commit", "tree", "device", "time_utc", "command")},
                     }
                 )
         over = summary["over_seeds"]

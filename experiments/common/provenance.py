@@ -1,5 +1,5 @@
-"""The provenance every result carries: git commit, device, time, host, Python, and the command
-that produced it (so experiments.report can say how to rerun it)."""
+"""The provenance every result carries: git commit and the tree of the files it ran, device, time,
+host, Python, and the command that produced it (so experiments.report can say how to rerun it)."""
 
 from __future__ import annotations
 
@@ -9,20 +9,62 @@ import platform
 import shlex
 import subprocess
 import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def git_commit() -> str:
-    here = os.path.dirname(os.path.abspath(__file__))
+def _git(args: list[str], cwd: str, env: dict | None = None) -> str | None:
+    """git's output, stripped, or None where git is missing, fails or is not a repository here."""
     try:
-        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5)
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=here, capture_output=True, text=True, timeout=5
-        )
-        if sha.returncode != 0:
-            return "unknown"
-        return sha.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+        p = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=30, env=env)
     except (OSError, subprocess.SubprocessError):
+        return None
+    return p.stdout.strip() if p.returncode == 0 else None
+
+
+def git_commit(root: str = HERE) -> str:
+    """HEAD's short hash, with -dirty where a tracked file differs from it; unknown outside git."""
+    sha = _git(["rev-parse", "--short", "HEAD"], root)
+    if sha is None:
         return "unknown"
+    dirty = _git(["status", "--porcelain", "--untracked-files=no"], root)
+    return sha + ("-dirty" if dirty else "")
+
+
+def working_tree(root: str = HERE) -> str:
+    """The git tree hash of the files this run reads: HEAD's tree where no tracked file differs from
+    HEAD; else the tree git would commit from every file here it does not ignore (written through a
+    temporary index, so neither the index nor HEAD moves). A copy of the repository whose git folder
+    is older than its files (a device machine's) names in a dirty commit the commit its git knew; its
+    tree is the commit whose files it ran, which the report finds (commit_of_tree). Empty outside git."""
+    if _git(["status", "--porcelain", "--untracked-files=no"], root) == "":
+        return _git(["rev-parse", "HEAD^{tree}"], root) or ""
+    top = _git(["rev-parse", "--show-toplevel"], root)
+    if top is None:
+        return ""
+    with tempfile.TemporaryDirectory(prefix="provenance-") as tmp:
+        env = {**os.environ, "GIT_INDEX_FILE": os.path.join(tmp, "index")}
+        if _git(["add", "--all", "."], top, env) is None:
+            return ""
+        return _git(["write-tree"], top, env) or ""
+
+
+def commit_of_tree(tree: str, root: str = HERE) -> str | None:
+    """The newest commit (short hash) of this repository whose files are exactly `tree`, or None."""
+    if not tree:
+        return None
+    log = _git(["log", "--all", "--format=%h %T"], root) or ""
+    return next((c for c, t in (line.split() for line in log.splitlines()) if t == tree), None)
+
+
+def shown_commit(prov: dict, root: str = HERE) -> str:
+    """The commit a result is cited by: its own where clean; a dirty one's, where its files are a
+    commit's (commit_of_tree); else as it was recorded, -dirty and all."""
+    commit = prov.get("commit") or ""
+    if commit.endswith("-dirty"):
+        return commit_of_tree(prov.get("tree", ""), root) or commit
+    return commit
 
 
 def device_name() -> str:
@@ -55,6 +97,7 @@ def provenance() -> dict:
     return {
         "command": command_line(),
         "commit": git_commit(),
+        "tree": working_tree(),
         "device": device_name(),
         "time_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "host": platform.node(),

@@ -102,7 +102,7 @@ def main(argv=None) -> int:
         return 2
     os.makedirs(args.out, exist_ok=True)
     ctx = provenance()
-    print(f"device: {ctx['device']}  commit {ctx['commit']}  torch {torch.__version__}")
+    print(f"device: {ctx['device']}  commit {ctx['commit']} (files: tree {ctx['tree'][:12] or 'unknown'})  torch {torch.__version__}")
     results = {"context": ctx, "gpu_tests": check_gpu_tests(), "bandwidth": check_bandwidth(args.out)}
     failed = [k for k, v in results.items() if k != "context" and not v["ok"]]
     path = os.path.join(args.out, "gpu_check.json")

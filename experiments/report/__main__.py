@@ -27,6 +27,7 @@ from config.cli import Command
 from config.entries import ReportOptions
 from experiments.common import entry
 from experiments.common.errors import USER_ERRORS, InputError
+from experiments.common.provenance import shown_commit
 from experiments.report import figures
 from experiments.report.check import check
 from experiments.report.tables import NAMED, RENDERERS
@@ -59,7 +60,8 @@ def provenance_line(prov: list[dict], commits: bool = True) -> str:
     for p in prov:
         when = (p.get("time_utc") or "")[:10]
         made = f"`{p['command']}`" if p.get("command") else "its command"
-        at = ", ".join(x for x in (f"commit {p['commit']}" if p.get("commit") else "", p.get("device", ""), when) if x)
+        commit = shown_commit(p)  # a run from a copy whose git was older than its files: the commit of its files
+        at = ", ".join(x for x in (f"commit {commit}" if commit else "", p.get("device", ""), when) if x)
         parts.append(f"{p['where']}: {made}" + (f" ({at})" if at else ""))
     return "<sub>Rendered by `python -m experiments.report` from " + "; ".join(parts) + ".</sub>"
 

@@ -59,7 +59,7 @@ def csv_rows(path: str) -> list[dict]:
 
 def csv_provenance(rows: list[dict], where: str) -> dict:
     first = rows[0]
-    return {k: first.get(k, "") for k in ("command", "commit", "device", "time_utc")} | {"where": where}
+    return {k: first.get(k, "") for k in ("command", "commit", "tree", "device", "time_utc")} | {"where": where}
 
 
 # ----- the ablation -------------------------------------------------------------------------------------

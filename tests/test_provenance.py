@@ -1,0 +1,85 @@
+"""A result names the commit whose files it ran, also from a copy whose git folder is older than its
+files (a device machine's), and the report cites it by that commit."""
+
+import os
+import subprocess
+
+import pytest
+
+from experiments.common.provenance import commit_of_tree, git_commit, shown_commit, working_tree
+from experiments.report.__main__ import provenance_line
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def git(cwd, *args) -> str:
+    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True).stdout.strip()
+
+
+@pytest.fixture
+def repo(tmp_path, monkeypatch):
+    """A repository with two commits: A (one file), B (that file changed, another added)."""
+    for k, v in {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}.items():
+        monkeypatch.setenv(k, v)
+    r = tmp_path / "repo"
+    r.mkdir()
+    git(r, "init", "-q")
+    (r / ".gitignore").write_text("results/\n")
+    (r / "a.py").write_text("x = 1\n")
+    git(r, "add", "-A")
+    git(r, "commit", "-qm", "A")
+    (r / "a.py").write_text("x = 2\n")
+    (r / "b.py").write_text("y = 3\n")
+    git(r, "add", "-A")
+    git(r, "commit", "-qm", "B")
+    return r, git(r, "rev-parse", "--short", "HEAD~1"), git(r, "rev-parse", "--short", "HEAD")
+
+
+def test_a_clean_checkout_names_its_commit_and_that_commits_tree(repo):
+    r, _, b = repo
+    (r / "results").mkdir()
+    (r / "results" / "out.csv").write_text("ignored\n")  # what a run writes is ignored by git
+    assert git_commit(str(r)) == b
+    assert working_tree(str(r)) == git(r, "rev-parse", "HEAD^{tree}")
+    assert shown_commit({"commit": b, "tree": working_tree(str(r))}, str(r)) == b
+
+
+def test_a_copy_whose_git_is_older_than_its_files_is_cited_by_the_commit_of_its_files(repo, tmp_path):
+    r, a, b = repo
+    copy = tmp_path / "copy"  # B's files over a git folder that knows only up to A, its index A's
+    subprocess.run(["cp", "-a", str(r), str(copy)], check=True)
+    git(copy, "reset", "-q", "--mixed", a)
+    git(copy, "reflog", "expire", "--expire=now", "--all")
+    (copy / ".git" / "ORIG_HEAD").unlink(missing_ok=True)
+    status, index = git(copy, "status", "--porcelain"), (copy / ".git" / "index").read_bytes()
+    prov = {"commit": git_commit(str(copy)), "tree": working_tree(str(copy))}
+    assert prov["commit"] == f"{a}-dirty"
+    assert prov["tree"] == git(r, "rev-parse", "HEAD^{tree}")  # B's files, b.py untracked there included
+    assert git(copy, "status", "--porcelain") == status and (copy / ".git" / "index").read_bytes() == index
+    assert git(copy, "rev-parse", "--short", "HEAD") == a
+    assert shown_commit(prov, str(r)) == b  # resolved where the history holds B
+    assert commit_of_tree(prov["tree"], str(copy)) is None  # the copy's git never saw B
+    assert commit_of_tree(git(r, "rev-parse", "HEAD~1^{tree}"), str(r)) == a
+
+
+def test_files_that_are_no_commits_keep_their_dirty_name(repo, tmp_path):
+    r, a, _ = repo
+    (r / "a.py").write_text("x = 4\n")  # a change no commit holds
+    prov = {"commit": git_commit(str(r)), "tree": working_tree(str(r))}
+    assert prov["commit"].endswith("-dirty") and prov["tree"]
+    assert shown_commit(prov, str(r)) == prov["commit"]
+    (r / "a.py").write_text("x = 2\n")
+    (r / "stray.py").write_text("z = 5\n")  # B's tracked files, and one git does not ignore and no commit has
+    git(r, "reset", "-q", "--mixed", a)
+    prov = {"commit": git_commit(str(r)), "tree": working_tree(str(r))}
+    assert shown_commit(prov, str(r)) == f"{a}-dirty"
+    assert shown_commit({"commit": f"{a}-dirty"}, str(r)) == f"{a}-dirty"  # a result from before trees were recorded
+
+
+def test_the_report_cites_a_dirty_run_whose_files_are_a_commit_by_that_commit():
+    tree = git(ROOT, "rev-parse", "HEAD^{tree}")
+    line = provenance_line([{"command": "python -m x", "commit": "0000000-dirty", "tree": tree, "device": "gpu", "where": "w"}])
+    cited = line.split("commit ", 1)[1].split(",", 1)[0]
+    assert cited != "0000000-dirty" and git(ROOT, "rev-parse", f"{cited}^{{tree}}") == tree
+    stale = provenance_line([{"command": "python -m x", "commit": "0000000-dirty", "tree": "0" * 40, "device": "gpu", "where": "w"}])
+    assert "commit 0000000-dirty, gpu" in stale
