@@ -195,6 +195,12 @@ class ReportOptions(Section):
         "into a temporary folder, render, and fail naming each block whose figures differ from the committed docs",
         flag="--check",
     )
+    rerun: bool = setting(
+        False,
+        "first rerun the command behind every block, the long ones too (the sweeps, the benchmarks, the emulated cluster: "
+        "about three hours here, on an otherwise idle machine), from a clean checkout, so that every block cites its "
+        "commit; then render",
+    )
     progress: bool = progress()
 
 

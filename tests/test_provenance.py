@@ -83,3 +83,67 @@ def test_the_report_cites_a_dirty_run_whose_files_are_a_commit_by_that_commit():
     assert cited != "0000000-dirty" and git(ROOT, "rev-parse", f"{cited}^{{tree}}") == tree
     stale = provenance_line([{"command": "python -m x", "commit": "0000000-dirty", "tree": "0" * 40, "device": "gpu", "where": "w"}])
     assert "commit 0000000-dirty, gpu" in stale
+
+
+def test_report_rerun_plans_every_blocks_command_once_the_emulated_cluster_last_and_names_the_gpu_block():
+    """report --rerun's plan on the project's docs, against the commands read off the docs' provenance
+    lines directly: each once (the report's own aside), none of the GPU block's; the ablation's
+    before the sweeps', those before the benchmarks', the emulated cluster's last; a node's torchrun
+    line launched again through the emulated cluster of its nodes and ranks."""
+    import re
+    import sys
+
+    from experiments.report.__main__ import BLOCK
+    from experiments.report.rerun import EMULATE, plan, runnable
+
+    docs = os.path.join(ROOT, "docs")
+    named = set()
+    for f in [*(os.path.join(docs, n) for n in os.listdir(docs) if n.endswith(".md")), os.path.join(ROOT, "README.md")]:
+        for line in re.findall(r"^<sub>Rendered by .*</sub>$", open(f, encoding="utf-8").read(), re.M):
+            named |= {c for c in re.findall(r"`([^`]+)`", line) if c.startswith(("python", "torchrun"))}
+    named.discard("python -m experiments.report")
+    todo, elsewhere = plan(docs, BLOCK)
+    gpu = {c for c in named if "gpu_check" in c}
+    assert len(todo) == len(set(todo)) and set(todo) == named - gpu and gpu
+    assert len(elsewhere) == 1 and "kernel-bench" in elsewhere[0]
+    modules = [runnable(c)[2] for c in todo]
+    stage = [0 if m == "experiments.ablation" else 1 if m == "experiments.ablation.sweep" else 3 if m == EMULATE else 2 for m in modules]
+    assert stage == sorted(stage) and stage[0] == 0 and stage[-1] == 3
+    line = "torchrun --nnodes=4 --nproc-per-node=2 -m experiments.bench.groups --out results/emulated/groups-8"
+    emulated = [sys.executable, "-m", EMULATE, "--nodes", "4", "--gpus-per-node", "2", "--"]
+    assert runnable(line) == [*emulated, "-m", "experiments.bench.groups", "--out", "results/emulated/groups-8"]
+
+
+def test_report_rerun_runs_each_command_where_results_lands_and_stops_at_the_first_that_fails(tmp_path):
+    """report --rerun in a folder of docs whose blocks name three ablation runs, the second with a bad
+    setting: the first writes its results under the results folder given, the second's failure
+    stops the rerun naming it, the third never runs. Refused before anything runs: a dirty
+    checkout, a results folder by another name, a torchrun line that names no nodes."""
+    from experiments.common.errors import InputError
+    from experiments.report.__main__ import BLOCK
+    from experiments.report.rerun import rerun
+
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    blocks = []
+    for name, extra in (("first", ""), ("bad", " --steps 0"), ("never", "")):
+        cmd = f"python -m experiments.ablation --no-progress --steps 10 --seeds 1{extra} --out results/{name}"
+        prov = f"<sub>Rendered by `python -m experiments.report` from results/{name}: `{cmd}`.</sub>"
+        blocks.append(f"<!-- report:ablation {name} -->\nold\n\n{prov}\n<!-- /report -->\n")
+    (docs / "a.md").write_text("\n".join(blocks))
+    results = tmp_path / "results"
+    log = tmp_path / "log.txt"
+    with open(log, "w") as out:
+        failed = rerun(str(docs), str(results), BLOCK, out=out, commit="0899376")
+    assert (results / "first" / "summary.json").exists()
+    assert len(failed) == 1 and "--steps 0" in failed[0] and "1 command(s) after it not run" in failed[0]
+    assert not (results / "bad").exists() and not (results / "never").exists()
+    with pytest.raises(InputError, match="differ from its commit"):
+        rerun(str(docs), str(results), BLOCK, out=open(log, "w"), commit="0899376-dirty")
+    with pytest.raises(InputError, match="name it results"):
+        rerun(str(docs), str(tmp_path / "elsewhere"), BLOCK, out=open(log, "w"), commit="0899376")
+    (docs / "a.md").write_text(
+        blocks[0].replace("python -m experiments.ablation", "torchrun --standalone --nproc-per-node 2 -m experiments.ablation")
+    )
+    with pytest.raises(InputError, match="cannot be rerun here"):
+        rerun(str(docs), str(results), BLOCK, out=open(log, "w"), commit="0899376")

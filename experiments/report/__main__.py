@@ -3,6 +3,7 @@
     python -m experiments.report                  # every marked block of docs/*.md, every figure
     python -m experiments.report --strict         # fail if a block's results are missing
     python -m experiments.report --check          # write nothing: do the committed docs still hold? (CI runs it)
+    python -m experiments.report --rerun          # rerun every block's command at this commit (hours), then render
 
 A block in a doc is marked
 
@@ -30,6 +31,7 @@ from experiments.common.errors import USER_ERRORS, InputError
 from experiments.common.provenance import shown_commit
 from experiments.report import figures
 from experiments.report.check import check
+from experiments.report.rerun import rerun
 from experiments.report.tables import NAMED, RENDERERS
 
 BLOCK = re.compile(r"(<!-- report:(?P<name>[a-z-]+)(?P<args>[^>]*?) -->\n)(?P<body>.*?)(<!-- /report -->)", re.S)
@@ -144,6 +146,11 @@ def main(argv=None) -> int:
             print(f"  stale: {p}", file=sys.stderr)
         print(f"report --check: {len(problems)} block(s) differ from a fresh run" if problems else "report --check: the docs hold")
         return 1 if problems else 0
+    if opts.rerun:
+        with entry.user_errors():
+            failed = rerun(opts.docs, opts.results, BLOCK)
+        if failed:
+            entry.fail(f"report --rerun: {failed[0]}; nothing rendered")
     docs = sorted(os.path.join(opts.docs, f) for f in os.listdir(opts.docs) if f.endswith(".md"))
     docs += [readme] if os.path.exists(readme) else []
     missing, rendered, texts = [], 0, {}
