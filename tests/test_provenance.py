@@ -118,7 +118,8 @@ def test_report_rerun_runs_each_command_where_results_lands_and_stops_at_the_fir
     """report --rerun in a folder of docs whose blocks name three ablation runs, the second with a bad
     setting: the first writes its results under the results folder given, the second's failure
     stops the rerun naming it, the third never runs. Refused before anything runs: a dirty
-    checkout, a results folder by another name, a torchrun line that names no nodes."""
+    checkout, a results folder by another name, a command for the emulated cluster with results
+    outside the project (its nodes write under the project's), a torchrun line that names no nodes."""
     from experiments.common.errors import InputError
     from experiments.report.__main__ import BLOCK
     from experiments.report.rerun import rerun
@@ -142,6 +143,11 @@ def test_report_rerun_runs_each_command_where_results_lands_and_stops_at_the_fir
         rerun(str(docs), str(results), BLOCK, out=open(log, "w"), commit="0899376-dirty")
     with pytest.raises(InputError, match="name it results"):
         rerun(str(docs), str(tmp_path / "elsewhere"), BLOCK, out=open(log, "w"), commit="0899376")
+    first = "python -m experiments.ablation --no-progress --steps 10 --seeds 1 --out results/first"
+    node = "torchrun --nnodes=2 --nproc-per-node=2 -m experiments.bench.groups --out results/emulated/groups-4"
+    (docs / "a.md").write_text(blocks[0].replace(first, node))
+    with pytest.raises(InputError, match="rerun into .*results, not"):  # its nodes write under the project's results/
+        rerun(str(docs), str(results), BLOCK, out=open(log, "w"), commit="0899376")
     (docs / "a.md").write_text(
         blocks[0].replace("python -m experiments.ablation", "torchrun --standalone --nproc-per-node 2 -m experiments.ablation")
     )

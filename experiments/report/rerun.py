@@ -76,8 +76,9 @@ def plan(docs: str, block) -> tuple[list[str], list[str]]:
 
 def rerun(docs: str, results: str, block, out=sys.stdout, commit: str | None = None) -> list[str]:
     """Run plan(docs)'s commands from the folder holding `results`; the failures (empty: all ran).
-    InputError before anything runs: a results folder not named `results`, a dirty checkout (its
-    `commit`: this checkout's by default), a command that cannot be rerun here."""
+    InputError before anything runs: a results folder not named `results` (the project's own
+    where a command runs on the emulated cluster), a dirty checkout (its `commit`: this
+    checkout's by default), a command that cannot be rerun here."""
     results = os.path.abspath(results)
     if os.path.basename(results) != "results":
         raise InputError(f"--results {results!r}: the commands write under results/ of the folder they run in; name it results")
@@ -86,6 +87,12 @@ def rerun(docs: str, results: str, block, out=sys.stdout, commit: str | None = N
         raise InputError(f"the checkout's files differ from its commit ({commit}): commit them first, or the results cite a dirty tree")
     todo, elsewhere = plan(docs, block)
     argvs = [runnable(c) for c in todo]  # every command checked before the first runs
+    nodes = [c for c in todo if c.startswith("torchrun")]
+    if nodes and os.path.dirname(results) != ROOT:
+        raise InputError(
+            f"`{nodes[0]}` runs on the emulated cluster, whose nodes run in the project's folder and write under its results/: "
+            f"rerun into {os.path.join(ROOT, 'results')}, not {results}"
+        )
     print(f"rerunning {len(todo)} command(s) at commit {commit}, from {os.path.dirname(results)}:", file=out)
     for i, cmd in enumerate(todo, 1):
         print(f"  {i}. {cmd}", file=out)
