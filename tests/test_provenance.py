@@ -120,6 +120,8 @@ def test_report_rerun_runs_each_command_where_results_lands_and_stops_at_the_fir
     stops the rerun naming it, the third never runs. Refused before anything runs: a dirty
     checkout, a results folder by another name, a command for the emulated cluster with results
     outside the project (its nodes write under the project's), a torchrun line that names no nodes."""
+    import io
+
     from experiments.common.errors import InputError
     from experiments.report.__main__ import BLOCK
     from experiments.report.rerun import rerun
@@ -140,16 +142,16 @@ def test_report_rerun_runs_each_command_where_results_lands_and_stops_at_the_fir
     assert len(failed) == 1 and "--steps 0" in failed[0] and "1 command(s) after it not run" in failed[0]
     assert not (results / "bad").exists() and not (results / "never").exists()
     with pytest.raises(InputError, match="differ from its commit"):
-        rerun(str(docs), str(results), BLOCK, out=open(log, "w"), commit="0899376-dirty")
+        rerun(str(docs), str(results), BLOCK, out=io.StringIO(), commit="0899376-dirty")
     with pytest.raises(InputError, match="name it results"):
-        rerun(str(docs), str(tmp_path / "elsewhere"), BLOCK, out=open(log, "w"), commit="0899376")
+        rerun(str(docs), str(tmp_path / "elsewhere"), BLOCK, out=io.StringIO(), commit="0899376")
     first = "python -m experiments.ablation --no-progress --steps 10 --seeds 1 --out results/first"
     node = "torchrun --nnodes=2 --nproc-per-node=2 -m experiments.bench.groups --out results/emulated/groups-4"
     (docs / "a.md").write_text(blocks[0].replace(first, node))
     with pytest.raises(InputError, match="rerun into .*results, not"):  # its nodes write under the project's results/
-        rerun(str(docs), str(results), BLOCK, out=open(log, "w"), commit="0899376")
+        rerun(str(docs), str(results), BLOCK, out=io.StringIO(), commit="0899376")
     (docs / "a.md").write_text(
         blocks[0].replace("python -m experiments.ablation", "torchrun --standalone --nproc-per-node 2 -m experiments.ablation")
     )
     with pytest.raises(InputError, match="cannot be rerun here"):
-        rerun(str(docs), str(results), BLOCK, out=open(log, "w"), commit="0899376")
+        rerun(str(docs), str(results), BLOCK, out=io.StringIO(), commit="0899376")

@@ -30,7 +30,7 @@ from experiments.common import entry
 from experiments.common.errors import USER_ERRORS, InputError
 from experiments.common.provenance import shown_commit
 from experiments.report import figures
-from experiments.report.check import check
+from experiments.report.check import check, doc_paths
 from experiments.report.rerun import rerun
 from experiments.report.tables import NAMED, RENDERERS
 
@@ -136,7 +136,6 @@ def render_doc(path: str, results: str, docs: str) -> tuple[str, list[str]]:
 
 def main(argv=None) -> int:
     opts = entry.parse(COMMAND, argv).report
-    readme = os.path.join(os.path.dirname(os.path.abspath(opts.docs)), "README.md")
     if not os.path.isdir(opts.docs):
         entry.fail(f"--docs {opts.docs!r} is not a folder of docs")
     if opts.check_docs:
@@ -151,8 +150,7 @@ def main(argv=None) -> int:
             failed = rerun(opts.docs, opts.results, BLOCK)
         if failed:
             entry.fail(f"report --rerun: {failed[0]}; nothing rendered")
-    docs = sorted(os.path.join(opts.docs, f) for f in os.listdir(opts.docs) if f.endswith(".md"))
-    docs += [readme] if os.path.exists(readme) else []
+    docs = doc_paths(opts.docs)
     missing, rendered, texts = [], 0, {}
     for path in docs:  # every doc rendered before any is written: an error leaves every doc as it was
         try:

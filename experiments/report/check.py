@@ -29,6 +29,21 @@ PROVENANCE = re.compile(r"^<sub>Rendered by .*</sub>$", re.M)
 COMMAND = re.compile(r"`((?:python|torchrun) [^`]+)`")  # a provenance line's commands, each in backticks
 
 
+def doc_paths(docs: str) -> list[str]:
+    """The docs the report renders: every .md file of `docs`, sorted, and the README beside the folder where there is one."""
+    readme = readme_path(docs)
+    return sorted(os.path.join(docs, f) for f in os.listdir(docs) if f.endswith(".md")) + ([readme] if os.path.exists(readme) else [])
+
+
+def readme_path(docs: str) -> str:
+    return os.path.join(os.path.dirname(os.path.abspath(docs)), "README.md")
+
+
+def command_env() -> dict:
+    """The environment a block's command runs in: this one, with the project importable from any folder."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}
+
+
 def _blocks(text: str, block: re.Pattern):
     """(name, args, body without its provenance line, the provenance line) of every marked block
     (`block`: the report's marker grammar)."""
@@ -60,9 +75,8 @@ def _checkable(name: str, args: list[str], prov: str) -> bool:
 def check(docs: str, render_doc, block: re.Pattern, timeout: float = 900.0, out=sys.stdout) -> list[str]:
     """The blocks whose committed figures differ from a fresh run's (empty: the docs hold).
     render_doc(path, results, docs) and `block` are the report's (experiments.report.__main__)."""
-    readme = os.path.join(os.path.dirname(os.path.abspath(docs)), "README.md")
-    paths = sorted(os.path.join(docs, f) for f in os.listdir(docs) if f.endswith(".md")) + ([readme] if os.path.exists(readme) else [])
-    committed = {p: list(_blocks(open(p, encoding="utf-8").read(), block)) for p in paths}
+    readme = readme_path(docs)
+    committed = {p: list(_blocks(open(p, encoding="utf-8").read(), block)) for p in doc_paths(docs)}
     todo, skipped = [], []
     for p, blocks in committed.items():
         for name, args, _, prov in blocks:
@@ -72,7 +86,7 @@ def check(docs: str, render_doc, block: re.Pattern, timeout: float = 900.0, out=
                 skipped.append(f"{os.path.basename(p)}: {name} {' '.join(args)} ({', '.join(_commands(prov)) or 'its command'})")
     problems = []
     with tempfile.TemporaryDirectory(prefix="report-check-") as tmp:
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}
+        env = command_env()
         for cmd in todo:
             print(f"rerunning: {cmd}", file=out, flush=True)
             argv = [sys.executable, *shlex.split(cmd)[1:]]

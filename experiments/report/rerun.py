@@ -24,7 +24,7 @@ import time
 
 from experiments.common.errors import InputError
 from experiments.common.provenance import git_commit
-from experiments.report.check import _blocks, _commands
+from experiments.report.check import ROOT, _blocks, _commands, command_env, doc_paths
 
 GPU_BLOCKS = ("kernel-bench",)  # blocks rendered from a run on a CUDA machine
 EMULATE = "experiments.calibrate.emulate"
@@ -55,11 +55,9 @@ def runnable(cmd: str) -> list[str]:
 def plan(docs: str, block) -> tuple[list[str], list[str]]:
     """(every command the docs' blocks name, once each, in ORDER; what cannot run here: the GPU
     blocks' commands, each with its block). `block`: the report's marker grammar."""
-    readme = os.path.join(os.path.dirname(os.path.abspath(docs)), "README.md")
-    paths = sorted(os.path.join(docs, f) for f in os.listdir(docs) if f.endswith(".md")) + ([readme] if os.path.exists(readme) else [])
     todo: list[str] = []
     elsewhere: list[str] = []
-    for p in paths:
+    for p in doc_paths(docs):
         for name, args, _, prov in _blocks(open(p, encoding="utf-8").read(), block):
             for cmd in _commands(prov):
                 if name in GPU_BLOCKS:
@@ -69,7 +67,8 @@ def plan(docs: str, block) -> tuple[list[str], list[str]]:
 
     def rank(cmd: str) -> int:
         module = _module(runnable(cmd))
-        return max((i for i, m in enumerate(ORDER) if module == m or module.startswith(m + ".")), default=len(ORDER) - 2)
+        # another module runs with the benchmarks, before the emulated cluster
+        return max((i for i, m in enumerate(ORDER) if module == m or module.startswith(m + ".")), default=ORDER.index("experiments.bench"))
 
     return sorted(todo, key=rank), elsewhere  # stable: the docs' order within a rank
 
@@ -98,7 +97,7 @@ def rerun(docs: str, results: str, block, out=sys.stdout, commit: str | None = N
         print(f"  {i}. {cmd}", file=out)
     for e in elsewhere:
         print(f"  not rerun here: {e}", file=out)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}
+    env = command_env()
     for i, (cmd, argv) in enumerate(zip(todo, argvs), 1):
         start = time.monotonic()
         print(f"[{i}/{len(todo)}] {cmd}", file=out, flush=True)
@@ -107,6 +106,3 @@ def rerun(docs: str, results: str, block, out=sys.stdout, commit: str | None = N
         if done.returncode != 0:
             return [f"`{cmd}` failed (exit {done.returncode}); {len(todo) - i} command(s) after it not run"]
     return []
-
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
