@@ -70,6 +70,12 @@ def timeout(default: float):
     return setting(default, "seconds a collective may wait before the job fails naming the rank", number_in(0, 86400, lo_open=True))
 
 
+def step_tokens():
+    return setting(
+        STEP_SAMPLE_TOKENS, "tokens per rank of each sample of the runtime steps (the calibration's fit its fixed costs)", int_at_least(2)
+    )
+
+
 def attn_backend():
     return setting("auto", "attention: auto (flash-attn, else torch's varlen, on CUDA; the torch path elsewhere)")
 
@@ -142,7 +148,7 @@ class CalibrateOptions(Section):
     median_of: int = setting(
         None, "timed runs each figure is the median of (default: 3 with --quick, else 7)", optional(POSITIVE_INT), type_=int
     )
-    step_tokens: int = setting(STEP_SAMPLE_TOKENS, "tokens per rank of the runtime steps that fit the fixed costs", int_at_least(2))
+    step_tokens: int = step_tokens()
     step_rounds: int = setting(
         None,
         "rounds the runtime steps are timed in, every step once a round, each fixed cost the median of its rounds' fits "
@@ -227,17 +233,35 @@ def _powers_of_two_ok(v) -> bool:
     return isinstance(v, str) and all(x.strip().isdigit() and 2 <= int(x) <= 256 and int(x) & (int(x) - 1) == 0 for x in v.split(","))
 
 
+def worlds(default: str):
+    return setting(
+        default,
+        "world sizes to start as local gloo ranks (ignored under torchrun: its ranks)",
+        Check("a comma-separated list of powers of two, 2 to 256", _powers_of_two_ok),
+    )
+
+
 @dataclass(frozen=True)
 class GroupsBenchOptions(Section):
     """The process groups' bench: how many groups the plans use, and what creating them costs."""
 
     SECTION = "bench"
 
-    worlds: str = setting(
-        "8,16,64",
-        "world sizes to start as local gloo ranks (ignored under torchrun: its ranks)",
-        Check("a comma-separated list of powers of two, 2 to 256", _powers_of_two_ok),
-    )
+    worlds: str = worlds("8,16,64")
+    out: str = out("results")
+    timeout: float = timeout(300.0)
+
+
+@dataclass(frozen=True)
+class ContentionBenchOptions(Section):
+    """The contention bench: what a sample adds to a step as the ranks that loop over samples share the cores."""
+
+    SECTION = "bench"
+
+    worlds: str = worlds("2,4,8")
+    samples: int = setting(16, "samples a loaded rank holds (the others: one)", int_at_least(2))
+    step_tokens: int = step_tokens()
+    rounds: int = setting(9, "rounds the steps are timed in, every step once a round; each figure the median", POSITIVE_INT)
     out: str = out("results")
     timeout: float = timeout(300.0)
 

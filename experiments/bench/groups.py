@@ -17,20 +17,17 @@ every rank their groups. Writes <out>/groups_bench.csv (a row per world size and
 
 from __future__ import annotations
 
-import csv
 import datetime
 import os
-import socket
 
-import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from config import Cluster, HardwareConfig, ModelConfig, WorkloadConfig
 from config.cli import Command, Settings
 from config.entries import GroupsBenchOptions
 from experiments.common import entry
 from experiments.common.files import check_output_dir
+from experiments.common.local import measure_ranks, write_rows
 from experiments.common.provenance import provenance
 from experiments.common.settings import prepare
 from experiments.common.workload import generate_steps
@@ -97,31 +94,6 @@ def measure(settings: Settings) -> list[dict]:
     return rows
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _local_rank(rank: int, world: int, port: int, settings: Settings, queue) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    try:
-        rows = measure(settings)
-        if rank == 0:
-            queue.put(rows)
-    finally:
-        dist.destroy_process_group()
-
-
-def run_local(settings: Settings, world: int) -> list[dict]:
-    """`world` gloo ranks forked from this process (they start with its imports)."""
-    ctx = mp.get_context("fork")
-    queue = ctx.SimpleQueue()
-    mp.start_processes(_local_rank, args=(world, _free_port(), settings, queue), nprocs=world, join=True, start_method="fork")
-    return queue.get()
-
-
 def print_rows(rows: list[dict]) -> None:
     for r in rows:
         print(
@@ -136,28 +108,9 @@ def main(argv=None):
     with entry.user_errors():
         check_output_dir(settings.bench.out)
     ctx = provenance()
-    if "WORLD_SIZE" in os.environ:  # under a launcher: these ranks
-        timeout = datetime.timedelta(seconds=settings.bench.timeout)
-        dist.init_process_group("gloo", timeout=timeout)
-        local = int(os.environ.get("LOCAL_WORLD_SIZE", settings.cluster.gpus_per_node))
-        rows = measure(settings.replace(cluster=settings.cluster.replace(gpus_per_node=local)))
-        rank = dist.get_rank()
-        dist.destroy_process_group()
-        if rank:
-            return
-    else:
-        rows = []
-        for world in (int(x) for x in settings.bench.worlds.split(",")):
-            rows += run_local(settings, world)
-            print_rows(rows[-2:])
-    if "WORLD_SIZE" in os.environ:
-        print_rows(rows)
-    path = os.path.join(settings.bench.out, "groups_bench.csv")
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=[*rows[0], *ctx])
-        w.writeheader()
-        w.writerows({**r, **ctx} for r in rows)
-    print(f"wrote {path}")
+    rows = measure_ranks(measure, settings, print_rows)
+    if rows is not None:
+        write_rows(os.path.join(settings.bench.out, "groups_bench.csv"), rows, ctx)
 
 
 if __name__ == "__main__":

@@ -42,7 +42,6 @@ the hardware config, the measurements, the fits, and device, world, commit and d
 from __future__ import annotations
 
 import datetime
-import time
 
 import numpy as np
 import torch
@@ -51,6 +50,7 @@ import torch.distributed as dist
 from config import Cluster, CostsConfig, HardwareConfig, ModelConfig, SettingError
 from config.entries import STEP_SAMPLE_TOKENS
 from experiments.common.provenance import provenance
+from experiments.common.steps import runtime_step_plan, time_runtime_steps, timed
 from kernels.exchange import ExchangeGroups
 from model import HybridMoE, varlen_attention
 from model.attention import resolve_backend
@@ -61,29 +61,6 @@ from solver.cost import FLOPS_PER_MAC, FWD_BWD_COMPUTE, attention_flops, causal_
 # what is measured: bytes per peer of the all-to-alls, median-of runs, sample lengths of attention, tokens of the token-wise work
 QUICK = {"bytes": [1 << 10, 1 << 16, 1 << 20], "median_of": 3, "lengths": [32, 64, 128], "tokens": 64}
 FULL = {"bytes": [1 << 10, 1 << 13, 1 << 16, 1 << 18, 1 << 20], "median_of": 7, "lengths": [64, 256, 1024, 2048], "tokens": None}
-
-
-def _sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
-def time_once(fn, device) -> float:
-    """The slowest rank's seconds for one fn() that every rank starts at once."""
-    dist.barrier()
-    _sync(device)
-    t0 = time.perf_counter()
-    fn()
-    _sync(device)
-    t = torch.tensor([time.perf_counter() - t0], dtype=torch.float64, device=device)  # NCCL reduces device tensors
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return float(t)
-
-
-def timed(fn, device, repeats: int) -> float:
-    """The median over repeats of the slowest rank's seconds for fn() (every rank runs it at once)."""
-    fn()  # warm-up
-    return float(np.median([time_once(fn, device) for _ in range(repeats)]))
 
 
 # ----- 1. all-to-all --------------------------------------------------------------------------------
@@ -331,30 +308,6 @@ def measure_layer_overhead(cfg: ModelConfig, backend: str, device, dtype, repeat
 EXPERTS_STEP_TOKENS = 32
 
 
-def runtime_step_plan(world: int, node: int, size: int = 1, tokens: int = STEP_SAMPLE_TOKENS, halo: bool = False, samples: int = 1):
-    """The plan measure_runtime_steps runs: aligned groups of `size` ranks, each holding `samples`
-    samples of `tokens` tokens per rank. Size 1 exchanges nothing; groups of a node's ranks exchange
-    inside nodes only; wider groups across nodes. `halo`: each group's sparse layers run on its own
-    token layout by halo exchange (a parent+halo plan): the full layers' all-to-alls, the sparse
-    layers' point-to-point calls."""
-    from solver import Group, StepPlan  # noqa: PLC0415
-    from solver.plan import NODE_LOCAL, ParentPlan  # noqa: PLC0415
-
-    if size < 1 or world % size:
-        raise ValueError(f"runtime step groups of {size} ranks do not tile {world} ranks: use a power of two dividing it")
-    if halo and size == 1:
-        raise ValueError("a runtime halo step needs groups of 2 ranks or more: a rank alone exchanges nothing")
-    if samples < 1:
-        raise ValueError(f"a runtime step group holds {samples} samples: it needs 1 or more")
-    reason = NODE_LOCAL if size <= node else "one group across nodes: what its exchanges cost in a step"
-    groups = [Group(k * size, size, tuple(range(k * samples, (k + 1) * samples))) for k in range(world // size)]
-    if tokens < 2:
-        raise SettingError(f"--step-tokens={tokens} is invalid: it must be 2 or more (a sample needs a label)")
-    lengths = tuple((i, tokens * size) for i in range(world // size * samples))
-    parents = tuple(ParentPlan(g, (Group(g.start, g.size, g.samples, halo=halo),), reason) for g in groups)
-    return StepPlan(Cluster(world, node, tokens * samples), lengths, parents, "parent+halo" if halo else "baseline").validate()
-
-
 def measure_runtime_steps(
     cfg: ModelConfig,
     groups: ExchangeGroups,
@@ -370,35 +323,12 @@ def measure_runtime_steps(
     for each named size (a name in HALO_STEPS: its halo plan), one sharded model for all: next to
     no work, so what a step takes is the runtime's fixed costs as the step pays them (layers,
     sharding and recompute hooks, collectives, and with size > 1 the exchanges' calls).
-
-    In `rounds` rounds, each timing every plan once, in turn (the slowest rank's seconds): a slow
-    spell of the machine lands on the plans of one round alike rather than on one plan's repeats,
-    and fit_fixed_costs pairs each round's steps. Returns each plan's seconds, round by round."""
-    from model.distributed import run_step  # noqa: PLC0415
-    from model.sharding import shard_model  # noqa: PLC0415
-
+    Returns each plan's seconds, round by round (time_runtime_steps)."""
     world = dist.get_world_size()
-    torch.manual_seed(0)
-    model = HybridMoE(cfg, "full").to(device=device, dtype=dtype)
-    if world > 1:
-        shard_model(model, device)
-    steps = {}
-    for name, size in sizes.items():
-        plan = runtime_step_plan(world, node, size, tokens, name in HALO_STEPS, STEP_SAMPLES.get(name, 1))
-        gen = np.random.default_rng(0)
-        batch = {k: gen.integers(0, cfg.vocab, n) for k, n in plan.lengths}
-
-        def step(plan=plan, batch=batch):
-            run_step(model, plan, batch, groups)
-            model.zero_grad(set_to_none=True)
-
-        step()  # warm-up
-        steps[name] = step
-    out = {name: [] for name in steps}
-    for _ in range(rounds):
-        for name, step in steps.items():
-            out[name].append(time_once(step, device))
-    return out
+    plans = {
+        name: runtime_step_plan(world, node, size, tokens, name in HALO_STEPS, STEP_SAMPLES.get(name, 1)) for name, size in sizes.items()
+    }
+    return time_runtime_steps(cfg, plans, groups, device, dtype, rounds)
 
 
 # what each runtime step's time is fitted to (fit_fixed_cost), in order: each fit keeps the ones

@@ -45,6 +45,7 @@ WRITERS = {
     "kernel_static": "python -m experiments.bench.kernels",
     "gpu_check": "python3 -m experiments.gpu_check --out results/gpu_check (on a CUDA machine)",
     "groups_bench": "python -m experiments.bench.groups",
+    "contention_bench": "python -m experiments.bench.contention",
     "emulated": "python -m experiments.calibrate.emulate --compare (as root)",
 }
 

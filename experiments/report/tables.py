@@ -321,37 +321,69 @@ def host_bench(path: str) -> tuple[str, list[dict]]:
     return table(head, out), [csv_provenance(rows, path)]
 
 
-def groups_bench(*paths: str) -> tuple[str, list[dict]]:
-    """The exchanges' process groups per rank and the time to make them, eager against lazy, for
-    each results file (local gloo ranks, the emulated cluster)."""
+def _where(path: str) -> str:
+    return "emulated cluster" if "emulated" in path else "local gloo"
+
+
+def _ranks_table(paths: tuple[str, ...], header: list[str], cells) -> tuple[str, list[dict]]:
+    """A table of every row of each results CSV of a benchmark on ranks: where they ran, their
+    number and per node, then cells(row) under `header`; with each file's provenance."""
     out, prov = [], []
     for path in paths:
         rows = csv_rows(path)
-        for r in rows:
-            out.append(
-                [
-                    "emulated cluster" if "emulated" in path else "local gloo",
-                    r["world"],
-                    r["gpus_per_node"],
-                    r["way"],
-                    r["new_group_calls"],
-                    f"{r['held_min']}-{r['held_max']}",
-                    f"{float(r['seconds_max']):.3f}",
-                    f"{float(r['first_step_seconds_max']):.3f}",
-                ]
-            )
+        out += [[_where(path), r["world"], r["gpus_per_node"], *cells(r)] for r in rows]
         prov.append(csv_provenance(rows, path))
+    return table(["where", "ranks", "per node", *header], out), prov
+
+
+def groups_bench(*paths: str) -> tuple[str, list[dict]]:
+    """The exchanges' process groups per rank and the time to make them, eager against lazy, for
+    each results file (local gloo ranks, the emulated cluster)."""
     header = [
-        "where",
-        "ranks",
-        "per node",
         "groups made",
         "new_group calls",
         "groups a rank holds",
         "seconds making them",
         "of which at the first step",
     ]
-    return table(header, out), prov
+    return _ranks_table(
+        paths,
+        header,
+        lambda r: [
+            r["way"],
+            r["new_group_calls"],
+            f"{r['held_min']}-{r['held_max']}",
+            f"{float(r['seconds_max']):.3f}",
+            f"{float(r['first_step_seconds_max']):.3f}",
+        ],
+    )
+
+
+def contention_bench(*paths: str) -> tuple[str, list[dict]]:
+    """What a sample adds to the runtime's step when every rank, the first rank of each node or
+    rank 0 alone loops over extra samples, for each results file (experiments.bench.contention)."""
+    header = [
+        "cores",
+        "extra samples on",
+        "ranks x samples",
+        "step ms, one sample a rank",
+        "step ms",
+        "ms per extra sample",
+        "vs every rank",
+    ]
+    return _ranks_table(
+        paths,
+        header,
+        lambda r: [
+            r["cores"],
+            r["way"],
+            f"{r['loaded_ranks']} x {r['samples']}",
+            f"{float(r['base_ms']):.1f}",
+            f"{float(r['step_ms']):.1f}",
+            f"{float(r['per_sample_ms']):.2f}",
+            f"{float(r['vs_every_rank']):.2f}x",
+        ],
+    )
 
 
 def groups_summary(*paths: str) -> tuple[str, list[dict]]:
@@ -676,6 +708,7 @@ RENDERERS: dict[str, Callable[..., tuple[str, list[dict]]]] = {
     "kernel-static": kernel_static,
     "kernel-bench": kernel_bench,
     "groups-bench": groups_bench,
+    "contention-bench": contention_bench,
     "groups-summary": groups_summary,
     "memory": memory,
     "sparse-traffic": sparse_traffic,
