@@ -57,12 +57,10 @@ def test_a_run_on_local_ranks_writes_a_row_per_way_that_the_report_renders(tmp_p
     path = tmp_path / "contention_bench.csv"
     rows = list(csv.DictReader(open(path)))
     assert [(r["way"], int(r["loaded_ranks"])) for r in rows] == [(contention.EVERY, 2), (contention.ONE, 1)]
-    for r in rows:
-        # one round: the figure per extra sample is that round's loaded step less its step of one sample a rank
-        assert float(r["per_sample_ms"]) == pytest.approx(float(r["step_ms"]) - float(r["base_ms"]), abs=0.02)
-        assert r["commit"] and r["device"]  # the provenance of the run, on every row
+    assert len({r["base_ms"] for r in rows}) == 1  # every way against the one step of one sample a rank
+    assert all(r["commit"] and r["device"] for r in rows)  # the provenance of the run, on every row
     assert float(rows[0]["vs_every_rank"]) == 1.0
     text, prov = contention_bench(str(path))
     for r in rows:
-        assert f"| {r['way']} | {r['loaded_ranks']} x 2 | {float(r['base_ms']):.1f} | {float(r['step_ms']):.1f} |" in text
+        assert f"| {r['way']} | {r['loaded_ranks']} x 2 | {float(r['base_ms']):.1f} | {float(r['added_ms']):.1f} |" in text
     assert prov[0]["command"] == rows[0]["command"]

@@ -13,9 +13,9 @@ does (experiments.calibrate: ranks alone, FSDP2 over every rank, full recompute,
 tokens a sample), first with one sample a rank, then with --samples samples on some ranks and
 one on the others: on every rank (what the calibration's per-sample fit times), on the first
 rank of each node (where there is more than one node), and on rank 0 alone. Per way: the step's
-seconds (the slowest rank's, the median of --rounds rounds, every step once a round) and what
-each extra sample added to it (the median over rounds of the loaded step less that round's step
-of one sample a rank, over the extra samples). On dedicated devices the three ways cost a sample
+seconds with one sample a rank (the slowest rank's, the median of --rounds rounds, every step
+once a round), what the extra samples added to it (the median over rounds of the loaded step
+less that round's step of one sample a rank) and that over the extra samples. On dedicated devices the three ways cost a sample
 alike. Writes <out>/contention_bench.csv (a row per world size and way).
 """
 
@@ -81,8 +81,8 @@ def measure(settings: Settings) -> list[dict]:
     every = None
     rows = []
     for way, ranks in loaded.items():
-        step = np.array(seconds[way])
-        per_sample = float(np.median((step - base) / (b.samples - 1)))
+        added = float(np.median(np.array(seconds[way]) - base))  # paired round by round: a slow spell lands on both
+        per_sample = added / (b.samples - 1)
         every = per_sample if way == EVERY else every
         rows.append(
             {
@@ -96,7 +96,7 @@ def measure(settings: Settings) -> list[dict]:
                 "step_tokens": b.step_tokens,
                 "rounds": b.rounds,
                 "base_ms": round(1e3 * float(np.median(base)), 2),
-                "step_ms": round(1e3 * float(np.median(step)), 2),
+                "added_ms": round(1e3 * added, 2),
                 "per_sample_ms": round(1e3 * per_sample, 3),
                 "vs_every_rank": round(per_sample / every, 3) if every else "",
             }
@@ -109,7 +109,7 @@ def print_rows(rows: list[dict]) -> None:
         vs = f" ({r['vs_every_rank']:.2f}x every rank's)" if r["vs_every_rank"] != "" else ""
         print(
             f"{r['world']:4d} ranks ({r['gpus_per_node']}/node, {r['cores']} cores) {r['way']:>27} "
-            f"({r['loaded_ranks']} of {r['world']} with {r['samples']} samples): step {r['step_ms']:.1f} ms against "
+            f"({r['loaded_ranks']} of {r['world']} with {r['samples']} samples): {r['added_ms']:.1f} ms more than "
             f"{r['base_ms']:.1f}, {r['per_sample_ms']:.2f} ms per extra sample{vs}",
             flush=True,
         )

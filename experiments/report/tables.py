@@ -367,7 +367,7 @@ def contention_bench(*paths: str) -> tuple[str, list[dict]]:
         "extra samples on",
         "ranks x samples",
         "step ms, one sample a rank",
-        "step ms",
+        "ms the extra samples add",
         "ms per extra sample",
         "vs every rank",
     ]
@@ -379,7 +379,7 @@ def contention_bench(*paths: str) -> tuple[str, list[dict]]:
             r["way"],
             f"{r['loaded_ranks']} x {r['samples']}",
             f"{float(r['base_ms']):.1f}",
-            f"{float(r['step_ms']):.1f}",
+            f"{float(r['added_ms']):.1f}",
             f"{float(r['per_sample_ms']):.2f}",
             f"{float(r['vs_every_rank']):.2f}x",
         ],
