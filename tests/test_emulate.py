@@ -6,7 +6,7 @@ import subprocess
 import pytest
 
 from experiments.calibrate.emulate import EmulatedCluster, compare, default_burst_kb, unavailable
-from experiments.common.results import exchanges_paid, gap_by_part, imbalance_paid, paired_steps, write_run
+from experiments.common.results import exchanges_paid, gap_by_part, paired_steps, rest_paid, write_run
 
 WHY = unavailable()
 
@@ -109,7 +109,7 @@ def test_a_gap_splits_into_the_parts_of_the_step_it_comes_from(tmp_path):
     assert got["gap"] == pytest.approx(compare(pairs)[1]["repack"]["change_gap_pp"])
 
 
-def test_imbalance_paid_is_the_share_of_a_predicted_wait_the_measured_step_shows(tmp_path):
+def test_rest_paid_is_the_share_of_a_predicted_wait_the_measured_step_shows(tmp_path):
     """Two steps, three modes: the rest of each mode's step (its step less its exchanges) is
     predicted to differ from the baseline's by 0.1 s, 0.2 s, -0.1 s ... and measured to differ
     by half of it, plus exchanges that change on their own: the slope is 0.5. The exchanges are
@@ -126,7 +126,7 @@ def test_imbalance_paid_is_the_share_of_a_predicted_wait_the_measured_step_shows
     write_run(str(tmp_path / "sim"), sim, {"modes": {}})
     write_run(str(tmp_path / "meas"), meas, {"modes": {}})
     pairs = paired_steps(str(tmp_path / "sim"), str(tmp_path / "meas"))
-    assert imbalance_paid(pairs) == pytest.approx(0.5)
+    assert rest_paid(pairs) == pytest.approx(0.5)
     assert exchanges_paid(pairs) == pytest.approx(2.0)
 
 

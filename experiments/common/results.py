@@ -345,11 +345,13 @@ def change_slope(pairs: list[tuple[dict, dict]], parts: tuple[str, ...]) -> floa
     return float(np.sum(xc * (y_arr - y_arr.mean())) / np.sum(xc * xc))
 
 
-def imbalance_paid(pairs: list[tuple[dict, dict]]) -> float:
+def rest_paid(pairs: list[tuple[dict, dict]]) -> float:
     """How much of a predicted change in the rest of the step (the step less its exchanges, which
-    between modes on the same tokens differs by their imbalance wait) the measured rest shows
-    (change_slope). 1: the cluster pays imbalance as priced (ranks on devices of their own); below
-    1: less (ranks sharing cores, where a waiting rank's share of the cores goes to the busy ones)."""
+    between modes on the same tokens differs by the samples, or a linear kind's blocks, each rank
+    loops over and by the imbalance wait) the measured rest shows (change_slope). 1: the cluster pays both
+    as priced (ranks on devices of their own); below 1: less (ranks sharing cores, where a sample
+    costs a rank less while fewer ranks loop over samples, experiments.bench.contention, and a
+    waiting rank's share of the cores goes to the busy ones)."""
     return change_slope(pairs, ("rest",))
 
 

@@ -17,7 +17,7 @@ from config import Section
 from config.base import flag_of, profile_section
 from experiments.common.errors import InputError
 from experiments.common.memory import GIB, estimate
-from experiments.common.results import GAP_PARTS, PAPER, exchanges_paid, gap_by_part, imbalance_paid, paired_steps, read_ablation
+from experiments.common.results import GAP_PARTS, PAPER, exchanges_paid, gap_by_part, paired_steps, read_ablation, rest_paid
 from experiments.common.settings import cost_model, default_settings
 from solver.modes import CHILDREN, HALO_CHILDREN, MODE_TABLE, MODES, OWN, OWN_HALO, REFERENCE, mode_of, modes_where
 
@@ -661,11 +661,12 @@ def emulated_runs(*folders: str) -> tuple[str, list[dict]]:
     def each_run(slope) -> str:
         return ", ".join(f"{v:.2f}" if np.isfinite(v) else "n/a" for v in map(slope, pairs))
 
-    paid, moved = each_run(imbalance_paid), each_run(exchanges_paid)
+    paid, moved = each_run(rest_paid), each_run(exchanges_paid)
     text += (
-        "\n\nOf a predicted change in the rest of the step (between modes, their imbalance wait), the measured rest shows "
-        f"{paid} in each run (least-squares slope over the steps and modes; 1: imbalance paid as priced); of a predicted "
-        f"change in the exchanges, the measured exchanges show {moved} (1: an exchange saved saves its price)."
+        "\n\nOf a predicted change in the rest of the step (between modes: the samples, or a linear kind's blocks, each rank "
+        f"loops over, and the imbalance wait), the measured rest shows {paid} in each run (least-squares slope over the steps "
+        f"and modes; 1: paid as priced); of a predicted change in the exchanges, the measured exchanges show {moved} (1: an "
+        "exchange saved saves its price)."
     )
     return text, [run_provenance(r, f) for r, f in zip(runs, folders)]
 
