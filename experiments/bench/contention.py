@@ -15,8 +15,9 @@ one on the others: on every rank (what the calibration's per-sample fit times), 
 rank of each node (where there is more than one node), and on rank 0 alone. Per way: the step's
 seconds with one sample a rank (the slowest rank's, the median of --rounds rounds, every step
 once a round), what the extra samples added to it (the median over rounds of the loaded step
-less that round's step of one sample a rank) and that over the extra samples. On dedicated devices the three ways cost a sample
-alike. Writes <out>/contention_bench.csv (a row per world size and way).
+less that round's step of one sample a rank) and that over the extra samples. On dedicated
+devices the three ways cost a sample alike. Writes <out>/contention_bench.csv (a row per world
+size and way).
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ import datetime
 import os
 
 import numpy as np
-import torch
 import torch.distributed as dist
 
 from config import Cluster, ModelConfig
@@ -35,7 +35,7 @@ from experiments.common import entry
 from experiments.common.files import check_output_dir
 from experiments.common.local import measure_ranks, write_rows
 from experiments.common.provenance import provenance
-from experiments.common.steps import runtime_step_plan, time_runtime_steps
+from experiments.common.steps import runtime_step_plan, step_device, time_runtime_steps
 from kernels.exchange import ExchangeGroups
 
 COMMAND = Command(
@@ -67,8 +67,7 @@ def measure(settings: Settings) -> list[dict]:
     world, node, b = dist.get_world_size(), settings.cluster.gpus_per_node, settings.bench
     if world % node:
         raise ValueError(f"{world} ranks do not tile nodes of {node}: give --gpus-per-node dividing the world")
-    device = torch.device(f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu")
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    device, dtype = step_device()
     loaded = ways(world, node)
     plans = {"one sample a rank": runtime_step_plan(world, node, 1, b.step_tokens)}
     for way, ranks in loaded.items():

@@ -50,7 +50,7 @@ import torch.distributed as dist
 from config import Cluster, CostsConfig, HardwareConfig, ModelConfig, SettingError
 from config.entries import STEP_SAMPLE_TOKENS
 from experiments.common.provenance import provenance
-from experiments.common.steps import runtime_step_plan, time_runtime_steps, timed
+from experiments.common.steps import runtime_step_plan, step_device, time_runtime_steps, timed
 from kernels.exchange import ExchangeGroups
 from model import HybridMoE, varlen_attention
 from model.attention import resolve_backend
@@ -626,8 +626,7 @@ def calibrate(
     world = dist.get_world_size()
     if world % node:
         raise SettingError(f"the world size {world} is not a multiple of --gpus-per-node={node}")
-    device = torch.device(f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu")
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    device, dtype = step_device()
     sizes = QUICK if quick else FULL
     if median_of is not None:
         sizes = {**sizes, "median_of": median_of}

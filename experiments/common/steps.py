@@ -16,6 +16,13 @@ from kernels.exchange import ExchangeGroups
 from model import HybridMoE
 
 
+def step_device() -> tuple[torch.device, torch.dtype]:
+    """The device the runtime steps are timed on and their dtype: this rank's GPU in bf16 where
+    CUDA is present, else the CPU in fp32."""
+    device = torch.device(f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu")
+    return device, torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
 def sync(device):
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -42,11 +49,12 @@ def timed(fn, device, repeats: int) -> float:
 def runtime_step_plan(
     world: int, node: int, size: int = 1, tokens: int = STEP_SAMPLE_TOKENS, halo: bool = False, samples: int | tuple[int, ...] = 1
 ):
-    """The plan measure_runtime_steps runs: aligned groups of `size` ranks, each holding `samples`
-    samples of `tokens` tokens per rank (or, given one count per group, that group's count). Size
-    1 exchanges nothing; groups of a node's ranks exchange inside nodes only; wider groups across
-    nodes. `halo`: each group's sparse layers run on its own token layout by halo exchange (a
-    parent+halo plan): the full layers' all-to-alls, the sparse layers' point-to-point calls."""
+    """The plan of a runtime step the calibration (measure_runtime_steps) or a benchmark times:
+    aligned groups of `size` ranks, each holding `samples` samples of `tokens` tokens per rank (or,
+    given one count per group, that group's count). Size 1 exchanges nothing; groups of a node's
+    ranks exchange inside nodes only; wider groups across nodes. `halo`: each group's sparse layers
+    run on its own token layout by halo exchange (a parent+halo plan): the full layers'
+    all-to-alls, the sparse layers' point-to-point calls."""
     from solver import Group, StepPlan  # noqa: PLC0415
     from solver.plan import NODE_LOCAL, ParentPlan  # noqa: PLC0415
 
@@ -100,4 +108,4 @@ def time_runtime_steps(cfg: ModelConfig, plans: dict, groups: ExchangeGroups, de
     return out
 
 
-__all__ = ["runtime_step_plan", "sync", "time_once", "time_runtime_steps", "timed"]
+__all__ = ["runtime_step_plan", "step_device", "sync", "time_once", "time_runtime_steps", "timed"]
