@@ -205,7 +205,7 @@ class ReportOptions(Section):
         False,
         "first rerun the command behind every block, the long ones too (the sweeps, the benchmarks, the emulated cluster: "
         "about three hours here, on an otherwise idle machine), from a clean checkout, so that every block cites its "
-        "commit; then render",
+        "commit; then render. Started again at that commit, it skips each command whose results already cite it",
     )
     progress: bool = progress()
 

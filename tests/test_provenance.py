@@ -1,6 +1,7 @@
 """A result names the commit whose files it ran, also from a copy whose git folder is older than its
 files (a device machine's), and the report cites it by that commit."""
 
+import json
 import os
 import subprocess
 
@@ -117,9 +118,11 @@ def test_report_rerun_plans_every_blocks_command_once_the_emulated_cluster_last_
 def test_report_rerun_runs_each_command_where_results_lands_and_stops_at_the_first_that_fails(tmp_path):
     """report --rerun in a folder of docs whose blocks name three ablation runs, the second with a bad
     setting: the first writes its results under the results folder given, the second's failure
-    stops the rerun naming it, the third never runs. Refused before anything runs: a dirty
-    checkout, a results folder by another name, a command for the emulated cluster with results
-    outside the project (its nodes write under the project's), a torchrun line that names no nodes."""
+    stops the rerun naming it, the third never runs; started again at the commit the first's
+    results cite, it resumes at the second, and at another commit it runs the first again.
+    Refused before anything runs: a dirty checkout, a results folder by another name, a command
+    for the emulated cluster with results outside the project (its nodes write under the
+    project's), a torchrun line that names no nodes."""
     import io
 
     from experiments.common.errors import InputError
@@ -130,7 +133,7 @@ def test_report_rerun_runs_each_command_where_results_lands_and_stops_at_the_fir
     docs.mkdir()
     blocks = []
     for name, extra in (("first", ""), ("bad", " --steps 0"), ("never", "")):
-        cmd = f"python -m experiments.ablation --no-progress --steps 10 --seeds 1{extra} --out results/{name}"
+        cmd = f"python -m experiments.ablation --no-progress --steps 30 --seeds 1{extra} --out results/{name}"
         prov = f"<sub>Rendered by `python -m experiments.report` from results/{name}: `{cmd}`.</sub>"
         blocks.append(f"<!-- report:ablation {name} -->\nold\n\n{prov}\n<!-- /report -->\n")
     (docs / "a.md").write_text("\n".join(blocks))
@@ -141,11 +144,26 @@ def test_report_rerun_runs_each_command_where_results_lands_and_stops_at_the_fir
     assert (results / "first" / "summary.json").exists()
     assert len(failed) == 1 and "--steps 0" in failed[0] and "1 command(s) after it not run" in failed[0]
     assert not (results / "bad").exists() and not (results / "never").exists()
+    # started again at the commit its results cite, the rerun resumes: the first is named and kept
+    summary = results / "first" / "summary.json"
+    kept = json.loads(summary.read_text())
+    kept["provenance"]["commit"] = "1234567"
+    summary.write_text(json.dumps(kept))
+    with open(log, "w") as out:
+        failed = rerun(str(docs), str(results), BLOCK, out=out, commit="1234567")
+    assert (
+        "already cite commit 1234567" in log.read_text()
+        and "[1/2] python -m experiments.ablation --no-progress --steps 30 --seeds 1 --steps 0" in log.read_text()
+    )
+    assert json.loads(summary.read_text()) == kept and len(failed) == 1 and "--steps 0" in failed[0]
+    with open(log, "w") as out:  # at another commit it runs again
+        rerun(str(docs), str(results), BLOCK, out=out, commit="0899376")
+    assert json.loads(summary.read_text())["provenance"]["commit"] != "1234567"
     with pytest.raises(InputError, match="differ from its commit"):
         rerun(str(docs), str(results), BLOCK, out=io.StringIO(), commit="0899376-dirty")
     with pytest.raises(InputError, match="name it results"):
         rerun(str(docs), str(tmp_path / "elsewhere"), BLOCK, out=io.StringIO(), commit="0899376")
-    first = "python -m experiments.ablation --no-progress --steps 10 --seeds 1 --out results/first"
+    first = "python -m experiments.ablation --no-progress --steps 30 --seeds 1 --out results/first"
     node = "torchrun --nnodes=2 --nproc-per-node=2 -m experiments.bench.groups --out results/emulated/groups-4"
     (docs / "a.md").write_text(blocks[0].replace(first, node))
     with pytest.raises(InputError, match="rerun into .*results, not"):  # its nodes write under the project's results/

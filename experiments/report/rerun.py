@@ -11,7 +11,10 @@ about three hours on the development machine, which must be otherwise idle (the 
 the emulated cluster time what they run). A block rendered from a CUDA machine's run (GPU_BLOCKS:
 `python3 -m experiments.gpu_check` on a lent GPU) cannot be rerun here and is named. It refuses
 to start from a checkout whose files differ from its commit: their results would cite a dirty
-tree, not the commit. A command that fails stops the rerun, naming it; what ran before it stays.
+tree, not the commit. A command that fails stops the rerun, naming it; what ran before it stays,
+and a rerun started again at the same commit resumes: a command whose results under --results
+already cite this commit (read as the report reads them) is named and not run again (delete its
+results to rerun it).
 """
 
 from __future__ import annotations
@@ -22,9 +25,10 @@ import subprocess
 import sys
 import time
 
-from experiments.common.errors import InputError
-from experiments.common.provenance import git_commit
+from experiments.common.errors import USER_ERRORS, InputError
+from experiments.common.provenance import git_commit, shown_commit
 from experiments.report.check import ROOT, _blocks, _commands, command_env, doc_paths
+from experiments.report.tables import NAMED, RENDERERS
 
 GPU_BLOCKS = ("kernel-bench",)  # blocks rendered from a run on a CUDA machine
 EMULATE = "experiments.calibrate.emulate"
@@ -73,6 +77,24 @@ def plan(docs: str, block) -> tuple[list[str], list[str]]:
     return sorted(todo, key=rank), elsewhere  # stable: the docs' order within a rank
 
 
+def cited(docs: str, results: str, commit: str, block) -> set[str]:
+    """The commands whose results under `results` already cite `commit`: each table block of the
+    docs read as the report reads it (the figures' blocks and those drawn from code aside), and a
+    source's command kept where its commit, as the report shows it, is `commit`. Results that are
+    missing or cannot be read cite nothing."""
+    done: set[str] = set()
+    for p in doc_paths(docs):
+        for name, args, _, _ in _blocks(open(p, encoding="utf-8").read(), block):
+            if name not in RENDERERS or name in NAMED or name in GPU_BLOCKS or not args:
+                continue
+            try:
+                _, prov = RENDERERS[name](*(os.path.join(results, a) for a in args))
+            except (*USER_ERRORS, OSError, ValueError, KeyError):
+                continue
+            done |= {s["command"] for s in prov if s.get("command") and shown_commit(s) == commit}
+    return done
+
+
 def rerun(docs: str, results: str, block, out=sys.stdout, commit: str | None = None) -> list[str]:
     """Run plan(docs)'s commands from the folder holding `results`; the failures (empty: all ran).
     InputError before anything runs: a results folder not named `results` (the project's own
@@ -84,8 +106,11 @@ def rerun(docs: str, results: str, block, out=sys.stdout, commit: str | None = N
     commit = commit or git_commit()
     if commit.endswith("-dirty"):
         raise InputError(f"the checkout's files differ from its commit ({commit}): commit them first, or the results cite a dirty tree")
-    todo, elsewhere = plan(docs, block)
-    argvs = [runnable(c) for c in todo]  # every command checked before the first runs
+    planned, elsewhere = plan(docs, block)
+    argvs = {c: runnable(c) for c in planned}  # every command checked before the first runs
+    at_commit = cited(docs, results, commit, block)  # a rerun started again resumes
+    todo = [c for c in planned if c not in at_commit]
+    kept = [c for c in planned if c in at_commit]
     nodes = [c for c in todo if c.startswith("torchrun")]
     if nodes and os.path.dirname(results) != ROOT:
         raise InputError(
@@ -97,11 +122,13 @@ def rerun(docs: str, results: str, block, out=sys.stdout, commit: str | None = N
         print(f"  {i}. {cmd}", file=out)
     for e in elsewhere:
         print(f"  not rerun here: {e}", file=out)
+    for c in kept:
+        print(f"  not rerun, its results already cite commit {commit} (delete them to rerun it): {c}", file=out)
     env = command_env()
-    for i, (cmd, argv) in enumerate(zip(todo, argvs), 1):
+    for i, cmd in enumerate(todo, 1):
         start = time.monotonic()
         print(f"[{i}/{len(todo)}] {cmd}", file=out, flush=True)
-        done = subprocess.run(argv, cwd=os.path.dirname(results), env=env)
+        done = subprocess.run(argvs[cmd], cwd=os.path.dirname(results), env=env)
         print(f"[{i}/{len(todo)}] exit {done.returncode} after {time.monotonic() - start:.0f} s", file=out, flush=True)
         if done.returncode != 0:
             return [f"`{cmd}` failed (exit {done.returncode}); {len(todo) - i} command(s) after it not run"]
