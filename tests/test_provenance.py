@@ -119,7 +119,8 @@ def test_report_rerun_runs_each_command_where_results_lands_and_stops_at_the_fir
     """report --rerun in a folder of docs whose blocks name three ablation runs, the second with a bad
     setting: the first writes its results under the results folder given, the second's failure
     stops the rerun naming it, the third never runs; started again at the commit the first's
-    results cite, it resumes at the second, and at another commit it runs the first again.
+    results cite, it resumes at the second (read run by run where a block's other runs are still
+    to come), and at another commit it runs the first again.
     Refused before anything runs: a dirty checkout, a results folder by another name, a command
     for the emulated cluster with results outside the project (its nodes write under the
     project's), a torchrun line that names no nodes."""
@@ -156,6 +157,17 @@ def test_report_rerun_runs_each_command_where_results_lands_and_stops_at_the_fir
         and "[1/2] python -m experiments.ablation --no-progress --steps 30 --seeds 1 --steps 0" in log.read_text()
     )
     assert json.loads(summary.read_text()) == kept and len(failed) == 1 and "--steps 0" in failed[0]
+    # a block of several runs, one still to come, is read run by run: the first's results are cited
+    from experiments.report.rerun import cited
+
+    both = "`python -m experiments.ablation --no-progress --steps 30 --seeds 1 --out results/{}`"
+    (tmp_path / "two").mkdir()
+    (tmp_path / "two" / "b.md").write_text(
+        "<!-- report:ablation-variants first never -->\nold\n\n"
+        f"<sub>Rendered by `python -m experiments.report` from {both.format('first')}; {both.format('never')}.</sub>\n<!-- /report -->\n"
+    )
+    assert cited(str(tmp_path / "two"), str(results), "1234567", BLOCK) == {both.format("first").strip("`")}
+    assert cited(str(tmp_path / "two"), str(results), "0899376", BLOCK) == set()
     with open(log, "w") as out:  # at another commit it runs again
         rerun(str(docs), str(results), BLOCK, out=out, commit="0899376")
     assert json.loads(summary.read_text())["provenance"]["commit"] != "1234567"

@@ -80,17 +80,22 @@ def plan(docs: str, block) -> tuple[list[str], list[str]]:
 def cited(docs: str, results: str, commit: str, block) -> set[str]:
     """The commands whose results under `results` already cite `commit`: each table block of the
     docs read as the report reads it (the figures' blocks and those drawn from code aside), and a
-    source's command kept where its commit, as the report shows it, is `commit`. Results that are
-    missing or cannot be read cite nothing."""
+    source's command kept where its commit, as the report shows it, is `commit`. A block of several
+    runs whose whole cannot be read yet (one run still to come) is read run by run. Results that
+    are missing or cannot be read cite nothing."""
+
+    def sources(name: str, args: list[str]) -> list[dict]:
+        try:
+            return RENDERERS[name](*(os.path.join(results, a) for a in args))[1]
+        except (*USER_ERRORS, OSError, ValueError, KeyError, TypeError):
+            return []
+
     done: set[str] = set()
     for p in doc_paths(docs):
         for name, args, _, _ in _blocks(open(p, encoding="utf-8").read(), block):
             if name not in RENDERERS or name in NAMED or name in GPU_BLOCKS or not args:
                 continue
-            try:
-                _, prov = RENDERERS[name](*(os.path.join(results, a) for a in args))
-            except (*USER_ERRORS, OSError, ValueError, KeyError):
-                continue
+            prov = sources(name, args) or [s for a in args if len(args) > 1 for s in sources(name, [a])]
             done |= {s["command"] for s in prov if s.get("command") and shown_commit(s) == commit}
     return done
 
