@@ -67,3 +67,14 @@ def test_a_model_that_cannot_fit_fails_with_the_memory_estimate_before_building_
 )
 def test_values_that_once_failed_far_from_their_setting_name_it(tmp_path, args, message):
     assert message in _ablation(tmp_path, *args)
+
+
+def test_a_groups_bench_world_that_makes_no_whole_nodes_names_the_world_before_starting_ranks(tmp_path, monkeypatch):
+    """--worlds 2 with nodes of 8 once started two ranks that each failed in a traceback."""
+    import experiments.bench.groups as groups
+
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.setattr(groups, "measure_ranks", lambda *a, **k: pytest.fail("ranks started"))
+    with pytest.raises(SystemExit) as e:
+        groups.main(["--worlds", "8,2", "--out", str(tmp_path / "o")])
+    assert "--worlds 8,2: 2 ranks do not make nodes of --gpus-per-node 8" in str(e.value)
