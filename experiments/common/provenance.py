@@ -32,13 +32,14 @@ def git_commit(root: str = HERE) -> str:
     return sha + ("-dirty" if dirty else "")
 
 
-def working_tree(root: str = HERE) -> str:
+def working_tree(root: str = HERE, clean: bool | None = None) -> str:
     """The git tree hash of the files this run reads: HEAD's tree where no tracked file differs from
     HEAD; else the tree git would commit from every file here it does not ignore (written through a
     temporary index, so neither the index nor HEAD moves). A copy of the repository whose git folder
     is older than its files (a device machine's) names in a dirty commit the commit its git knew; its
-    tree is the commit whose files it ran, which the report finds (commit_of_tree). Empty outside git."""
-    if _git(["status", "--porcelain", "--untracked-files=no"], root) == "":
+    tree is the commit whose files it ran, which the report finds (commit_of_tree). Empty outside git.
+    `clean`: whether git_commit found no tracked file differing from HEAD, where the caller knows."""
+    if clean if clean is not None else _git(["status", "--porcelain", "--untracked-files=no"], root) == "":
         return _git(["rev-parse", "HEAD^{tree}"], root) or ""
     top = _git(["rev-parse", "--show-toplevel"], root)
     if top is None:
@@ -94,10 +95,11 @@ def command_line() -> str:
 
 
 def provenance() -> dict:
+    commit = git_commit()
     return {
         "command": command_line(),
-        "commit": git_commit(),
-        "tree": working_tree(),
+        "commit": commit,
+        "tree": working_tree(clean=commit != "unknown" and not commit.endswith("-dirty")),
         "device": device_name(),
         "time_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "host": platform.node(),
