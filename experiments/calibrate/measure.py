@@ -17,7 +17,9 @@ once as in a training step, it measures:
    world (what the gradient sync's and the router's collectives pay whatever their size), and
    the driver's whole step (FSDP2, full recompute) on 2 tokens per rank (--step-tokens) in four plans: every
    rank alone, groups of a node's ranks, groups across nodes (the widest the heads allow), and
-   groups of a node's ranks whose sparse layers run by halo exchange. In that order each plan
+   groups of a node's ranks whose sparse layers run by halo exchange (and every rank alone again
+   on replicated parameters: what FSDP2's gathers and reductions add, whose hidden share it
+   fits, before the rest). In that order each plan
    fits one fixed cost, the value that makes the simulator's price of the step equal its
    measured time: the layer's per pass, an all-to-all call's latency, what a call across nodes
    adds, a halo call's latency. The four steps are timed in rounds (every step once a round) and
