@@ -23,7 +23,11 @@ FWD_COMPUTE = 1.0
 BWD_COMPUTE = 2.0
 FWD_BWD_COMPUTE = FWD_COMPUTE + BWD_COMPUTE
 FWD_BWD_EXCHANGES = 2  # every exchange runs once forward and once (its inverse) backward
-COLLECTIVES_PER_SHARD = 3  # per sharded module and step: gather forward, gather backward, reduce gradients
+# FSDP2 as model.sharding.shard_model runs it: each block (and under expert parallelism its experts,
+# a module of their own) gathers its parameters forward, frees them, and gathers them again for its
+# backward (the default reshard after forward); the root (embedding, LM head, final norm) keeps
+# them from its forward to its backward. Each module reduces its gradients once.
+BLOCK_GATHERS, ROOT_GATHERS = 2, 1
 FLOPS_PER_MAC = 2.0  # a multiply-accumulate is two FLOPs: a [n, k] x [k, m] matmul costs 2 n k m
 DEFAULT_EP = 8  # expert parallelism over a node of 8 GPUs, where the costs leave the degree unset
 # all-to-all calls of one MoE layer under expert parallelism (model.experts.ExpertDispatch): forward,
@@ -494,25 +498,57 @@ class CostModel:
         dense = proj + m.n_layers * m.hidden * m.n_experts + self.lm_head_params + embed
         return dense + self.expert_params()
 
+    def sharded_params(self, world_size: int) -> tuple[float, float, float]:
+        """Elements of the parameters by the FSDP2 module that shards them (model.sharding.shard_model),
+        as it holds them over `world_size` ranks: every parameter's rows padded to a multiple of its
+        shard group's ranks. (The root's: the embedding, the LM head where untied, the final norm;
+        the blocks' dense ones: the projections, the routers, two norms a block, over every rank;
+        the experts' of one rank's expert-parallel slot, over their replicas: world / ep_degree.)
+        A linear kind's projections are taken as dividing (their rows are multiples of its heads'
+        widths), and its convolution and per-head decay are left out, as total_params leaves them
+        (under 1% of its layer)."""
+        m = self.model
+        ep = min(self.ep_degree, world_size)
+        pad = lambda rows, n: -(-rows // n) * n  # noqa: E731
+        w, h = world_size, m.hidden
+        root = (1 if m.tie_embeddings else 2) * pad(m.vocab, w) * h + pad(h, w)
+        q, kv = m.n_heads * m.head_dim, m.n_kv_heads * m.head_dim
+        attention = pad(q + 2 * kv, w) * h + pad(h, w) * q  # the fused query/key/value and the output projections
+        sparse = self.sparse_proj_params if self.sparse.linear else attention
+        blocks = m.n_full * attention + m.n_sparse * sparse + m.n_layers * (pad(m.n_experts, w) * h + 2 * pad(h, w))
+        experts = m.n_layers * 3 * pad(m.n_experts // ep, w // ep) * h * m.expert_ffn
+        return root, blocks, experts
+
+    def grad_sync_volume(self, world_size: int) -> tuple[float, float, int]:
+        """What a rank sends in a step's parameter gathers and gradient reductions, as FSDP2 runs
+        them (BLOCK_GATHERS, ROOT_GATHERS; sharded_params): (gather bytes, reduction bytes,
+        collectives over more than one rank). A ring collective of B bytes over n ranks sends
+        B (n - 1) / n from each."""
+        tr, m = self.costs, self.model
+        root, blocks, experts = self.sharded_params(world_size)
+        ep = min(self.ep_degree, world_size)
+        replicas = world_size // ep
+        ring = lambda n: (n - 1) / n  # noqa: E731
+        dense = (ROOT_GATHERS * root + BLOCK_GATHERS * blocks) * ring(world_size)
+        gather = tr.param_bytes * (dense + BLOCK_GATHERS * experts * ring(replicas))
+        reduce = tr.grad_bytes * ((root + blocks) * ring(world_size) + experts * ring(replicas))
+        calls = ROOT_GATHERS + 1 + m.n_layers * (BLOCK_GATHERS + 1)  # the root and the blocks, over every rank
+        if ep > 1 and replicas > 1:  # the experts: a module of their own in each block, over their replicas
+            calls += m.n_layers * (BLOCK_GATHERS + 1)
+        return gather, reduce, calls
+
     def grad_sync_time(self, world_size: int) -> float:
-        """Exposed seconds of the gradient reduce-scatter and parameter all-gather of a step: dense
-        parameters over every rank, each expert over the ranks that hold a replica of it (world /
-        ep_degree), ring collectives at the inter-node rate once the world spans nodes."""
+        """Exposed seconds of the gradient reductions and parameter gathers of a step
+        (grad_sync_volume), ring collectives at the inter-node rate once the world spans nodes;
+        their bytes `grad_sync_overlap` hidden, their calls' latency not (a latency-bound collective
+        has nothing to overlap)."""
         tr = self.costs
         if not tr.grad_sync or world_size == 1:
             return 0.0
-        per_param = tr.grad_bytes + tr.param_bytes
-        experts = self.expert_params()
-        ep = min(self.ep_degree, world_size)
-        replicas = world_size / ep
-        dense_bytes = (self.total_params() - experts) * per_param * (world_size - 1) / world_size
-        expert_bytes = experts / ep * per_param * (replicas - 1) / replicas
+        gather, reduce, calls = self.grad_sync_volume(world_size)
         g = self.gpus_per_node
         bw = self.hw.intra_node_bw if g is not None and world_size <= g else self.hw.inter_node_bw
-        # each block and the root: a parameter gather forward and backward, a gradient reduction;
-        # their latency is not hidden (a latency-bound collective has nothing to overlap)
-        latency = COLLECTIVES_PER_SHARD * (self.model.n_layers + 1) * self.hw.collective_latency
-        return (1 - tr.grad_sync_overlap) * (dense_bytes + expert_bytes) / bw + latency
+        return (1 - tr.grad_sync_overlap) * (gather + reduce) / bw + calls * self.hw.collective_latency
 
     def optimizer_time(self, world_size: int) -> float:
         """Seconds of the optimizer step on this rank's shard of the parameters (memory-bound)."""

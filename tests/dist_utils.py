@@ -153,3 +153,41 @@ def forked_driver(nproc: int, *args, timeout=240) -> subprocess.CompletedProcess
 
         first = next((c for c in codes.values() if c != 0), 0)
         return subprocess.CompletedProcess(["forked_driver", str(nproc), *argv], first, read("out"), read("err"))
+
+
+class ShardCollectives:
+    """Counts the collectives FSDP2 issues (its parameter gathers and gradient reductions: the
+    torch.distributed calls its default communication uses) while entered: for each, the ranks of
+    its group and the bytes this rank sends in a ring collective (a gather's input, its shard, to
+    each of the other ranks; a reduction's input, the whole gradient, less the share it keeps)."""
+
+    CALLS = ("all_gather_single", "reduce_scatter_single")
+
+    def __init__(self):
+        self.sent = {name: 0.0 for name in self.CALLS}
+        self.calls = {name: 0 for name in self.CALLS}
+
+    def __enter__(self):
+        self._orig = {name: getattr(dist, name) for name in self.CALLS}
+        for name, f in self._orig.items():
+            setattr(dist, name, self._counting(name, f))
+        return self
+
+    def __exit__(self, *exc):
+        for name, f in self._orig.items():
+            setattr(dist, name, f)
+
+    def _counting(self, name, f):
+        key = "input_tensor" if name == "all_gather_single" else "input"  # each call's name for it
+
+        def call(*args, **kwargs):
+            assert "group" in kwargs, f"{name} called without a group keyword: count it by its group"
+            tensor = kwargs[key] if key in kwargs else args[1]
+            n = dist.get_world_size(kwargs.get("group"))
+            if n > 1:
+                bytes_in = tensor.numel() * tensor.element_size()
+                self.sent[name] += bytes_in * (n - 1) if name == "all_gather_single" else bytes_in * (n - 1) / n
+                self.calls[name] += 1
+            return f(*args, **kwargs)
+
+        return call

@@ -8,7 +8,14 @@ import pytest
 
 import experiments.ablation.__main__ as ablation
 from config import CostsConfig, HardwareConfig, ModelConfig, SettingError
-from experiments.calibrate.measure import bare_layer_overhead, calibrate, fit_all_to_all, fit_fixed_cost, runtime_step_plan
+from experiments.calibrate.measure import (
+    bare_layer_overhead,
+    calibrate,
+    fit_all_to_all,
+    fit_fixed_cost,
+    runtime_step_costs,
+    runtime_step_plan,
+)
 from solver import CostModel
 from solver.simulator import simulate
 from tests.dist_utils import run_distributed
@@ -36,7 +43,8 @@ def test_a_quick_calibration_writes_a_profile_the_planners_accept(tmp_path, caps
         assert math.isfinite(hw.to_dict()[key]) and hw.to_dict()[key] > 0, key
     # each fixed cost: the larger of the isolated measurement's and the fit to the runtime's step
     m, net = profile["measurements"], profile["fits"]["all_to_all"]
-    assert m["runtime_step_sizes"] == {"own": 1, "node": 2, "wide": 4, "node-halo": 2, "own-short": 1} and m["runtime_step_tokens"] == 4
+    sizes = {"own": 1, "node": 2, "wide": 4, "node-halo": 2, "own-short": 1, "own-replicated": 1}
+    assert m["runtime_step_sizes"] == sizes and m["runtime_step_tokens"] == 4
     assert all(t > 0 for t in m["runtime_step_s"].values())
     step = m["from_runtime_step"]
     # the isolated floor: a bare layer's forward share less its one attention call's (bare_layer_overhead)
@@ -55,6 +63,11 @@ def test_a_quick_calibration_writes_a_profile_the_planners_accept(tmp_path, caps
     overlap = m["experts_overlap"]
     assert overlap["ep_degree"] == 2 and overlap["all_to_all_s"] > 0 and 0 <= overlap["moe_overlap"] <= 1
     assert CostsConfig.from_name(path).moe_overlap == profile["costs"]["moe_overlap"] == overlap["moe_overlap"]
+    # FSDP2's gathers and reductions: the share hidden, fitted from the own step against the same on
+    # replicated parameters, and the parameters' element size (fp32 here), in the profile's costs
+    costs = CostsConfig.from_name(path)
+    assert costs.param_bytes == hw.bytes_per_element == 4
+    assert 0 <= costs.grad_sync_overlap <= 1 and costs.grad_sync_overlap == step["grad_sync_overlap"]
     # the planners take it where they take a preset
     ablation.main(["--hardware", path, "--costs", path, "--steps", "10", "--seeds", "1", "--out", str(tmp_path / "abl"), "--no-progress"])
     assert "commit" in capsys.readouterr().out
@@ -149,8 +162,7 @@ def test_the_fixed_cost_fits_recover_what_a_step_was_priced_with(field, size, to
     alone pay no call; groups without halo children no halo call)."""
     cfg, known = ModelConfig.from_name("tiny"), 3.7e-3
     hw = HardwareConfig(collective_latency=2e-3, layer_overhead=1e-3, a2a_latency=5e-4, a2a_inter_latency=2e-4, halo_latency=1e-4)
-    costs = CostsConfig(recompute="full", moe_all_to_all=False, optimizer=False)
-    priced = CostModel(cfg, hw.replace(**{field: known}), costs=costs)
+    priced = CostModel(cfg, hw.replace(**{field: known}), costs=runtime_step_costs(hw))
     step = simulate(runtime_step_plan(8, 2, size, tokens, halo), priced).step_time
     assert fit_fixed_cost(step, cfg, hw, 8, 2, field, size, tokens, halo) == pytest.approx(known, rel=1e-9)
     assert fit_fixed_cost(1e-9, cfg, hw, 8, 2, field, size, tokens, halo) == 0.0
@@ -169,8 +181,7 @@ def test_the_fixed_costs_fitted_round_by_round_are_the_median_of_each_rounds_fit
     cfg = ModelConfig.from_name("tiny")
     known = {"layer_overhead": 2.1e-3, "a2a_latency": 3.3e-3, "a2a_inter_latency": 4.7e-3, "halo_latency": 1.9e-3}
     hw = HardwareConfig(collective_latency=2e-3, layer_overhead=1e-4, a2a_latency=1e-4, a2a_inter_latency=1e-4, halo_latency=1e-4)
-    costs = CostsConfig(recompute="full", moe_all_to_all=False, optimizer=False)
-    priced = CostModel(cfg, hw.replace(**known), costs=costs)
+    priced = CostModel(cfg, hw.replace(**known), costs=runtime_step_costs(hw))
     sizes = {"own": 1, "node": 2, "wide": 8, "node-halo": 2}
     clean = {key: simulate(runtime_step_plan(8, 2, sizes[key], 2, key == "node-halo"), priced).step_time for key in sizes}
     rounds = {key: [t * 3, t * (5 if key == "wide" else 1), t, t, t] for key, t in clean.items()}
@@ -183,6 +194,29 @@ def test_the_fixed_costs_fitted_round_by_round_are_the_median_of_each_rounds_fit
     assert each["a2a_latency"][1] == pytest.approx(known["a2a_latency"], rel=1e-9)  # ...spoils no other cost of it
     with pytest.raises(ValueError, match="unequal rounds"):
         fit_fixed_costs({**rounds, "wide": rounds["wide"][:4]}, cfg, hw, 8, 2, sizes, 2)
+
+
+def test_the_hidden_share_of_fsdps_collectives_fits_back_from_the_own_step_against_the_replicated_one():
+    """The own step priced with a known share of FSDP2's gathers and reductions hidden and a known
+    layer cost, and the same step on replicated parameters (no gathers or reductions): the share
+    fits back from the difference, and the layer's cost from the own step on it. The share is
+    bounded: a step that added no more than the calls' latency hides everything, one that added
+    more than all the bytes' time hides nothing."""
+    from experiments.calibrate.measure import REPLICATED_STEP, fit_fixed_costs, fit_grad_sync_overlap
+
+    cfg, share, layer = ModelConfig.from_name("tiny"), 0.35, 2.1e-3
+    hw = HardwareConfig(collective_latency=2e-3, layer_overhead=1e-4, bytes_per_element=4)
+    plan = runtime_step_plan(8, 2, 1, 2)
+    own = simulate(plan, CostModel(cfg, hw.replace(layer_overhead=layer), costs=runtime_step_costs(hw, share))).step_time
+    bare = simulate(plan, CostModel(cfg, hw.replace(layer_overhead=layer), costs=runtime_step_costs(hw).replace(grad_sync=False)))
+    assert own > bare.step_time
+    sizes = {"own": 1, REPLICATED_STEP: 1}
+    fitted_hw, fitted, each = fit_fixed_costs({"own": [own] * 3, REPLICATED_STEP: [bare.step_time] * 3}, cfg, hw, 8, 2, sizes, 2)
+    assert list(fitted) == ["grad_sync_overlap", "layer_overhead"]
+    assert fitted["grad_sync_overlap"] == pytest.approx(share, rel=1e-9)
+    assert fitted["layer_overhead"] == pytest.approx(layer, rel=1e-9) and fitted_hw.layer_overhead == pytest.approx(layer, rel=1e-9)
+    assert fit_grad_sync_overlap(0.0, cfg, hw, 8, 2) == 1.0
+    assert fit_grad_sync_overlap(1e3, cfg, hw, 8, 2) == 0.0
 
 
 @pytest.mark.parametrize(
@@ -200,7 +234,7 @@ def test_the_cost_per_sample_fits_back_from_what_the_short_sample_step_took_over
     cfg, known = ModelConfig.from_name(model), 2.3e-3
     assert short_step_field(cfg) == field
     hw = HardwareConfig(collective_latency=2e-3, layer_overhead=1e-3, **{field: 4e-4})
-    costs = CostsConfig(recompute="full", moe_all_to_all=False, optimizer=False)
+    costs = runtime_step_costs(hw)
     priced = CostModel(cfg, hw.replace(**{field: known, "layer_overhead": 5e-3}), costs=costs)
     short, own = (simulate(runtime_step_plan(8, 2, 1, 2, samples=k), priced).step_time for k in (SHORT_STEP_SAMPLES, 1))
     assert short > own
@@ -224,8 +258,7 @@ def test_the_fixed_costs_fit_the_cost_per_sample_first_and_the_rest_on_it(model,
     cfg = ModelConfig.from_name(model)
     known = {field: 1.7e-3, "layer_overhead": 2.1e-3, "a2a_latency": 3.3e-3}
     hw = HardwareConfig(collective_latency=2e-3, layer_overhead=1e-4, a2a_latency=1e-4, **{field: 5e-4})
-    costs = CostsConfig(recompute="full", moe_all_to_all=False, optimizer=False)
-    priced = CostModel(cfg, hw.replace(**known), costs=costs)
+    priced = CostModel(cfg, hw.replace(**known), costs=runtime_step_costs(hw))
     sizes = {"own": 1, "node": 2, SHORT_STEP: 1}
     clean = {k: simulate(runtime_step_plan(8, 2, sizes[k], 2, samples=STEP_SAMPLES.get(k, 1)), priced).step_time for k in sizes}
     fitted_hw, fitted, each = fit_fixed_costs({k: [t, t, t] for k, t in clean.items()}, cfg, hw, 8, 2, sizes, 2)

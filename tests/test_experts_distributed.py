@@ -12,7 +12,9 @@ summed over their replicas): repack+solver with MHA.
   implies (recorded at the dispatch: the experts of every slot, forward);
 - and the simulator's expectation under uniform routing (each slot leaves its rank with
   probability (N - 1) / N) within four binomial standard deviations of the slots: the spread of
-  that routing (the routing of a token's top-k distinct experts spreads less).
+  that routing (the routing of a token's top-k distinct experts spreads less);
+- FSDP2's parameter gathers and gradient reductions (the experts' over their replicas) send the
+  bytes, in the calls, that the simulator prices.
 """
 
 import numpy as np
@@ -28,12 +30,13 @@ from model.sharding import full_tensor, replicate_experts, shard_model
 from solver import CostModel
 from solver.modes import MODE_TABLE
 from solver.simulator import simulate
-from tests.dist_utils import run_distributed
+from tests.dist_utils import ShardCollectives, run_distributed
 from tests.test_model_distributed import (
     CONFIGS,
     LENGTHS,
     NODE,
     WORLD,
+    assert_sync_priced,
     distinct_layouts,
     make_model,
     reference,
@@ -70,8 +73,10 @@ def _body(rank, world, refs):
                 model = shard_model(make_model(cfg).expert_parallel(ep, rank), torch.device("cpu"))
                 stats = CommStats(gpus_per_node=NODE)
                 recorded.clear()
-                loss = run_step(model, plan, sample_tokens(LENGTHS), groups, "torch", "torch", stats)
+                with ShardCollectives() as sync:
+                    loss = run_step(model, plan, sample_tokens(LENGTHS), groups, "torch", "torch", stats)
                 where = f"{name} EP{ep} {plan.mode}"
+                assert_sync_priced(sync, cfg, world, ep, where)
                 torch.testing.assert_close(loss, ref_loss, rtol=1e-10, atol=1e-12, msg=where)
                 for n, p in model.named_parameters():
                     want = ref_grads[n][mine] if ".experts." in n else ref_grads[n]

@@ -1,8 +1,9 @@
 """The core equivalence: a distributed step (8 gloo ranks, nodes of 2) under every mode's plan
 gives the single-process loss and gradients, with both pack paths, with replicated parameters
 and with FSDP2-sharded ones; and the bytes its exchanges count are the bytes the simulator prices
-for the plan. (The other sparse kinds and hand-made plans of the other ways to run the sparse
-layers: tests/test_strategies_distributed.py.)"""
+for the plan, and the bytes FSDP2's gathers and reductions send are the ones it prices. (The
+other sparse kinds and hand-made plans of the other ways to run the sparse layers:
+tests/test_strategies_distributed.py.)"""
 
 import numpy as np
 import pytest
@@ -18,7 +19,7 @@ from model.sharding import full_tensor, shard_model
 from solver import CostModel, Group, ParentPlan, StepPlan, make_plan, samples_from_lengths
 from solver.modes import MODES
 from solver.simulator import simulate
-from tests.dist_utils import run_distributed
+from tests.dist_utils import ShardCollectives, run_distributed
 from tests.test_gpu import BF16_LOSS_RTOL
 
 WORLD, NODE = 8, 2
@@ -119,7 +120,9 @@ def _body(rank, world, refs):
             recomputes = ["full", "selective", "none", "full"]
             for plan, recompute in zip(solver_plans(cfg)[:3] + [idle_rank_plan()], recomputes):
                 model = shard_model(make_model(cfg, recompute), torch.device("cpu"))
-                loss = run_step(model, plan, sample_tokens(LENGTHS), groups, "torch", "torch")
+                with ShardCollectives() as sync:
+                    loss = run_step(model, plan, sample_tokens(LENGTHS), groups, "torch", "torch")
+                assert_sync_priced(sync, cfg, world, 1, f"fsdp {plan.mode} recompute {recompute}")
                 torch.testing.assert_close(loss, ref_loss, rtol=1e-10, atol=1e-12)
                 for n, p in model.named_parameters():
                     torch.testing.assert_close(full_tensor(p.grad), ref_grads[n], rtol=1e-9, atol=1e-11, msg=f"fsdp {plan.mode} {n}")
@@ -152,6 +155,15 @@ def assert_priced(plan, stats: CommStats, cfg, recompute: str, where: str) -> No
     sim = simulate(plan, CostModel(cfg, HardwareConfig(bytes_per_element=8), costs=CostsConfig(recompute=recompute)))
     priced = [sim.full_intra_bytes, sim.full_inter_bytes, sim.sparse_intra_bytes, sim.sparse_inter_bytes]
     assert counted.tolist() == priced, (where, counted.tolist(), priced)
+
+
+def assert_sync_priced(sync, cfg, world: int, ep: int, where: str) -> None:
+    """The bytes this rank's FSDP2 gathers and reductions sent in a step, and how many it called,
+    equal what the simulator prices for the model (CostModel.grad_sync_volume, fp64 elements)."""
+    costs = CostsConfig(param_bytes=8, grad_bytes=8, ep_degree=ep, ep_placement="intra" if ep <= NODE else "inter")
+    gather, reduce, calls = CostModel(cfg, HardwareConfig(), costs=costs).grad_sync_volume(world)
+    counted = (sync.sent["all_gather_single"], sync.sent["reduce_scatter_single"], sum(sync.calls.values()))
+    assert counted == pytest.approx((gather, reduce, calls), rel=1e-12), (where, counted, (gather, reduce, calls))
 
 
 @pytest.mark.slow

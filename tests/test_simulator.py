@@ -220,8 +220,10 @@ def test_the_ratio_reading_sets_a_cross_node_group_rate(reading):
 def test_fixed_costs_add_exactly_what_every_rank_pays(recompute, passes, router):
     """A layer's fixed cost is paid by every rank in every pass (forward 1, backward 2, the
     recomputed forward 1 more under full recompute); a collective's latency three times per
-    sharded module (every block and the root) and once per router all-reduce (forward 2, backward
-    1, the recomputed forward 2 more). Every mode's step grows by exactly that."""
+    sharded block (two gathers and a reduction), as often per block's experts (a module of their
+    own under expert parallelism over more than one replica: EP8 of 32 ranks), twice for the root
+    (one gather, one reduction), and once per router all-reduce (forward 2, backward 1, the
+    recomputed forward 2 more). Every mode's step grows by exactly that."""
     model = ModelConfig.from_name("paper")
     overhead, latency = 1e-3, 2e-4
     plain = CostModel(model, HardwareConfig(), costs=CostsConfig(recompute=recompute))
@@ -230,9 +232,10 @@ def test_fixed_costs_add_exactly_what_every_rank_pays(recompute, passes, router)
     for mode in ("baseline", "repack+solver"):
         plan = make_plan(samples_from_lengths(lengths), Cluster(32, 8, 32768), plain, mode)
         a, b = simulate(plan, plain), simulate(plan, fixed)
-        want = model.n_layers * passes * overhead + 3 * (model.n_layers + 1) * latency + model.n_layers * router * latency
+        sync = (2 + 3 * model.n_layers + 3 * model.n_layers) * latency
+        want = model.n_layers * passes * overhead + sync + model.n_layers * router * latency
         assert b.step_time - a.step_time == pytest.approx(want, rel=1e-9)
-        assert b.grad_sync - a.grad_sync == pytest.approx(3 * (model.n_layers + 1) * latency, rel=1e-9)
+        assert b.grad_sync - a.grad_sync == pytest.approx(sync, rel=1e-9)
 
 
 @pytest.mark.parametrize("name", ["paper", "tiny-gdn"])

@@ -17,7 +17,9 @@ once as in a training step, it measures:
    world (what the gradient sync's and the router's collectives pay whatever their size), and
    the driver's whole step (FSDP2, full recompute) on 2 tokens per rank (--step-tokens) in four plans: every
    rank alone, groups of a node's ranks, groups across nodes (the widest the heads allow), and
-   groups of a node's ranks whose sparse layers run by halo exchange. In that order each plan
+   groups of a node's ranks whose sparse layers run by halo exchange (and every rank alone again
+   on replicated parameters: what FSDP2's gathers and reductions add, whose hidden share it
+   fits, before the rest). In that order each plan
    fits one fixed cost, the value that makes the simulator's price of the step equal its
    measured time: the layer's per pass, an all-to-all call's latency, what a call across nodes
    adds, a halo call's latency. The four steps are timed in rounds (every step once a round) and
@@ -323,12 +325,14 @@ def measure_runtime_steps(
     for each named size (a name in HALO_STEPS: its halo plan), one sharded model for all: next to
     no work, so what a step takes is the runtime's fixed costs as the step pays them (layers,
     sharding and recompute hooks, collectives, and with size > 1 the exchanges' calls).
+    REPLICATED_STEP: the "own" plan on replicated parameters, its gradients' all-reduce left out
+    of its time: the same step without FSDP2's gathers and reductions (fit_grad_sync_overlap).
     Returns each plan's seconds, round by round (time_runtime_steps)."""
     world = dist.get_world_size()
     plans = {
         name: runtime_step_plan(world, node, size, tokens, name in HALO_STEPS, STEP_SAMPLES.get(name, 1)) for name, size in sizes.items()
     }
-    return time_runtime_steps(cfg, plans, groups, device, dtype, rounds)
+    return time_runtime_steps(cfg, plans, groups, device, dtype, rounds, replicated=frozenset({REPLICATED_STEP}))
 
 
 # what each runtime step's time is fitted to (fit_fixed_cost), in order: each fit keeps the ones
@@ -341,6 +345,9 @@ HALO_STEPS = frozenset({"node-halo"})  # the runtime steps whose plan is a halo 
 # kind's blocks, where its mixer timed alone takes a third to a half of it; an attention kind's
 # calls' per-sample loop, where the calls timed alone take a third to two fifths of it
 SHORT_STEP, SHORT_STEP_SAMPLES = "own-short", 16
+# the "own" plan on replicated parameters, timed without its gradients' all-reduce: what the own
+# step took more is FSDP2's gathers and reductions as a step exposes them (fit_grad_sync_overlap)
+REPLICATED_STEP = "own-replicated"
 STEP_SAMPLES = {SHORT_STEP: SHORT_STEP_SAMPLES}  # samples per group of each runtime step (1 where absent)
 # the runtime steps' rounds per median_of: the fixed costs are differences of steps, noisier than
 # any one figure, and a round of a few steps on next to no tokens costs little
@@ -357,23 +364,49 @@ def fit_fixed_cost(
     size: int = 1,
     tokens: int = STEP_SAMPLE_TOKENS,
     halo: bool = False,
+    overlap: float | None = None,
 ) -> float:
     """The value of the hardware setting `field` (a fixed cost the simulator charges linearly: a
     layer's seconds per pass, an all-to-all or halo call's latency) that makes the simulator's
     price of the runtime step on runtime_step_plan(size, tokens, halo) (as measure_runtime_steps
     runs it: full recompute, no optimizer, no experts' all-to-all) equal `step_s`: the price with
-    it at 0, the rest over what one second of it adds. 0 if the price without it is already as long."""
+    it at 0, the rest over what one second of it adds. 0 if the price without it is already as long.
+    `overlap`: the gathers' and reductions' hidden share (runtime_step_costs)."""
     from solver.simulator import simulate  # noqa: PLC0415
 
     plan = runtime_step_plan(world, node, size, tokens, halo)
-    price = lambda v: simulate(plan, _step_cost(cfg, hw, field, v)).step_time  # noqa: E731
+    price = lambda v: simulate(plan, _step_cost(cfg, hw, field, v, overlap)).step_time  # noqa: E731
     return _solve_linear(step_s, price, f"the runtime step on groups of {size} ranks does not pay {field}: nothing to fit it to")
 
 
-def _step_cost(cfg: ModelConfig, hw: HardwareConfig, field: str, value: float) -> CostModel:
-    """The cost model of a runtime step as measure_runtime_steps runs it (full recompute, no
-    optimizer, no experts' all-to-all), with the hardware setting `field` at `value`."""
-    return CostModel(cfg, hw.replace(**{field: value}), costs=CostsConfig(recompute="full", moe_all_to_all=False, optimizer=False))
+def runtime_step_costs(hw: HardwareConfig, overlap: float | None = None) -> CostsConfig:
+    """The costs every mode pays as measure_runtime_steps' step pays them: full recompute, no
+    optimizer, no experts' all-to-all, FSDP2 over every rank without expert parallelism, its
+    parameters gathered in the runtime's element size (bf16 under CUDA's mixed precision, fp32 on
+    a CPU: hw.bytes_per_element) and its gradients reduced in fp32; `overlap` the gathers' and
+    reductions' hidden share (fit_grad_sync_overlap), or the costs' default."""
+    hidden = {} if overlap is None else {"grad_sync_overlap": overlap}
+    return CostsConfig(recompute="full", moe_all_to_all=False, optimizer=False, ep_degree=1, param_bytes=hw.bytes_per_element, **hidden)
+
+
+def _step_cost(cfg: ModelConfig, hw: HardwareConfig, field: str, value: float, overlap: float | None = None) -> CostModel:
+    """The cost model of a runtime step as measure_runtime_steps runs it (runtime_step_costs), with
+    the hardware setting `field` at `value`."""
+    hw = hw.replace(**{field: value})
+    return CostModel(cfg, hw, costs=runtime_step_costs(hw, overlap))
+
+
+def fit_grad_sync_overlap(exposed_s: float, cfg: ModelConfig, hw: HardwareConfig, world: int, node: int) -> float:
+    """The share of FSDP2's gathers and reductions a step hides (the costs' grad_sync_overlap) from
+    what they added to the own step (`exposed_s`: the "own" step less REPLICATED_STEP): what is
+    left once their calls' latency is priced, over what their bytes take all exposed; in [0, 1]
+    (1: they added no more than their calls' latency; 0: more than all their bytes' time)."""
+    cost = CostModel(cfg, hw, node, costs=runtime_step_costs(hw, 0.0))
+    latency = cost.grad_sync_volume(world)[2] * hw.collective_latency
+    exposed_bytes = cost.grad_sync_time(world) - latency  # every byte exposed
+    if exposed_bytes <= 0:
+        raise ValueError(f"the runtime step on {world} ranks gathers and reduces nothing: no overlap to fit")
+    return float(np.clip(1 - (exposed_s - latency) / exposed_bytes, 0.0, 1.0))
 
 
 def _solve_linear(target: float, price, refusal: str) -> float:
@@ -395,7 +428,13 @@ def short_step_field(cfg: ModelConfig) -> str:
 
 
 def fit_short_step_latency(
-    extra_s: float, cfg: ModelConfig, hw: HardwareConfig, world: int, node: int, tokens: int = STEP_SAMPLE_TOKENS
+    extra_s: float,
+    cfg: ModelConfig,
+    hw: HardwareConfig,
+    world: int,
+    node: int,
+    tokens: int = STEP_SAMPLE_TOKENS,
+    overlap: float | None = None,
 ) -> float:
     """The short_step_field(cfg) value that makes the simulator's price of the SHORT_STEP runtime
     step (ranks alone, SHORT_STEP_SAMPLES samples of `tokens` tokens each) exceed that of "own"
@@ -409,7 +448,7 @@ def fit_short_step_latency(
     short, own = runtime_step_plan(world, node, 1, tokens, samples=SHORT_STEP_SAMPLES), runtime_step_plan(world, node, 1, tokens)
 
     def extra(v: float) -> float:
-        cost = _step_cost(cfg, hw, field, v)
+        cost = _step_cost(cfg, hw, field, v, overlap)
         return simulate(short, cost).step_time - simulate(own, cost).step_time
 
     return _solve_linear(extra_s, extra, f"{cfg.name}'s runtime steps do not pay {field} per sample: nothing to fit it to")
@@ -428,36 +467,45 @@ def keep_fit(hw: HardwareConfig, field: str, fitted: float) -> HardwareConfig:
 def fit_fixed_costs(
     rounds: dict[str, list[float]], cfg: ModelConfig, hw: HardwareConfig, world: int, node: int, sizes: dict[str, int], tokens: int
 ) -> tuple[HardwareConfig, dict[str, float], dict[str, list[float]]]:
-    """The fixed costs of STEP_FITS from measure_runtime_steps' rounds, and first, where the rounds
-    time SHORT_STEP, the cost per sample (fit_short_step_latency: that round's SHORT_STEP less its
-    "own" step; a linear kind's per block). Each round is fitted on its own, in that order, each
+    """The fixed costs of STEP_FITS from measure_runtime_steps' rounds; before them, where the
+    rounds time REPLICATED_STEP, the gathers' and reductions' hidden share (fit_grad_sync_overlap:
+    that round's "own" step less its REPLICATED_STEP), and where they time SHORT_STEP, the cost
+    per sample (fit_short_step_latency: that round's SHORT_STEP less its "own" step; a linear
+    kind's per block). Each round is fitted on its own, in that order, each
     fit keeping the ones before it from the same round (the wide step's call latency is what that
     round's wide step took beyond that round's layers and calls inside a node), and each cost's
     figure is the median of its rounds' fits, kept by keep_fit in order. A difference of two medians taken over
     separate spells of a shared machine is what made single fits swing between runs
     (docs/calibration.md); the rounds' median drops a spell that slowed one round. Returns the
-    hardware, each cost's median fit, and its rounds' fits."""
+    hardware, each cost's median fit (the hidden share under "grad_sync_overlap", a costs
+    setting, not the hardware's), and its rounds' fits."""
     present = [(field, key) for field, key in STEP_FITS if key in rounds]
     pair = SHORT_STEP in rounds and "own" in rounds  # the per-sample cost first: the own step's one sample pays it too
-    count = {len(rounds[key]) for _, key in present} | ({len(rounds[SHORT_STEP])} if pair else set())
+    sharded = REPLICATED_STEP in rounds and "own" in rounds
+    count = {len(rounds[key]) for _, key in present} | {len(rounds[k]) for k in (SHORT_STEP, REPLICATED_STEP) if k in rounds}
     if len(count) > 1:
         raise ValueError(f"the runtime steps were timed in unequal rounds ({sorted(count)}): each round times every step")
     short = short_step_field(cfg)
-    each: dict[str, list[float]] = {short: []} if pair else {}
+    each: dict[str, list[float]] = {"grad_sync_overlap": []} if sharded else {}
+    each.update({short: []} if pair else {})
     each.update((field, []) for field, _ in present)
     for r in range(count.pop() if count else 0):
-        h = hw
+        h, overlap = hw, None
+        if sharded:
+            overlap = fit_grad_sync_overlap(rounds["own"][r] - rounds[REPLICATED_STEP][r], cfg, h, world, node)
+            each["grad_sync_overlap"].append(overlap)
         if pair:
-            v = fit_short_step_latency(rounds[SHORT_STEP][r] - rounds["own"][r], cfg, h, world, node, tokens)
+            v = fit_short_step_latency(rounds[SHORT_STEP][r] - rounds["own"][r], cfg, h, world, node, tokens, overlap)
             each[short].append(v)
             h = keep_fit(h, short, v)
         for field, key in present:
-            v = fit_fixed_cost(rounds[key][r], cfg, h, world, node, field, sizes[key], tokens, key in HALO_STEPS)
+            v = fit_fixed_cost(rounds[key][r], cfg, h, world, node, field, sizes[key], tokens, key in HALO_STEPS, overlap)
             each[field].append(v)
             h = keep_fit(h, field, v)
     fitted = {field: float(np.median(v)) for field, v in each.items()}
     for field in fitted:  # in the order fitted
-        hw = keep_fit(hw, field, fitted[field])
+        if field != "grad_sync_overlap":
+            hw = keep_fit(hw, field, fitted[field])
     return hw, fitted, each
 
 
@@ -654,6 +702,8 @@ def calibrate(
     elif sparse_cost(cfg.sparse_kind).first_key is None:  # a kind without a reach runs no halo exchange
         del step_sizes["node-halo"]
     step_sizes[SHORT_STEP] = 1  # ranks alone with many short samples: a sample's cost as a step pays it (fit_short_step_latency)
+    if world > 1:  # the own step without FSDP2's collectives: what they add to it (fit_grad_sync_overlap)
+        step_sizes[REPLICATED_STEP] = 1
     rounds = step_rounds or STEP_ROUNDS_PER_MEDIAN * sizes["median_of"]
     runtime_rounds = measure_runtime_steps(cfg, groups, node, device, dtype, rounds, step_sizes, step_tokens)
     experts_a2a = measure_experts_all_to_all(groups, node, sizes["bytes"], cfg, device, dtype, sizes["median_of"])
@@ -693,6 +743,10 @@ def calibrate(
     # the halo call's, which has none
     hw, from_step, from_rounds = fit_fixed_costs(runtime_rounds, cfg, hw, world, node, step_sizes, step_tokens)
     costs = {} if overlap["moe_overlap"] is None else {"moe_overlap": overlap["moe_overlap"]}
+    # FSDP2's gathers in the runtime's element size, and the share of them and the reductions a step hides
+    costs["param_bytes"] = hw.bytes_per_element
+    if "grad_sync_overlap" in from_step:
+        costs["grad_sync_overlap"] = from_step["grad_sync_overlap"]
     return {
         "hardware": hw.to_dict(),
         "costs": costs,  # what the calibration measured of the costs every mode pays (--costs profile.json)
@@ -730,12 +784,12 @@ def calibrate(
     }
 
 
-def _spread(rounds: dict, field: str) -> str:
-    """' (median of N rounds, quartiles a-b)' in ms of a fixed cost's fits round by round, or ''."""
+def _spread(rounds: dict, field: str, scale: float = 1e3, unit: str = "") -> str:
+    """' (median of N rounds, quartiles a-b)' of a fit's rounds (x scale: ms by default), or ''."""
     if not rounds.get(field):
         return ""
-    lo, hi = 1e3 * np.percentile(rounds[field], [25, 75])
-    return f" (median of {len(rounds[field])} rounds, quartiles {lo:.2f}-{hi:.2f})"
+    lo, hi = scale * np.percentile(rounds[field], [25, 75])
+    return f" (median of {len(rounds[field])} rounds, quartiles {lo:.2f}-{hi:.2f}{unit})"
 
 
 def report(profile: dict) -> str:
@@ -811,6 +865,13 @@ def report(profile: dict) -> str:
             f"    ranks alone, {SHORT_STEP_SAMPLES} samples a rank against one: {1e3 * extra:.1f} ms more -> "
             f"{1e3 * m['from_runtime_step'][short]:.3f} ms {what}{_spread(rounds, short)}; "
             f"{alone_label}: {1e3 * one_call:.3f} ms; kept {1e3 * hw[short]:.3f} ms"
+        )
+    if "grad_sync_overlap" in m["from_runtime_step"]:  # the hidden share's fit, where the rounds timed the replicated step
+        extra = m["runtime_step_s"]["own"] - m["runtime_step_s"][REPLICATED_STEP]
+        lines.append(
+            f"    ranks alone, FSDP2 against replicated parameters: {1e3 * extra:.1f} ms more -> its gathers and reductions "
+            f"{100 * m['from_runtime_step']['grad_sync_overlap']:.0f}% hidden{_spread(rounds, 'grad_sync_overlap', 100, '%')} "
+            f"(parameters gathered in {profile['costs']['param_bytes']} bytes, gradients reduced in 4)"
         )
     for field in hw.get("floored", ()):
         lines.append(f"    {field} fitted at the floor of its range (0): the step took no longer than its price without it; priced free")

@@ -77,9 +77,13 @@ def runtime_step_plan(
     return StepPlan(Cluster(world, node, tokens * max(counts)), lengths, parents, "parent+halo" if halo else "baseline").validate()
 
 
-def time_runtime_steps(cfg: ModelConfig, plans: dict, groups: ExchangeGroups, device, dtype, rounds: int) -> dict[str, list[float]]:
+def time_runtime_steps(
+    cfg: ModelConfig, plans: dict, groups: ExchangeGroups, device, dtype, rounds: int, replicated: frozenset = frozenset()
+) -> dict[str, list[float]]:
     """Seconds of the driver's whole step on each named plan, one model for all (sharded by FSDP2
-    over every rank where there is more than one), each step warmed up once. In `rounds` rounds,
+    over every rank where there is more than one), each step warmed up once; a name in
+    `replicated` runs on a replicated copy of the model instead, its gradients' all-reduce left
+    out of its time (the same step without FSDP2's gathers and reductions). In `rounds` rounds,
     each timing every plan once, in turn (the slowest rank's seconds): a slow spell of the machine
     lands on the plans of one round alike rather than on one plan's repeats, and fits pair each
     round's steps. Returns each plan's seconds, round by round."""
@@ -94,18 +98,39 @@ def time_runtime_steps(cfg: ModelConfig, plans: dict, groups: ExchangeGroups, de
     for name, plan in plans.items():
         gen = np.random.default_rng(0)
         batch = {k: gen.integers(0, cfg.vocab, n) for k, n in plan.lengths}
+        if name in replicated:
+            torch.manual_seed(0)
+            copy = HybridMoE(cfg, "full").to(device=device, dtype=dtype)
 
-        def step(plan=plan, batch=batch):
-            run_step(model, plan, batch, groups)
-            model.zero_grad(set_to_none=True)
+            def step(plan=plan, batch=batch, copy=copy):
+                phases = {}
+                run_step(copy, plan, batch, groups, timers=phases)
+                copy.zero_grad(set_to_none=True)
+                return sum(t for phase, t in phases.items() if phase != "grad_sync")  # the step's phases but the all-reduce
+
+        else:
+
+            def step(plan=plan, batch=batch):
+                run_step(model, plan, batch, groups)
+                model.zero_grad(set_to_none=True)
 
         step()  # warm-up
         steps[name] = step
     out = {name: [] for name in steps}
     for _ in range(rounds):
         for name, step in steps.items():
-            out[name].append(time_once(step, device))
+            out[name].append(time_phases(step, device) if name in replicated else time_once(step, device))
     return out
 
 
-__all__ = ["runtime_step_plan", "step_device", "sync", "time_once", "time_runtime_steps", "timed"]
+def time_phases(fn, device) -> float:
+    """The slowest rank's seconds that fn() returns (its own timing of the phases it counts), every
+    rank starting at once."""
+    dist.barrier()
+    sync(device)
+    t = torch.tensor([fn()], dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t)
+
+
+__all__ = ["runtime_step_plan", "step_device", "sync", "time_once", "time_phases", "time_runtime_steps", "timed"]
