@@ -72,9 +72,10 @@ def test_values_that_once_failed_far_from_their_setting_name_it(tmp_path, args, 
 def test_a_groups_bench_world_that_makes_no_whole_nodes_names_the_world_before_starting_ranks(tmp_path, monkeypatch):
     """--worlds 2 with nodes of 8 once started two ranks that each failed in a traceback."""
     import experiments.bench.groups as groups
+    import experiments.common.local as local
 
     monkeypatch.delenv("WORLD_SIZE", raising=False)
-    monkeypatch.setattr(groups, "measure_ranks", lambda *a, **k: pytest.fail("ranks started"))
+    monkeypatch.setattr(local, "run_local", lambda *a, **k: pytest.fail("ranks started"))
     with pytest.raises(SystemExit) as e:
         groups.main(["--worlds", "8,2", "--out", str(tmp_path / "o")])
     assert "--worlds 8,2: 2 ranks do not make nodes of --gpus-per-node 8" in str(e.value)

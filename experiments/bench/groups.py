@@ -105,17 +105,11 @@ def print_rows(rows: list[dict]) -> None:
 
 def main(argv=None):
     settings = entry.parse(COMMAND, argv, resolve_workload=False)  # resolved for each world it runs
-    node = settings.cluster.gpus_per_node
-    split = [w for w in (int(x) for x in settings.bench.worlds.split(",")) if w % node]
-    if split and "WORLD_SIZE" not in os.environ:  # local ranks in nodes of --gpus-per-node (a launcher's: its own)
-        entry.fail(
-            f"--worlds {settings.bench.worlds}: {split[0]} ranks do not make nodes of --gpus-per-node {node}; "
-            f"give worlds that are multiples of {node}, or a --gpus-per-node that divides each"
-        )
     with entry.user_errors():
         check_output_dir(settings.bench.out)
     ctx = provenance()
-    rows = measure_ranks(measure, settings, print_rows)
+    with entry.user_errors():  # a local world that makes no whole nodes, before any rank starts
+        rows = measure_ranks(measure, settings, print_rows)
     if rows is not None:
         write_rows(os.path.join(settings.bench.out, "groups_bench.csv"), rows, ctx)
 

@@ -12,6 +12,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from experiments.common.errors import InputError
+
 
 def free_port() -> int:
     """A TCP port on the loopback nothing listens on now (for one local process group's rendezvous)."""
@@ -45,14 +47,24 @@ def measure_ranks(measure, settings, print_rows, local_settings=None) -> list[di
     """A benchmark's rows from measure(settings) on a process group: under a launcher its ranks (NCCL
     on CUDA, else gloo; cluster.gpus_per_node its LOCAL_WORLD_SIZE), the rows on rank 0 and None on
     the others; without one, each of settings.bench.worlds as local gloo ranks (the settings of
-    each from local_settings(settings, world) where given), the rows of every world. Each
+    each from local_settings(settings, world) where given), the rows of every world; InputError
+    before any starts where a world makes no whole nodes of its cluster.gpus_per_node. Each
     process group's rows are printed by print_rows as it finishes; a collective that waits past
     settings.bench.timeout fails the run."""
     timeout = datetime.timedelta(seconds=settings.bench.timeout)
     if "WORLD_SIZE" not in os.environ:
+        sizes = [int(x) for x in settings.bench.worlds.split(",")]
+        worlds = [(w, local_settings(settings, w) if local_settings else settings) for w in sizes]
+        for world, s in worlds:  # every world checked before the first starts
+            node = s.cluster.gpus_per_node
+            if world % node:
+                raise InputError(
+                    f"--worlds {settings.bench.worlds}: {world} ranks do not make nodes of --gpus-per-node {node}; "
+                    f"give worlds that are multiples of {node}, or a --gpus-per-node that divides each"
+                )
         rows = []
-        for world in (int(x) for x in settings.bench.worlds.split(",")):
-            mine = run_local(measure, world, timeout, local_settings(settings, world) if local_settings else settings)
+        for world, s in worlds:
+            mine = run_local(measure, world, timeout, s)
             print_rows(mine)
             rows += mine
         return rows
