@@ -39,7 +39,9 @@ def working_tree(root: str = HERE, clean: bool | None = None) -> str:
     is older than its files (a device machine's) names in a dirty commit the commit its git knew; its
     tree is the commit whose files it ran, which the report finds (commit_of_tree). Empty outside git.
     `clean`: whether git_commit found no tracked file differing from HEAD, where the caller knows."""
-    if clean if clean is not None else _git(["status", "--porcelain", "--untracked-files=no"], root) == "":
+    if clean is None:
+        clean = _git(["status", "--porcelain", "--untracked-files=no"], root) == ""
+    if clean:
         return _git(["rev-parse", "HEAD^{tree}"], root) or ""
     top = _git(["rev-parse", "--show-toplevel"], root)
     if top is None:
