@@ -11,6 +11,11 @@ of degree N a rank holds n_experts / N experts (HybridMoE.expert_parallel); each
 are sharded over the world / N ranks that hold the same ones, so their gradients sum over those
 replicas only (each replica computes its experts' gradient from the tokens its EP group sent),
 as the cost model's gradient sync assumes.
+
+FSDP2 pads the dim it shards a parameter on to a multiple of its shard group, and gathers the
+padding too. Each parameter is sharded on the dim that pads least (solver.cost.shard_dim): its
+first wherever that divides, else e.g. an expert's hidden dim where a slot's 16 experts are held
+by 128 replicas (on 1,024 ranks at EP 8), which on its first dim would be gathered 8 times over.
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ import sys
 import torch
 import torch.distributed as dist
 from torch import nn
+
+from solver.cost import shard_dim
 
 SHARDINGS = ("fsdp", "none")  # none: replicated parameters, gradients all-reduced in buckets
 
@@ -43,14 +50,21 @@ def shard_model(model: nn.Module, device: torch.device, mixed_precision: bool | 
         replicas = DeviceMesh.from_group(replica_group(ep, timeout), device.type, mesh_dim_names=("replicas",))
     for block in model.blocks:
         if ep > 1:
-            fully_shard(block.moe.experts, mesh=replicas, mp_policy=mp)
-        fully_shard(block, mesh=mesh, mp_policy=mp)
-    fully_shard(model, mesh=mesh, mp_policy=mp)
+            fully_shard(block.moe.experts, mesh=replicas, mp_policy=mp, shard_placement_fn=_least_padding(replicas.size()))
+        fully_shard(block, mesh=mesh, mp_policy=mp, shard_placement_fn=_least_padding(mesh.size()))
+    fully_shard(model, mesh=mesh, mp_policy=mp, shard_placement_fn=_least_padding(mesh.size()))
     for m in model.modules():
         if isinstance(m, FSDPModule):
             m.set_gradient_divide_factor(1.0)  # sum over ranks: each rank's loss is its share of the global sum
             m.set_force_sum_reduction_for_comms(True)  # a plain SUM (gloo has no PREMUL_SUM; NCCL's is not zero-copy)
     return model
+
+
+def _least_padding(ranks: int):
+    """fully_shard's shard_placement_fn: each parameter on the dim that pads least over `ranks`."""
+    from torch.distributed.tensor import Shard  # noqa: PLC0415
+
+    return lambda p: Shard(shard_dim(tuple(p.shape), ranks))
 
 
 _GROUPS: dict = {}
@@ -136,7 +150,8 @@ def experts_as_global(state: dict, model: nn.Module) -> dict:
     """The model's or the optimizer's state dict (get_state_dict's) with every expert tensor under
     expert parallelism of degree ep > 1 shown as the whole layer's: a DTensor of global shape
     [n_experts, ...] on the (slot, replica) mesh, sharded on dim 0 by slot, then by FSDP2 over the
-    replicas (or replicated across them), sharing storage with the tensor it wraps.
+    replicas on the dim it shards (or replicated across them), sharing storage with the tensor it
+    wraps.
 
     Without it every EP slot saves its n_experts / ep experts under the same name and shape, and a
     checkpoint keeps one slot's. With it DCP writes every expert once (the replicas' copies are
@@ -158,7 +173,7 @@ def experts_as_global(state: dict, model: nn.Module) -> dict:
         sharded = isinstance(t, DTensor)
         local = t.to_local() if sharded else t
         size = (shapes[name][0] * ep, *shapes[name][1:])
-        placements = (Shard(0), Shard(0) if sharded else Replicate())
+        placements = (Shard(0), t.placements[0] if sharded else Replicate())  # FSDP2's: Shard(shard_dim)
         stride = torch.empty(size, device="meta").stride()
         return DTensor.from_local(local, mesh, placements, run_check=False, shape=torch.Size(size), stride=stride)
 

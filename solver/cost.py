@@ -28,6 +28,27 @@ FWD_BWD_EXCHANGES = 2  # every exchange runs once forward and once (its inverse)
 # backward (the default reshard after forward); the root (embedding, LM head, final norm) keeps
 # them from its forward to its backward. Each module reduces its gradients once.
 BLOCK_GATHERS, ROOT_GATHERS = 2, 1
+
+
+def padded_numel(shape: tuple[int, ...], ranks: int, dim: int | None = None) -> int:
+    """Elements of a parameter of this shape as FSDP2 holds it sharded over `ranks` on `dim`
+    (shard_dim's where None): that dim padded to a multiple of `ranks`."""
+    dim = shard_dim(shape, ranks) if dim is None else dim
+    n = 1
+    for d, size in enumerate(shape):
+        n *= -(-size // ranks) * ranks if d == dim else size
+    return n
+
+
+def shard_dim(shape: tuple[int, ...], ranks: int) -> int:
+    """The dim model.sharding.shard_model shards a parameter of this shape on over `ranks`: the one
+    whose padding to a multiple of `ranks` adds the fewest elements, the first of equals (dim 0
+    wherever it divides). FSDP2 pads the dim it shards, so a slot's 16 experts sharded on their
+    first dim over 128 replicas would be gathered as 128 rows, 8x their bytes; on their hidden dim
+    they are gathered once."""
+    return min(range(len(shape)), key=lambda d: (padded_numel(shape, ranks, d), d))
+
+
 FLOPS_PER_MAC = 2.0  # a multiply-accumulate is two FLOPs: a [n, k] x [k, m] matmul costs 2 n k m
 DEFAULT_EP = 8  # expert parallelism over a node of 8 GPUs, where the costs leave the degree unset
 # all-to-all calls of one MoE layer under expert parallelism (model.experts.ExpertDispatch): forward,
@@ -500,23 +521,24 @@ class CostModel:
 
     def sharded_params(self, world_size: int) -> tuple[float, float, float]:
         """Elements of the parameters by the FSDP2 module that shards them (model.sharding.shard_model),
-        as it holds them over `world_size` ranks: every parameter's rows padded to a multiple of its
-        shard group's ranks. (The root's: the embedding, the LM head where untied, the final norm;
-        the blocks' dense ones: the projections, the routers, two norms a block, over every rank;
-        the experts' of one rank's expert-parallel slot, over their replicas: world / ep_degree.)
-        A linear kind's projections are taken as dividing (their rows are multiples of its heads'
-        widths), and its convolution and per-head decay are left out, as total_params leaves them
-        (under 1% of its layer)."""
+        as it holds them over `world_size` ranks: every parameter padded on the dim it is sharded on
+        (shard_dim) to a multiple of its shard group's ranks. (The root's: the embedding, the LM
+        head where untied, the final norm; the blocks' dense ones: the projections, the routers,
+        two norms a block, over every rank; the experts' of one rank's expert-parallel slot, over
+        their replicas: world / ep_degree.) A linear kind's projections are taken as dividing
+        (their rows are multiples of its heads' widths), and its convolution and per-head decay are
+        left out, as total_params leaves them (under 1% of its layer)."""
         m = self.model
         ep = min(self.ep_degree, world_size)
-        pad = lambda rows, n: -(-rows // n) * n  # noqa: E731
-        w, h = world_size, m.hidden
-        root = (1 if m.tie_embeddings else 2) * pad(m.vocab, w) * h + pad(h, w)
+        w, h, ffn = world_size, m.hidden, m.expert_ffn
+        held = lambda *shape, ranks=w: padded_numel(shape, ranks)  # noqa: E731
+        root = (1 if m.tie_embeddings else 2) * held(m.vocab, h) + held(h)
         q, kv = m.n_heads * m.head_dim, m.n_kv_heads * m.head_dim
-        attention = pad(q + 2 * kv, w) * h + pad(h, w) * q  # the fused query/key/value and the output projections
+        attention = held(q + 2 * kv, h) + held(h, q)  # the fused query/key/value and the output projections
         sparse = self.sparse_proj_params if self.sparse.linear else attention
-        blocks = m.n_full * attention + m.n_sparse * sparse + m.n_layers * (pad(m.n_experts, w) * h + 2 * pad(h, w))
-        experts = m.n_layers * 3 * pad(m.n_experts // ep, w // ep) * h * m.expert_ffn
+        blocks = m.n_full * attention + m.n_sparse * sparse + m.n_layers * (held(m.n_experts, h) + 2 * held(h))
+        slot, replicas = m.n_experts // ep, w // ep  # w1 and w3 [slot, hidden, ffn], w2 [slot, ffn, hidden]
+        experts = m.n_layers * (2 * held(slot, h, ffn, ranks=replicas) + held(slot, ffn, h, ranks=replicas))
         return root, blocks, experts
 
     def grad_sync_volume(self, world_size: int) -> tuple[float, float, int]:

@@ -186,11 +186,11 @@ def test_rng_states_round_trip_through_json():
 
 
 # ----- expert parallelism: every expert saved once, read back at any degree ---------------------------
-def _ep_model(ep, rank, shard, seed=0):
+def _ep_model(ep, rank, shard, seed=0, cfg=CFG):
     from model.sharding import replicate_experts
 
     torch.manual_seed(seed)
-    model = HybridMoE(CFG).double()
+    model = HybridMoE(cfg).double()
     if ep > 1:
         model.expert_parallel(ep, rank)
     model = shard_model(model, torch.device("cpu")) if shard else replicate_experts(model)
@@ -206,25 +206,35 @@ def _elementwise_step(model, opt):
     opt.zero_grad()
 
 
-def _ep_body(rank, world, root):
+# written at (degree, FSDP2 or replicated): read at
+EP_READS = {
+    (2, True): ((1, True), (2, True), (4, True), (2, False)),
+    (4, True): ((2, False),),
+    (2, False): ((4, True), (1, True)),
+}
+# two experts: at EP 2 a slot's one expert is held by two replicas, and without EP both by four
+# ranks, so FSDP2 shards them on their hidden dim (solver.cost.shard_dim), not on the experts
+HIDDEN_DIM_CFG = CFG.replace(n_experts=2)
+HIDDEN_DIM_READS = {(2, True): ((1, True), (2, False), (1, False))}
+
+
+def _ep_body(rank, world, root, cfg=CFG, reads=EP_READS):
     from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.tensor import Shard
 
     from model.sharding import parameter_count
 
-    whole, wopt = _ep_model(1, rank, shard=False)  # the yardstick: one process's whole model (no collective)
+    whole, wopt = _ep_model(1, rank, shard=False, cfg=cfg)  # the yardstick: one process's whole model (no collective)
     _elementwise_step(whole, wopt)
     want = {n: (p.detach(), wopt.state[p]["exp_avg"], wopt.state[p]["exp_avg_sq"]) for n, p in whole.named_parameters()}
-    meta = {"model": CFG.to_dict(), "fingerprint": {}, "scheduler": {}, "rows": []}
-    expect = {"world_size": world, "model": CFG.to_dict(), "fingerprint": {}}
-    e = CFG.n_experts
-    reads = {  # written at (degree, FSDP2 or replicated): read at
-        (2, True): ((1, True), (2, True), (4, True), (2, False)),
-        (4, True): ((2, False),),
-        (2, False): ((4, True), (1, True)),
-    }
+    meta = {"model": cfg.to_dict(), "fingerprint": {}, "scheduler": {}, "rows": []}
+    expect = {"world_size": world, "model": cfg.to_dict(), "fingerprint": {}}
+    e = cfg.n_experts
     for (ep, shard), read_at in reads.items():
         ck = os.path.join(root, f"ep{ep}{'fsdp' if shard else 'replicated'}")
-        model, opt = _ep_model(ep, rank, shard)
+        model, opt = _ep_model(ep, rank, shard, cfg=cfg)
+        if cfg is HIDDEN_DIM_CFG:  # the case this config is for: the experts sharded on their hidden dim
+            assert model.blocks[0].moe.experts.w1.placements == (Shard(1),)
         _elementwise_step(model, opt)
         checkpoint.save(ck, 1, model, opt, meta)
         # the metadata holds the whole layer's experts, and the model's parameter count
@@ -232,9 +242,9 @@ def _ep_body(rank, world, root):
         assert list(md["model.blocks.0.moe.experts.w1"].size) == [e, CFG.hidden, CFG.expert_ffn]
         assert list(md["optim.state.blocks.0.moe.experts.w2.exp_avg"].size) == [e, CFG.expert_ffn, CFG.hidden]
         total = sum(int(torch.Size(v.size).numel()) for k, v in md.items() if k.startswith("model."))
-        assert total == sum(p.numel() for p in whole.parameters()) == parameter_count(CFG)
+        assert total == sum(p.numel() for p in whole.parameters()) == parameter_count(cfg)
         for ep_read, shard_read in read_at:
-            fresh, fopt = _ep_model(ep_read, rank, shard_read, seed=5)
+            fresh, fopt = _ep_model(ep_read, rank, shard_read, seed=5, cfg=cfg)
             _elementwise_step(fresh, fopt)  # state of its own, to be replaced
             checkpoint.load(ck, fresh, fopt, expect)
             per = e // ep_read
@@ -243,6 +253,8 @@ def _ep_body(rank, world, root):
                 got = (p.detach(), fopt.state[p]["exp_avg"], fopt.state[p]["exp_avg_sq"])
                 for g, w in zip(got, want[n]):
                     assert torch.equal(full_tensor(g), w[mine] if ".experts." in n else w), (ep, shard, ep_read, shard_read, n)
+    if cfg is HIDDEN_DIM_CFG:
+        return
     # the check at save time: the old layout (each slot's experts under the whole layer's name)
     # writes half the experts, and is refused before the checkpoint is renamed into place
     model, opt = _ep_model(2, rank, shard=True)
@@ -266,3 +278,11 @@ def dist_barrier():
 @pytest.mark.slow
 def test_expert_parallel_checkpoints_hold_every_expert_once_and_load_at_any_degree(tmp_path):
     run_distributed(_ep_body, 4, str(tmp_path))
+
+
+@pytest.mark.slow
+def test_a_checkpoint_of_experts_sharded_on_their_hidden_dim_holds_each_once_and_loads_at_another_degree(tmp_path):
+    """Fewer experts a slot than replicas: FSDP2 shards them on their hidden dim (dim 0 would be
+    padded), and the checkpoint still holds the whole layer's experts once, read back at EP 1 and
+    replicated as the single-process model's slice."""
+    run_distributed(_ep_body, 4, str(tmp_path), HIDDEN_DIM_CFG, HIDDEN_DIM_READS)

@@ -508,3 +508,14 @@ def test_each_peer_past_the_first_adds_its_latency_to_every_all_to_all_call(size
         paper = ModelConfig.from_name("paper")
         moe = CostModel(paper, with_peer, costs=experts).for_cluster(cluster).moe_layer_fixed()
         assert moe == pytest.approx(CostModel(paper, raised, costs=experts).for_cluster(cluster).moe_layer_fixed(), rel=1e-12)
+
+
+@pytest.mark.parametrize("world", [64, 1024, 4096])
+def test_fsdp2_gathers_a_paper_expert_slot_once_on_any_cluster(world):
+    """The paper preset's 16 experts a slot (EP 8) are held by world / 8 ranks: 8 on 64 ranks, 128
+    and 512 on 1,024 and 4,096. Sharded on their first dim those would be padded to 128 and 512 rows
+    (8x and 32x the bytes); sharded on the dim that pads least they are held at their own size,
+    3 matrices of 16 x hidden x expert_ffn a layer (the yardstick: the config's own figures)."""
+    m = ModelConfig.from_name("paper")
+    experts = CostModel(m, HardwareConfig(), 8, costs=CostsConfig(ep_degree=8)).sharded_params(world)[2]
+    assert experts == m.n_layers * 3 * (m.n_experts // 8) * m.hidden * m.expert_ffn
