@@ -239,8 +239,8 @@ def _ep_body(rank, world, root, cfg=CFG, reads=EP_READS):
         checkpoint.save(ck, 1, model, opt, meta)
         # the metadata holds the whole layer's experts, and the model's parameter count
         md = FileSystemReader(os.path.join(ck, "step_0000001")).read_metadata().state_dict_metadata
-        assert list(md["model.blocks.0.moe.experts.w1"].size) == [e, CFG.hidden, CFG.expert_ffn]
-        assert list(md["optim.state.blocks.0.moe.experts.w2.exp_avg"].size) == [e, CFG.expert_ffn, CFG.hidden]
+        assert list(md["model.blocks.0.moe.experts.w1"].size) == [e, cfg.hidden, cfg.expert_ffn]
+        assert list(md["optim.state.blocks.0.moe.experts.w2.exp_avg"].size) == [e, cfg.expert_ffn, cfg.hidden]
         total = sum(int(torch.Size(v.size).numel()) for k, v in md.items() if k.startswith("model."))
         assert total == sum(p.numel() for p in whole.parameters()) == parameter_count(cfg)
         for ep_read, shard_read in read_at:

@@ -868,10 +868,11 @@ def report(profile: dict) -> str:
         )
     if "grad_sync_overlap" in m["from_runtime_step"]:  # the hidden share's fit, where the rounds timed the replicated step
         extra = m["runtime_step_s"]["own"] - m["runtime_step_s"][REPLICATED_STEP]
+        grad_bytes = CostsConfig().grad_bytes  # runtime_step_costs keeps the default
         lines.append(
             f"    ranks alone, FSDP2 against replicated parameters: {1e3 * extra:.1f} ms more -> its gathers and reductions "
             f"{100 * m['from_runtime_step']['grad_sync_overlap']:.0f}% hidden{_spread(rounds, 'grad_sync_overlap', 100, '%')} "
-            f"(parameters gathered in {profile['costs']['param_bytes']} bytes, gradients reduced in 4)"
+            f"(parameters gathered in {profile['costs']['param_bytes']} bytes, gradients reduced in {grad_bytes})"
         )
     for field in hw.get("floored", ()):
         lines.append(f"    {field} fitted at the floor of its range (0): the step took no longer than its price without it; priced free")
