@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -26,6 +27,7 @@ class Check:
     requirement: str
     ok: Callable[[Any], bool]
     listed: bool = False  # the value is a comma-separated list: a command's choices hold for each item
+    hi: float | None = None  # a numeric setting's largest valid value (every numeric setting has one: tests/test_cli.py)
 
 
 def _number(v) -> bool:
@@ -36,25 +38,28 @@ def _int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def int_at_least(lo: int) -> Check:
-    return Check(f"an integer >= {lo}", lambda v: _int(v) and v >= lo)
-
-
 def int_in(lo: int, hi: int) -> Check:
-    return Check(f"an integer in [{lo}, {hi}]", lambda v: _int(v) and lo <= v <= hi)
+    """An integer in [lo, hi]: every integer setting has an upper bound, the largest value that
+    still means something (a model, a cluster, a run that could exist), so a typo of 2^62 is one
+    line here, not a step priced at 3.5e16 s or an allocation that never ends."""
+    return Check(f"an integer in [{lo}, {hi}]", lambda v: _int(v) and lo <= v <= hi, hi=hi)
 
 
 def number_in(lo: float, hi: float, lo_open: bool = False, hi_open: bool = False) -> Check:
     text = f"a finite number in {'(' if lo_open else '['}{lo:g}, {hi:g}{')' if hi_open else ']'}"
-    return Check(text, lambda v: _number(v) and (v > lo if lo_open else v >= lo) and (v < hi if hi_open else v <= hi))
+    return Check(text, lambda v: _number(v) and (v > lo if lo_open else v >= lo) and (v < hi if hi_open else v <= hi), hi=hi)
 
 
-POSITIVE_INT = int_at_least(1)
-NON_NEGATIVE_INT = int_at_least(0)
-POSITIVE = Check("a finite number > 0", lambda v: _number(v) and v > 0)
-NON_NEGATIVE = Check("a finite number >= 0", lambda v: _number(v) and v >= 0)
+def power_of_two(hi: int) -> Check:
+    """A power of two in [1, hi]."""
+    return Check(f"a power of two (1, 2, 4, 8, ...) up to {hi:,}", lambda v: _int(v) and 1 <= v <= hi and v & (v - 1) == 0, hi=hi)
+
+
 FRACTION = number_in(0, 1)
-POWER_OF_TWO = Check("a power of two (1, 2, 4, 8, ...)", lambda v: _int(v) and v >= 1 and v & (v - 1) == 0)
+# the largest values that still describe a run that could exist (a typo of 2^62 is refused, not run)
+MAX_STEPS = 10_000_000  # steps of a run: over a hundred days at one step a second
+MAX_REPEATS = 10_000  # timed repeats, rounds and seeds of one figure
+SEED = int_in(0, 2**63 - 1)  # numpy's and torch's seeds: any non-negative int64
 NON_EMPTY = Check("a non-empty string", lambda v: isinstance(v, str) and v != "")
 
 
@@ -81,7 +86,7 @@ def names() -> Check:
 
 def optional(check: Check) -> Check:
     """None (the setting's default follows another setting, as its doc says) or a value `check` passes."""
-    return Check(f"{check.requirement}, or unset", lambda v: v is None or check.ok(v))
+    return Check(f"{check.requirement}, or unset", lambda v: v is None or check.ok(v), check.listed, check.hi)
 
 
 # ----- settings ------------------------------------------------------------------------------------
@@ -158,15 +163,52 @@ def flag_of(f: dataclasses.Field) -> str:
     return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
 
 
+class _Object(dict):
+    """A JSON object as read, with the first key it was given twice (None: none was)."""
+
+    duplicate: str | None = None
+
+
+def _object(pairs: list[tuple[str, Any]]) -> _Object:
+    out = _Object(pairs)
+    if len(out) < len(pairs):
+        seen: set[str] = set()
+        out.duplicate = next(k for k, _ in pairs if k in seen or seen.add(k))
+    return out
+
+
+def _plain(obj, path: str = ""):
+    """`obj` with plain dicts for the _Objects read, or DuplicateKey naming the first key given
+    twice, by its path from the top (workload.lengths)."""
+    if isinstance(obj, dict):
+        if getattr(obj, "duplicate", None) is not None:
+            raise SettingError(f"key {path}{obj.duplicate!r} is given twice in one object; give it once (JSON would keep only the last)")
+        return {k: _plain(v, f"{path}{k}.") for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_plain(v, f"{path}[{i}].") for i, v in enumerate(obj)]
+    return obj
+
+
+def load_json(f) -> Any:
+    """A user's JSON file (a config file, a hardware profile), refusing a key given twice in one
+    object at any depth: Python's json keeps the last silently, so a section written twice would
+    lose the first. ValueError for text that is not JSON; SettingError naming a repeated key."""
+    return _plain(json.load(f, object_pairs_hook=_object))
+
+
 def profile_section(path: str, name: str) -> dict:
     """The `name` section of a profile written by experiments.calibrate (a JSON file); a
     SettingError naming the file when it cannot be read, is not JSON, or has no such object."""
     what = f"{name} profile {path!r}"
+    if os.path.isdir(path):
+        raise SettingError(f"{what} is a folder, not a profile (a .json file written by python -m experiments.calibrate)")
     try:
         with open(path) as f:
-            obj = json.load(f)
+            obj = load_json(f)
     except OSError as e:
         raise SettingError(f"{what} cannot be read: {e.strerror or e}") from None
+    except SettingError as e:
+        raise SettingError(f"{what}: {e}") from None
     except ValueError as e:
         raise SettingError(f"{what} is not JSON: {e}") from None
     section = obj.get(name) if isinstance(obj, dict) else None

@@ -27,7 +27,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .base import Section, SettingError, check_value, flag_of
+from .base import Section, SettingError, check_value, flag_of, load_json
+from .reads import UNREAD, Unread, check_read
 
 CONFIG_FLAG = "--config"
 
@@ -45,12 +46,38 @@ class Derived:
 
 class Settings:
     """The resolved sections of one command line: settings.model, settings.cluster, ...;
-    `given`: the settings the user set (by the config file or a flag), as 'section.setting'."""
+    `routes`: the route each setting's value came by ('section.setting', or 'section.preset' for
+    a preset's name, -> '--lengths', "config file 'c.json': workload.lengths", ...), where it did
+    not come from its field's default; `given`: the settings the user set (by a flag, a config
+    file or a hardware profile)."""
 
     def __init__(self, command: str):
         self.command = command
         self.sections: dict[str, Section] = {}
+        self.routes: dict[str, str] = {}
         self.given: set[str] = set()
+
+    def reroute(self, message: str) -> str:
+        """A check's message with each setting it names by its flag ('costs.ep_degree (--ep)', as
+        Section.spelt writes it) named by the route its value came by instead, where that was not
+        the flag: a config file's key, a preset, a profile, a replay."""
+        for key, route in self.routes.items():
+            section, _, name = key.partition(".")
+            cls = type(self.sections[section]) if section in self.sections else None
+            if cls is None or name not in cls.settings():
+                continue
+            spelt = cls.spelt(name)
+            if spelt in message and route != flag_of(cls.settings()[name]):
+                message = message.replace(spelt, f"{key} ({route})")
+        return message
+
+    def route(self, key: str) -> str:
+        """How a setting's value came: its route, or 'section.setting (--flag)' for a field default."""
+        if key in self.routes:
+            return self.routes[key]
+        section, _, name = key.partition(".")
+        cls = type(self.sections[section]) if section in self.sections else None
+        return cls.spelt(name) if cls is not None and name in cls.settings() else key
 
     def __getattr__(self, name: str):
         sections = self.__dict__.get("sections", {})
@@ -62,7 +89,7 @@ class Settings:
         """A copy with some sections replaced (the sweep's points)."""
         out = Settings(self.command)
         out.sections = {**self.sections, **sections}
-        out.given = set(self.given)
+        out.routes, out.given = dict(self.routes), set(self.given)
         return out
 
     def to_dict(self) -> dict[str, dict]:
@@ -122,6 +149,7 @@ class Command:
     exclude: frozenset[str] = frozenset()
     choices: dict[str, Any] = field(default_factory=dict)
     only: dict[str, tuple[str, ...]] = field(default_factory=dict)  # section -> the only settings of it this command takes
+    unread: tuple[Unread, ...] = ()  # this command's own cases of a setting it does not read, beyond config.reads.UNREAD
 
     def __post_init__(self):
         for name, keep in self.only.items():
@@ -151,7 +179,12 @@ class Command:
 
     # ----- the parser ---------------------------------------------------------------------------
     def parser(self) -> argparse.ArgumentParser:
-        ap = _Parser(prog=f"python -m {self.prog}", description=self.description, formatter_class=argparse.RawDescriptionHelpFormatter)
+        ap = _Parser(
+            prog=f"python -m {self.prog}",
+            description=self.description,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+            allow_abbrev=False,  # --mode is not --model: a flag is spelt whole, or refused naming it
+        )
         ap.add_argument(CONFIG_FLAG, metavar="FILE", default=argparse.SUPPRESS, help="JSON file of settings by section (flags win over it)")
         for cls in self.sections:
             name = cls.SECTION
@@ -229,10 +262,15 @@ class Command:
             file_preset = from_file.pop("preset", None)
             flag_preset = from_flags.pop("preset", None)
             route = f"--{name}" if flag_preset is not None else f"{where}{name}.preset"
+            preset = flag_preset if flag_preset is not None else file_preset
             try:
-                base = self._base(cls, flag_preset if flag_preset is not None else file_preset, out)
+                base = self._base(cls, preset, out)
             except SettingError as e:
                 raise SettingError(f"{route}: {e}") from None
+            if preset is not None:
+                out.routes[f"{name}.preset"] = f"--{name} {preset}" if flag_preset is not None else route
+                out.given.add(f"{name}.preset")
+            self._preset_routes(out, cls, base, preset, route)
             known = {f.name: f for f in self.settings_of(cls)}
             for k, v in from_flags.items():  # KEY=VALUE pairs of a flag of a dict setting
                 if k in known and known[k].metadata["type"] is dict:
@@ -263,8 +301,29 @@ class Command:
                 out.sections[name] = base.replace(**merged)
             except SettingError as e:
                 raise SettingError(f"{where}{e}" if from_file else str(e)) from None
+            for routes, values in layers:
+                out.routes.update({f"{name}.{k}": routes[k] for k in values})
             out.given |= {f"{name}.{k}" for _, values in layers[1:] for k in values}
+        check_read(out, UNREAD + self.unread)
         return out
+
+    def _preset_routes(self, out: Settings, cls: type[Section], base: Section, preset: str | None, route: str) -> None:
+        """The routes of the values a preset (or a hardware profile) set: a profile's are given by
+        the user; a named preset's are named by it ("--workload flexsp-wikipedia's workload.lengths")."""
+        name = cls.SECTION
+        if preset is None:
+            preset = base.name if "name" in cls.settings() else None
+            route = f"the {name} preset {preset!r}"
+        elif route == f"--{name}":
+            route = f"--{name} {preset}"
+        profile = isinstance(preset, str) and preset.endswith(".json")
+        for f in dataclasses.fields(cls):
+            if f.name == "name" or (not profile and getattr(base, f.name) == getattr(cls(), f.name)):
+                continue
+            key = f"{name}.{f.name}"
+            out.routes[key] = f"{name} profile {preset!r}: {key}" if profile else f"{route}'s {key}"
+            if profile:
+                out.given.add(key)
 
     def _base(self, cls: type[Section], preset: str | None, out: Settings) -> Section:
         if not cls.PRESETS:
@@ -303,11 +362,15 @@ def read_config_file(path: str, command: Command) -> dict[str, dict]:
     """The settings of a config file: a JSON object of sections, each an object of settings (and
     "preset"). A file that is missing, not JSON, or names a section the command does not read is
     a SettingError naming it."""
+    if os.path.isdir(path):
+        raise SettingError(f"config file {path!r} is a folder, not a JSON file of settings")
     if not os.path.isfile(path):
         raise SettingError(f"config file {path!r} does not exist")
     with open(path) as f:
         try:
-            obj = json.load(f)
+            obj = load_json(f)
+        except SettingError as e:
+            raise SettingError(f"config file {path!r}: {e}") from None
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise SettingError(f"config file {path!r} is not valid JSON: {e}") from None
     sections = [s.SECTION for s in command.sections]

@@ -4,11 +4,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .base import POSITIVE_INT, POWER_OF_TWO, Section, SettingError, int_in, setting
+from .base import Section, SettingError, int_in, power_of_two, setting
 
 # 16M tokens on one rank: far past any accelerator's memory for a transformer's activations; a
 # larger budget is a typo, and planning or generating a step of it would not end in useful time
 MAX_TOKENS_PER_RANK = 1 << 24
+# 131,072 ranks: past the largest accelerator clusters built (about 100,000 GPUs); a rack-scale
+# NVLink domain (576 GPUs announced) is the widest node, under 1,024
+MAX_WORLD_SIZE = 1 << 17
+MAX_GPUS_PER_NODE = 1 << 10
+MAX_TOKENS_PER_STEP = MAX_WORLD_SIZE * MAX_TOKENS_PER_RANK  # the most a step (or a document) can hold on any cluster
 
 
 def ceil_pow2(x: float) -> int:
@@ -26,9 +31,12 @@ class Cluster(Section):
 
     SECTION = "cluster"
 
-    world_size: int = setting(64, "ranks in the job", POSITIVE_INT, source="an 8-node H100/H200 job")
+    world_size: int = setting(64, "ranks in the job", int_in(1, MAX_WORLD_SIZE), source="an 8-node H100/H200 job")
     gpus_per_node: int = setting(
-        8, "ranks per node: node-local children are aligned power-of-two rank ranges inside one", POWER_OF_TWO, source="8 GPUs a node"
+        8,
+        "ranks per node: node-local children are aligned power-of-two rank ranges inside one",
+        power_of_two(MAX_GPUS_PER_NODE),
+        source="8 GPUs a node",
     )
     tokens_per_rank: int = setting(
         32768, "per-rank token budget: the most tokens a rank holds in any layout", int_in(1, MAX_TOKENS_PER_RANK),

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .base import FRACTION, POSITIVE_INT, POWER_OF_TWO, Section, SettingError, int_in, number_in, optional, profile_section, setting
+from .base import FRACTION, Section, SettingError, int_in, number_in, optional, power_of_two, profile_section, setting
+from .model import MAX_EXPERTS
 
 RECOMPUTE = ("full", "selective", "none")
 EP_PLACEMENTS = ("intra", "inter")
@@ -33,7 +34,7 @@ class CostsConfig(Section):
         None,
         "expert-parallel degree: ranks that share one layer's experts, each holding n_experts / ep of them (default: a node's "
         "ranks, at most 8, dividing the experts; 1: every rank holds every expert)",
-        optional(POWER_OF_TWO),
+        optional(power_of_two(MAX_EXPERTS)),
         type_=int,
         flag="--ep",
         source="EP8: one node's GPUs",
@@ -48,8 +49,8 @@ class CostsConfig(Section):
         source="production MoE systems overlap most of it (DeepSeek-V3 reports near-full overlap)",
     )  # fmt: skip
     grad_sync: bool = setting(True, "price the gradient reduce-scatter and parameter all-gather over the data-parallel ranks")
-    grad_bytes: int = setting(4, "bytes of one gradient element in the reduction (fp32)", POSITIVE_INT)
-    param_bytes: int = setting(2, "bytes of one parameter element in the gather (bf16)", POSITIVE_INT)
+    grad_bytes: int = setting(4, "bytes of one gradient element in the reduction (fp32)", int_in(1, 8))
+    param_bytes: int = setting(2, "bytes of one parameter element in the gather (bf16)", int_in(1, 8))
     grad_sync_overlap: float = setting(
         0.8, "share of the gradient sync hidden behind backward and forward", FRACTION,
         source="FSDP/ZeRO-3 overlap both; the first gather and the last reduction stay exposed",

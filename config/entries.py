@@ -12,13 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .base import (
+    MAX_REPEATS,
+    MAX_STEPS,
     NON_EMPTY,
-    NON_NEGATIVE_INT,
-    POSITIVE,
-    POSITIVE_INT,
     Check,
     Section,
-    int_at_least,
     int_in,
     list_from,
     names,
@@ -26,6 +24,7 @@ from .base import (
     optional,
     setting,
 )
+from .cluster import MAX_TOKENS_PER_RANK
 from .model import ModelConfig
 
 # tokens per rank of the runtime steps that measure the fixed costs (2: one label each; --step-tokens)
@@ -59,7 +58,9 @@ def quick():
 
 
 def repeats(default: int):
-    return setting(default, "runs of every timed figure, the fastest kept (a shared machine's noise only slows a run)", POSITIVE_INT)
+    return setting(
+        default, "runs of every timed figure, the fastest kept (a shared machine's noise only slows a run)", int_in(1, MAX_REPEATS)
+    )
 
 
 def progress():
@@ -72,7 +73,9 @@ def timeout(default: float):
 
 def step_tokens():
     return setting(
-        STEP_SAMPLE_TOKENS, "tokens per rank of each sample of the runtime steps (the calibration's fit its fixed costs)", int_at_least(2)
+        STEP_SAMPLE_TOKENS,
+        "tokens per rank of each sample of the runtime steps (the calibration's fit its fixed costs)",
+        int_in(2, MAX_TOKENS_PER_RANK),
     )
 
 
@@ -87,7 +90,7 @@ class AblationOptions(Section):
 
     SECTION = "ablation"
 
-    seeds: int = setting(5, "workload seeds, from --seed on (a mean without its range over seeds is not a result)", POSITIVE_INT)
+    seeds: int = setting(5, "workload seeds, from --seed on (a mean without its range over seeds is not a result)", int_in(1, MAX_REPEATS))
     out: str = out("results/ablation")
     progress: bool = progress()
 
@@ -104,7 +107,7 @@ class SweepOptions(Section):
         f"exchanges pipelined in head blocks, a priced what-if)",
         list_from(SWEEP_FACTORS),
     )
-    seeds: int = setting(3, "workload seeds, from --seed on (a mean without its range over seeds is not a result)", POSITIVE_INT)
+    seeds: int = setting(3, "workload seeds, from --seed on (a mean without its range over seeds is not a result)", int_in(1, MAX_REPEATS))
     out: str = out("results/sweep")
 
 
@@ -126,11 +129,11 @@ class TrainOptions(Section):
     pack_backend: str = setting("auto", "pack/unpack kernels: auto (Triton on CUDA, torch elsewhere), triton, torch")
     attn_backend: str = attn_backend()
     shard: str = setting("fsdp", "fsdp: FSDP2 over every rank; none: replicated parameters, bucketed all-reduce")
-    save_every: int = setting(0, "checkpoint every N steps (0: never)", NON_NEGATIVE_INT)
+    save_every: int = setting(0, "checkpoint every N steps (0: never)", int_in(0, MAX_STEPS))
     ckpt_dir: str = setting("results/checkpoints", "the folder of the run's checkpoints")
     resume: bool = setting(False, "resume from the latest good checkpoint in --ckpt-dir")
-    resume_step: int = setting(None, "resume from this step's checkpoint (implies --resume)", optional(NON_NEGATIVE_INT), type_=int)
-    stop_after: int = setting(None, "stop (as if interrupted) after this many steps of the run", optional(POSITIVE_INT), type_=int)
+    resume_step: int = setting(None, "resume from this step's checkpoint (implies --resume)", optional(int_in(0, MAX_STEPS)), type_=int)
+    stop_after: int = setting(None, "stop (as if interrupted) after this many steps of the run", optional(int_in(1, MAX_STEPS)), type_=int)
     out: str = out("results/train")
     timeout: float = timeout(300.0)
     repeats: int = repeats(1)
@@ -146,14 +149,14 @@ class CalibrateOptions(Section):
 
     quick: bool = quick()
     median_of: int = setting(
-        None, "timed runs each figure is the median of (default: 3 with --quick, else 7)", optional(POSITIVE_INT), type_=int
+        None, "timed runs each figure is the median of (default: 3 with --quick, else 7)", optional(int_in(1, MAX_REPEATS)), type_=int
     )
     step_tokens: int = step_tokens()
     step_rounds: int = setting(
         None,
         "rounds the runtime steps are timed in, every step once a round, each fixed cost the median of its rounds' fits "
         "(default: 3 x --median-of)",
-        optional(POSITIVE_INT),
+        optional(int_in(1, MAX_REPEATS)),
         type_=int,
     )
     datasheet_peak: float = setting(
@@ -181,7 +184,9 @@ class EmulateOptions(Section):
         optional(int_in(2, 1 << 20)), type_=int,
     )  # fmt: skip
     compare: bool = setting(False, "calibrate, run the ablation on the cluster's shape, replay its steps, compare")
-    wall_limit: float = setting(900.0, "seconds before every launcher of a run is killed (the replay's: x --repeats)", POSITIVE)
+    wall_limit: float = setting(
+        900.0, "seconds before every launcher of a run is killed (the replay's: x --repeats)", number_in(0, 7 * 86400, lo_open=True)
+    )
     repeats: int = repeats(3)
     out: str = out("results/emulated")
 
@@ -259,9 +264,9 @@ class ContentionBenchOptions(Section):
     SECTION = "bench"
 
     worlds: str = worlds("2,4,8")
-    samples: int = setting(16, "samples a loaded rank holds (the others: one)", int_at_least(2))
+    samples: int = setting(16, "samples a loaded rank holds (the others: one)", int_in(2, 4096))
     step_tokens: int = step_tokens()
-    rounds: int = setting(9, "rounds the steps are timed in, every step once a round; each figure the median", POSITIVE_INT)
+    rounds: int = setting(9, "rounds the steps are timed in, every step once a round; each figure the median", int_in(1, MAX_REPEATS))
     out: str = out("results")
     timeout: float = timeout(300.0)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .base import POSITIVE_INT, Check, Section, SettingError, number_in, optional, profile_section, setting
+from .base import Check, Section, SettingError, int_in, number_in, optional, profile_section, setting
 
 RATIO_READINGS = ("group", "link")
 H100 = "H100 SXM datasheet"
@@ -121,7 +121,7 @@ class HardwareConfig(Section):
         optional(BYTE_RATE), type_=float,
         source="the same all-to-all over the same links as the exchanges, unless measured (experiments.calibrate fits it)",
     )  # fmt: skip
-    bytes_per_element: int = setting(2, "bytes of one activation element (2: bf16)", POSITIVE_INT)
+    bytes_per_element: int = setting(2, "bytes of one activation element (2: bf16)", int_in(1, 8))
     hbm_bw: float = setting(
         GPU_DEVICES["h100"].hbm_bw,
         "device memory bytes/s (the optimizer step is memory-bound)",

@@ -5,10 +5,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
-from .base import NON_EMPTY, NON_NEGATIVE, POSITIVE, POSITIVE_INT, Check, Section, SettingError, int_in, setting
+from .base import NON_EMPTY, Check, Section, SettingError, int_in, number_in, setting
 
 LAYER_TYPES = ("F", "S")  # F: full causal attention; S: sparse attention of the model's sparse kind
 QWEN3 = "attention and MoE shapes of Qwen3-235B-A22B (2025)"
+# Each shape's largest value: past every published model's (hidden 16,384 and 256 experts of 2025's
+# largest MoEs, vocabularies up to about 260K) by far, so only a typo is refused; a combination
+# whose parameters could not fit any supported cluster is refused by experiments.common.settings
+MAX_HIDDEN = 1 << 17
+MAX_HEADS = 1 << 12
+MAX_HEAD_DIM = 1 << 12
+MAX_EXPERTS = 1 << 14
+MAX_FFN = 1 << 18
+MAX_VOCAB = 1 << 24
 QWEN3_NEXT = "Qwen3-Next-80B-A3B (2025)"  # its config: docs/cost-model.md lists each shape the paper-gdn preset takes
 
 
@@ -30,14 +39,16 @@ class ModelConfig(Section):
         Check("a non-empty string of 'F' and 'S'", lambda v: isinstance(v, str) and v != "" and set(v) <= set(LAYER_TYPES)),
         source="the paper: one full layer per three sparse",
     )
-    hidden: int = setting(4096, "hidden size", POSITIVE_INT, source=QWEN3)
-    n_heads: int = setting(32, "query heads", POSITIVE_INT, source=QWEN3)
-    n_kv_heads: int = setting(8, "key/value heads (grouped-query attention when fewer than the query heads)", POSITIVE_INT, source=QWEN3)
-    head_dim: int = setting(128, "size of one attention head", POSITIVE_INT, source=QWEN3)
-    n_experts: int = setting(128, "routed experts per MoE layer", POSITIVE_INT, source=QWEN3)
-    top_k: int = setting(8, "experts each token is routed to", POSITIVE_INT, source=QWEN3)
-    expert_ffn: int = setting(1536, "hidden size of one expert's SwiGLU", POSITIVE_INT, source=QWEN3)
-    vocab: int = setting(151936, "vocabulary size", POSITIVE_INT, source=QWEN3)
+    hidden: int = setting(4096, "hidden size", int_in(1, MAX_HIDDEN), source=QWEN3)
+    n_heads: int = setting(32, "query heads", int_in(1, MAX_HEADS), source=QWEN3)
+    n_kv_heads: int = setting(
+        8, "key/value heads (grouped-query attention when fewer than the query heads)", int_in(1, MAX_HEADS), source=QWEN3
+    )
+    head_dim: int = setting(128, "size of one attention head", int_in(1, MAX_HEAD_DIM), source=QWEN3)
+    n_experts: int = setting(128, "routed experts per MoE layer", int_in(1, MAX_EXPERTS), source=QWEN3)
+    top_k: int = setting(8, "experts each token is routed to", int_in(1, MAX_EXPERTS), source=QWEN3)
+    expert_ffn: int = setting(1536, "hidden size of one expert's SwiGLU", int_in(1, MAX_FFN), source=QWEN3)
+    vocab: int = setting(151936, "vocabulary size", int_in(1, MAX_VOCAB), source=QWEN3)
     sparse_kind: str = setting(
         "sliding_window", "the registered sparse-attention kind of the S layers", NON_EMPTY, source="Mistral 7B's sliding window"
     )
@@ -48,9 +59,9 @@ class ModelConfig(Section):
         source="Mistral 7B's window of 4096",
     )
     tie_embeddings: bool = setting(False, "the LM head shares the embedding's weights")
-    rope_theta: float = setting(1e6, "rotary base", POSITIVE, source=QWEN3)
-    norm_eps: float = setting(1e-6, "RMSNorm epsilon", POSITIVE)
-    aux_loss_coef: float = setting(0.0, "weight of the router's load-balancing loss", NON_NEGATIVE)
+    rope_theta: float = setting(1e6, "rotary base", number_in(0, 1e12, lo_open=True), source=QWEN3)
+    norm_eps: float = setting(1e-6, "RMSNorm epsilon", number_in(0, 1, lo_open=True))
+    aux_loss_coef: float = setting(0.0, "weight of the router's load-balancing loss", number_in(0, 100))
 
     def check(self) -> None:
         if self.n_layers % len(self.layer_pattern):

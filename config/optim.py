@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .base import NON_NEGATIVE_INT, Check, Section, number_in, setting
+from .base import MAX_STEPS, Check, Section, int_in, number_in, setting
 
 
 @dataclass(frozen=True)
@@ -22,7 +22,7 @@ class OptimConfig(Section):
         "AdamW's two moment decays",
         Check("two numbers in [0, 1)", lambda v: len(v) == 2 and all(isinstance(b, (int, float)) and 0 <= b < 1 for b in v)),
     )
-    warmup: int = setting(5, "steps of linear warmup", NON_NEGATIVE_INT)
+    warmup: int = setting(5, "steps of linear warmup", int_in(0, MAX_STEPS))
     min_lr_ratio: float = setting(0.1, "the learning rate at the last step, over lr", number_in(0, 1))
 
     def lr_factor(self, step: int, total: int) -> float:

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .base import NON_NEGATIVE_INT, POSITIVE_INT, Check, Section, SettingError, number_in, optional, setting
-from .cluster import Cluster
+from .base import MAX_STEPS, SEED, Check, Section, SettingError, int_in, number_in, optional, setting
+from .cluster import MAX_TOKENS_PER_STEP, Cluster
+
+LENGTH = int_in(1, MAX_TOKENS_PER_STEP)  # a document's tokens: at most what the largest cluster's step holds
 
 TINY_TOKENS_PER_RANK = 32  # the per-rank budget the tiny workload (and the tiny models) are sized for: a CPU step in well under a second
 PAPER_SHARE = "about 10% of steps with SP16/32 parents on the default cluster, as in the paper (22 of 200)"
@@ -24,7 +26,7 @@ class WorkloadConfig(Section):
     EXCLUSIVE = (("fill", "tokens_per_step"), ("lengths", "trace"))
 
     name: str = setting("default", "the preset this workload came from (results carry it)", cli=False)
-    steps: int = setting(200, "steps of the workload: scanned by the simulated experiments, trained by the driver", POSITIVE_INT)
+    steps: int = setting(200, "steps of the workload: scanned by the simulated experiments, trained by the driver", int_in(1, MAX_STEPS))
     fill: float = setting(
         0.95,
         "a step's global batch as a fraction of the cluster's tokens (world_size x tokens_per_rank); unset where tokens_per_step sets it",
@@ -32,15 +34,15 @@ class WorkloadConfig(Section):
         type_=float,
         source="packing fills each rank's micro-batch close to its budget (Megatron's dynamic context parallelism, concat-and-chunk)",
     )
-    tokens_per_step: int = setting(None, "the global batch of a step in tokens (instead of fill)", optional(POSITIVE_INT), type_=int)
-    body_median: int = setting(2048, "median length of a body document", POSITIVE_INT, source="web/code documents")
+    tokens_per_step: int = setting(None, "the global batch of a step in tokens (instead of fill)", optional(LENGTH), type_=int)
+    body_median: int = setting(2048, "median length of a body document", LENGTH, source="web/code documents")
     body_sigma: float = setting(1.2, "log-normal sigma of the body's lengths", number_in(0, 10))
-    body_min: int = setting(16, "shortest body document", POSITIVE_INT)
-    body_max: int = setting(32768, "longest body document (lengths are clipped)", POSITIVE_INT)
+    body_min: int = setting(16, "shortest body document", LENGTH)
+    body_max: int = setting(32768, "longest body document (lengths are clipped)", LENGTH)
     long_prob: float = setting(5e-4, "probability that a document is a long one", number_in(0, 1), source=PAPER_SHARE)
-    long_min: int = setting(49152, "shortest long document", POSITIVE_INT)
-    long_max: int = setting(262144, "longest long document", POSITIVE_INT, source="books and repositories up to 256K tokens")
-    seed: int = setting(0, "the workload's seed (the driver also seeds the model's initialization with it)", NON_NEGATIVE_INT)
+    long_min: int = setting(49152, "shortest long document", LENGTH)
+    long_max: int = setting(262144, "longest long document", LENGTH, source="books and repositories up to 256K tokens")
+    seed: int = setting(0, "the workload's seed (the driver also seeds the model's initialization with it)", SEED)
     clip_to_cluster: bool = setting(
         False, "documents longer than the widest group holds are clipped to it, so the workload runs on any world size"
     )
@@ -56,6 +58,8 @@ class WorkloadConfig(Section):
     )
 
     def check(self) -> None:
+        if self.lengths is not None or self.trace is not None:  # the mixture is not drawn: its bounds are not read (config.reads)
+            return
         if self.body_min > self.body_max or self.long_min > self.long_max:
             raise SettingError(
                 f"workload bounds are crossed: body [{self.body_min}, {self.body_max}] (--body-min, --body-max), "

@@ -97,7 +97,13 @@ def test_precedence_preset_then_entry_default_then_file_then_flag(tmp_path):
     assert s.model.n_layers == 12 and s.workload.seed == 9  # flags win over the file
     assert s.workload.steps == 7 and s.hardware.a2a_latency == 5e-6  # the file wins over the entry point's defaults
     assert s.cluster.tokens_per_rank == 1024  # derived from the small model the file chose
-    assert s.given == {"model.n_layers", "workload.steps", "workload.seed", "hardware.a2a_latency"}
+    assert s.given == {
+        "model.preset",
+        "model.n_layers",
+        "workload.steps",
+        "workload.seed",
+        "hardware.a2a_latency",
+    }  # the file named the preset
     assert cmd.parse(["--config", path, "--model", "paper"]).model.hidden == 4096  # a preset flag wins over the file's
 
 

@@ -87,10 +87,16 @@ def test_a_run_of_a_hundred_million_steps_starts_at_once(tmp_path):
     assert "step     0" in p.stdout and time.monotonic() - t0 < 120
 
 
-@pytest.mark.parametrize("args", [("--world-size", str(2**30)), ("--tokens-per-step", str(10**14))], ids=["world-2^30", "batch-1e14"])
+@pytest.mark.parametrize(
+    "args",
+    [("--world-size", str(2**17), "--steps", "20"), ("--tokens-per-step", str(2 * 10**12), "--steps", "1")],
+    ids=["world-2^17", "batch-2e12"],
+)
 def test_a_workload_too_big_to_generate_is_refused_before_generating(tmp_path, args):
+    """At the bounds of the world and the batch (config.cluster), a workload too big to draw in
+    minutes is refused before any document is drawn."""
     t0 = time.monotonic()
     with pytest.raises(SystemExit) as e:
-        ablation.main(["--steps", "1", *args, "--out", str(tmp_path / "o"), "--no-progress"])
+        ablation.main([*args, "--out", str(tmp_path / "o"), "--no-progress"])
     assert "documents" in str(e.value) and "more than the 20,000,000 the generator draws in minutes" in str(e.value), str(e.value)
     assert time.monotonic() - t0 < 20  # the generation of these would take hours

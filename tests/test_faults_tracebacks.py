@@ -30,7 +30,7 @@ def test_a_valid_world_size_in_a_config_file_is_taken(tmp_path):
     "main, args, message",
     [
         (memory_bench.main, ["--models", "bogus"], "--models='bogus' is invalid: it must be a comma-separated list from"),
-        (kernel_bench.main, ["--head-dim", "-128"], "--head-dim=-128 is invalid: it must be an integer >= 1"),
+        (kernel_bench.main, ["--head-dim", "-128"], "--head-dim=-128 is invalid: it must be an integer in [1, 4096]"),
         (kernel_bench.main, ["--n-heads", "0"], "--n-heads=0 is invalid"),
         (train.main, ["--timeout", "1e15"], "--timeout=1000000000000000.0 is invalid: it must be a finite number in (0, 86400]"),
     ],
@@ -46,7 +46,7 @@ def test_bad_flags_of_every_entry_point_are_one_line(capsys, main, args, message
 def test_a_config_with_no_key_value_heads_is_one_line(tmp_path):
     path = tmp_path / "c.json"
     path.write_text(json.dumps({"model": {"n_kv_heads": 0}}))
-    with pytest.raises(SystemExit, match=r"config file .*: model.n_kv_heads=0 is invalid: it must be an integer >= 1"):
+    with pytest.raises(SystemExit, match=r"config file .*: model.n_kv_heads=0 is invalid: it must be an integer in \[1, 4096\]"):
         ablation.main(["--config", str(path), "--out", str(tmp_path / "o"), "--no-progress"])
 
 

@@ -23,7 +23,7 @@ def test_a_fill_of_less_than_one_token_names_the_fill(tmp_path):
 
 
 def test_a_negative_hidden_size_names_the_setting_not_a_sample(tmp_path):
-    assert "--hidden=-4096 is invalid: it must be an integer >= 1" in _ablation(tmp_path, "--hidden", "-4096")
+    assert "--hidden=-4096 is invalid: it must be an integer in [1, 131072]" in _ablation(tmp_path, "--hidden", "-4096")
 
 
 def test_a_nan_weight_decay_names_the_flag_not_a_disagreement_of_ranks(tmp_path, capsys):

@@ -160,7 +160,7 @@ def test_plan_json_round_trip_and_stable_hash():
             r"cluster.world_size \(--world-size\)=12 is not a multiple of cluster.gpus_per_node \(--gpus-per-node\)=8",
         ),
         (dict(world_size=12, gpus_per_node=3), r"cluster.gpus_per_node=3 is invalid: it must be a power of two"),
-        (dict(world_size=0, gpus_per_node=8), r"cluster.world_size=0 is invalid: it must be an integer >= 1"),
+        (dict(world_size=0, gpus_per_node=8), r"cluster.world_size=0 is invalid: it must be an integer in \[1, 131072\]"),
         (dict(world_size=8, gpus_per_node=8, tokens_per_rank=-1), r"cluster.tokens_per_rank=-1 is invalid"),
     ],
 )

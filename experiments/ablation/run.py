@@ -18,6 +18,7 @@ from tqdm import tqdm
 from config import Cluster, CostsConfig, HardwareConfig, ModelConfig, PlannerConfig, WorkloadConfig
 from config.cli import Command, Settings
 from config.entries import AblationOptions
+from config.reads import data_source
 from experiments.common.lengths import describe
 from experiments.common.provenance import provenance
 from experiments.common.results import PAPER, summarize, summarize_seeds
@@ -46,14 +47,15 @@ SECTIONS = (ModelConfig, HardwareConfig, Cluster, CostsConfig, WorkloadConfig, P
 COMMAND = Command("experiments.ablation", DESCRIPTION, (*SECTIONS, AblationOptions), choices=MODEL_CHOICES)
 
 
-def select_wide_steps(steps, cluster: Cluster, cost: CostModel, progress=True, pricing: str = "compute") -> list[int]:
-    """Indices (into `steps`) of the steps whose baseline plan has a parent wider than a node."""
+def select_wide_steps(steps, cluster: Cluster, cost: CostModel, progress=True, pricing: str = "compute", where: str = "") -> list[int]:
+    """Indices (into `steps`) of the steps whose baseline plan has a parent wider than a node;
+    `where` names the steps' source in an error (--trace='t.csv')."""
     chosen = []
     for i, (number, lengths) in enumerate(tqdm(steps, desc="scanning steps", disable=not progress, file=sys.stderr, leave=False)):
         try:
             plan = make_plan(samples_from_lengths(lengths), cluster, cost, REFERENCE, pricing)
         except PlanError as e:
-            raise PlanError(f"step {number}: {e}") from None
+            raise PlanError(f"{where + ' ' if where else ''}step {number}: {e}") from None
         if plan.widest_parent > cluster.gpus_per_node:
             chosen.append(i)
     return chosen
@@ -132,7 +134,7 @@ def _seed_rows(job: tuple[Settings, int, bool]) -> tuple[list[dict], list[int]]:
     cost = cost_model(settings)
     modes = ablation_modes(cost)
     steps = workload_steps(dataclasses.replace(wl, seed=seed))
-    chosen = select_wide_steps(steps, cluster, cost, progress, pricing)
+    chosen = select_wide_steps(steps, cluster, cost, progress, pricing, data_source(settings))
     rows = []
     for i in tqdm(chosen, desc=f"seed {seed}: {len(modes)} modes", disable=not progress, file=sys.stderr, leave=False):
         number, lengths = steps[i]
@@ -142,15 +144,23 @@ def _seed_rows(job: tuple[Settings, int, bool]) -> tuple[list[dict], list[int]]:
     return rows, [steps[i][0] for i in chosen]
 
 
+def seed_workloads(settings: Settings, seeds: list[int]) -> list[WorkloadConfig]:
+    """The workload of each seed the ablation runs (prepared settings): one for a trace, which is
+    one fixed workload (config.reads refuses --seeds given with it); SettingError before any is
+    drawn when they would draw more documents than the generator makes in minutes."""
+    wl = settings.workload
+    if wl.trace:
+        return [wl]
+    check_generation(wl, len(seeds))
+    return [dataclasses.replace(wl, seed=seed) for seed in seeds]
+
+
 def run_ablation(settings: Settings, seeds: list[int], progress: bool = True) -> tuple[list[dict], dict]:
     """The ablation of `settings` (prepared) over workload `seeds`: rows per (seed, step, mode)
     and the summary (experiments.common.results)."""
     cluster, wl = settings.cluster, settings.workload
     cost = cost_model(settings)
-    if wl.trace:
-        seeds = seeds[:1]  # a trace is one workload: seeds do not change it
-    else:
-        check_generation(wl, len(seeds))  # every seed's steps can be drawn, before the first is
+    seeds = [w.seed for w in seed_workloads(settings, seeds)]
     rows, selected = [], {}
     workers = min(len(seeds), os.cpu_count() or 1)
     if workers > 1:  # the seeds are independent: one process each, as many at once as there are cores (forked, so

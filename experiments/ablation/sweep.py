@@ -26,14 +26,16 @@ import sys
 
 from tqdm import tqdm
 
-from config import PRICINGS, RATIO_READINGS
+from config import PRICINGS, RATIO_READINGS, SettingError
 from config.cli import Command, Settings
 from config.entries import SWEEP_FACTORS, SweepOptions
+from config.reads import unread_reason
 from experiments.ablation.run import SECTIONS, run_ablation
 from experiments.common import entry
 from experiments.common.files import check_output_dir, lock_folder
 from experiments.common.provenance import provenance
 from experiments.common.settings import MODEL_CHOICES, prepare
+from solver.cost import sparse_cost
 from solver.modes import modes_where
 
 COMMAND = Command("experiments.ablation.sweep", __doc__, (*SECTIONS, SweepOptions), defaults={"workload.steps": 100}, choices=MODEL_CHOICES)
@@ -95,16 +97,43 @@ def points(factors):
                     yield factor, value, pricing, reading
 
 
+# the sparse kind's parameter a factor sets (the kind must declare it), and the workload setting a
+# factor varies (the run must read it: config.reads)
+FACTOR_PARAMS = {"window": ("window",), "state": ("head_k_dim", "head_v_dim")}
+FACTOR_SETTINGS = {"fill": "workload.fill", "long_share": "workload.long_prob"}
+
+
+def check_factors(base: Settings) -> None:
+    """SettingError naming the first factor of --factors this model and workload would not read
+    (the window of a kind without one, a linear kind's state on an attention model, the fill of a
+    trace), before any point runs."""
+    kind = sparse_cost(base.model.sparse_kind)
+    for factor in base.sweep.factors.split(","):
+        where = f"{base.route('sweep.factors')}={base.sweep.factors!r}: factor {factor!r}"
+        missing = [p for p in FACTOR_PARAMS.get(factor, ()) if p not in kind.params]
+        if missing:
+            raise SettingError(
+                f"{where} sets the sparse kind's {missing[0]!r}, and model {base.model.name}'s kind {kind.name!r} has no such "
+                f"parameter (its parameters: {sorted(kind.params)}): leave the factor out, or use a model whose kind has it"
+            )
+        why = unread_reason(base, FACTOR_SETTINGS[factor]) if factor in FACTOR_SETTINGS else None
+        if why:
+            raise SettingError(f"{where} is not read: {why}")
+
+
 def main(argv=None):
     base = entry.parse(COMMAND, argv, resolve_workload=False)  # each point resolves its workload for its cluster
     opts = base.sweep
+    todo = list(points(opts.factors.split(",")))
     with entry.user_errors():
+        check_factors(base)
+        for factor, value, pricing, reading in todo:  # every point's settings checked before the first runs
+            with entry.user_errors(f"at {factor}={value}: "):
+                prepare(point(base, factor, value, pricing, reading))
         check_output_dir(opts.out)
         lock_folder(opts.out)
-        prepare(base)  # the defaults' settings checked before any point runs
     prov = provenance()
     seeds = list(range(base.workload.seed, base.workload.seed + opts.seeds))
-    todo = list(points(opts.factors.split(",")))
     rows = []
     for factor, value, pricing, reading in tqdm(todo, desc="sweep", file=sys.stderr):
         with entry.user_errors(f"at {factor}={value}: "):

@@ -18,6 +18,7 @@ import os
 import sys
 from typing import NoReturn
 
+from config import SettingError
 from config.cli import Command, Settings
 
 from .errors import USER_ERRORS
@@ -61,4 +62,8 @@ def parse(command: Command, argv=None, resolve_workload: bool = True) -> Setting
     resolved for the cluster unless resolve_workload=False: an entry point that runs several
     clusters resolves it for each): the one parse every entry point runs."""
     with user_errors():
-        return prepare(command.parse(argv), resolve_workload)
+        settings = command.parse(argv)
+        try:
+            return prepare(settings, resolve_workload)
+        except SettingError as e:  # a check across settings names each by the route its value came by
+            raise SettingError(settings.reroute(str(e))) from None

@@ -68,9 +68,33 @@ def lock_folder(path: str, flag: str = "--out") -> None:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
+        holder = lock_holder(fd)
         os.close(fd)
         raise InputError(
-            f"{flag} {path!r} is in use by another run (a live process holds its lock): two runs writing into one folder would "
-            f"replace each other's files; wait for it to end, or give another {flag}"
+            f"{flag} {path!r} is in use by another run ({holder}): two runs writing into one folder would replace each other's "
+            f"files; wait for it to end, or give another {flag}"
         ) from None
     _LOCKS[key] = fd
+
+
+def lock_holder(fd: int) -> str:
+    """Who holds the flock on the open folder `fd`: "process PID: COMMAND", read from the kernel's
+    table of locks (/proc/locks: each lock's holder and its file's device and inode) and the
+    holder's /proc/PID/cmdline; where those cannot be read (not Linux, another PID namespace),
+    says so rather than guess."""
+    st = os.fstat(fd)
+    inode = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    try:
+        with open("/proc/locks") as f:
+            pids = [line.split()[4] for line in f if line.split()[1:2] == ["FLOCK"] and inode in line.split()[5:6]]
+    except (OSError, IndexError):
+        pids = []
+    if not pids:
+        return "a live process holds its lock; its holder could not be read from /proc/locks"
+    pid = pids[0]
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            command = " ".join(a.decode(errors="replace") for a in f.read().split(b"\0") if a)
+    except OSError:
+        command = "its command could not be read"
+    return f"process {pid} holds its lock: {command}"

@@ -14,6 +14,8 @@ from functools import cache
 
 import numpy as np
 
+from config.cluster import MAX_TOKENS_PER_RANK, MAX_TOKENS_PER_STEP, MAX_WORLD_SIZE
+
 from .errors import InputError
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
@@ -29,9 +31,14 @@ SHIPPED = {
 
 def read_lengths(path: str) -> np.ndarray:
     """The lengths of a file of one integer >= 1 a line (blank lines skipped; .gz read as gzip).
-    A line that is not such an integer is an InputError naming the file and the line's number."""
+    A line that is not such an integer, or one past the longest document any supported cluster
+    holds, is an InputError naming the file, the line's number and its text."""
+    if os.path.isdir(path):
+        raise InputError(
+            f"lengths file {path!r} is a folder: give a file of lengths, one a line (.txt, .txt.gz), or a shipped name: {sorted(SHIPPED)}"
+        )
     if not os.path.isfile(path):
-        raise InputError(f"lengths file {path!r} does not exist")
+        raise InputError(f"lengths file {path!r} does not exist (give a file of lengths, one a line, or a shipped name: {sorted(SHIPPED)})")
     opener = gzip.open if path.endswith(".gz") else open
     out = []
     try:
@@ -42,6 +49,11 @@ def read_lengths(path: str) -> np.ndarray:
                     continue
                 if not text.isdigit() or int(text) < 1:
                     raise InputError(f"lengths file {path!r} line {number}: {text[:40]!r} is not a length (an integer >= 1, one a line)")
+                if int(text) > MAX_TOKENS_PER_STEP:
+                    raise InputError(
+                        f"lengths file {path!r} line {number}: {text[:40]} is longer than any supported cluster holds "
+                        f"({MAX_TOKENS_PER_STEP:,} tokens: {MAX_WORLD_SIZE:,} ranks of {MAX_TOKENS_PER_RANK:,})"
+                    )
                 out.append(int(text))
     except (OSError, UnicodeDecodeError, EOFError) as e:
         raise InputError(f"lengths file {path!r} cannot be read: {e}") from None

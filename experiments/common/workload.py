@@ -20,6 +20,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from config import SettingError, WorkloadConfig
+from config.base import INT64
 
 from . import lengths as length_files
 from .errors import InputError
@@ -182,18 +183,24 @@ def load_trace(path: str) -> list[tuple[int, list[int]]]:
 
 
 def _int(v, path, line) -> int:
-    """v as an integer, or a InputError naming the line: strings and numbers alike, no truncation."""
+    """v as an integer, or a InputError naming the trace and the line: strings and numbers alike,
+    no truncation; an integer string is read exactly (not through a float, which would show
+    99999999999999999999 as another number); beyond int64 is an error, as numpy holds lengths."""
     if isinstance(v, bool):
         raise InputError(f"trace {path!r} line {line}: {v!r} is not an integer")
-    if isinstance(v, int):
-        return v
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        raise InputError(f"trace {path!r} line {line}: {v!r} is not an integer") from None
-    if not math.isfinite(f) or f != int(f):
-        raise InputError(f"trace {path!r} line {line}: {v!r} is not an integer")
-    return int(f)
+    if isinstance(v, str) and v.strip().lstrip("+-").isdigit():
+        v = int(v.strip())
+    if not isinstance(v, int):
+        try:
+            f = float(v)
+        except (TypeError, ValueError):
+            raise InputError(f"trace {path!r} line {line}: {v!r} is not an integer") from None
+        if not math.isfinite(f) or f != int(f):
+            raise InputError(f"trace {path!r} line {line}: {v!r} is not an integer")
+        v = int(f)
+    if not -INT64 < v < INT64:
+        raise InputError(f"trace {path!r} line {line}: {v} is beyond a 64-bit integer (|value| < 2^63), the widest numpy holds")
+    return v
 
 
 def workload_steps(cfg: WorkloadConfig) -> list[tuple[int, list[int]]]:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+import tempfile
 
 from config.cli import Command
 from config.entries import ReportOptions
@@ -69,12 +70,16 @@ def provenance_line(prov: list[dict], commits: bool = True) -> str:
     return "<sub>Rendered by `python -m experiments.report` from " + "; ".join(parts) + ".</sub>"
 
 
-def render_block(name: str, args: list[str], results: str, docs: str, here: str, commits: bool = True) -> str:
-    """One block's markdown; `here` is the folder of the file it goes into (image links are relative to it)."""
+def render_block(name: str, args: list[str], results: str, docs: str, here: str, commits: bool = True, staging: str | None = None) -> str:
+    """One block's markdown; `here` is the folder of the file it goes into (image links are relative
+    to it). A figure is drawn into `staging` where given (the report moves it into docs/figures/
+    once every doc has rendered), else straight into docs/figures/."""
     paths = args if name in NAMED else [os.path.join(results, a) for a in args]
     if name == "figure":
-        path, prov = figures.render(args[0], paths[1:], os.path.join(docs, "figures"))
-        return f"![{args[0]}]({os.path.relpath(path, here)})\n\n{provenance_line(prov, commits)}\n"
+        final = os.path.join(docs, "figures")
+        path, prov = figures.render(args[0], paths[1:], staging or final)
+        link = os.path.relpath(os.path.join(final, os.path.basename(path)), here)
+        return f"![{args[0]}]({link})\n\n{provenance_line(prov, commits)}\n"
     if name not in RENDERERS:
         raise InputError(f"no renderer {name!r}; renderers: {sorted(RENDERERS)} and figure")
     text, prov = RENDERERS[name](*paths)
@@ -106,9 +111,10 @@ def check_markers(path: str, text: str) -> None:
         raise InputError(f"{path} line {line(open_at)}: the block opened there has no closing <!-- /report -->: add it")
 
 
-def render_doc(path: str, results: str, docs: str) -> tuple[str, list[str]]:
+def render_doc(path: str, results: str, docs: str, staging: str | None = None) -> tuple[str, list[str]]:
     """The doc's text with every block rendered, and what could not be (missing results). The
-    README's blocks carry no commit hashes (its provenance is the docs')."""
+    README's blocks carry no commit hashes (its provenance is the docs'). Figures go to `staging`
+    where given (render_block)."""
     try:
         with open(path, encoding="utf-8") as f:
             text = f.read()
@@ -122,7 +128,7 @@ def render_doc(path: str, results: str, docs: str) -> tuple[str, list[str]]:
     def one(m: re.Match) -> str:
         name, args = m.group("name"), m.group("args").split()
         try:
-            body = render_block(name, args, results, docs, here, commits)
+            body = render_block(name, args, results, docs, here, commits, staging)
         except InputError as e:
             raise InputError(f"{path} line {text.count(chr(10), 0, m.start()) + 1}, block {name} {' '.join(args)}: {e}") from None
         except FileNotFoundError as e:
@@ -153,13 +159,21 @@ def main(argv=None) -> int:
             entry.fail(f"report --rerun: {failed[0]}; nothing rendered")
     docs = doc_paths(opts.docs)
     missing, rendered, texts = [], 0, {}
-    for path in docs:  # every doc rendered before any is written: an error leaves every doc as it was
+    with tempfile.TemporaryDirectory(prefix=".figures-", dir=opts.docs) as staging:
         try:
-            texts[path], gaps = render_doc(path, opts.results, opts.docs)
-        except (*USER_ERRORS, OSError) as e:
-            entry.fail(f"{e}; no doc was written")
-        missing += gaps
-        rendered += len(BLOCK.findall(texts[path])) - len(gaps)
+            for path in docs:  # every doc's markers checked before any block is rendered
+                with open(path, encoding="utf-8") as f:
+                    check_markers(path, f.read())
+            for path in docs:  # every doc rendered, its figures into `staging`, before anything is written
+                texts[path], gaps = render_doc(path, opts.results, opts.docs, staging)
+                missing += gaps
+                rendered += len(BLOCK.findall(texts[path])) - len(gaps)
+        except (*USER_ERRORS, OSError, UnicodeDecodeError) as e:
+            entry.fail(f"{e}; no doc and no figure was written")
+        figures_dir = os.path.join(opts.docs, "figures")
+        os.makedirs(figures_dir, exist_ok=True)
+        for name in sorted(os.listdir(staging)):  # the same file system: each figure replaced whole
+            os.replace(os.path.join(staging, name), os.path.join(figures_dir, name))
     for path, text in texts.items():
         try:
             with open(path + ".tmp", "w", encoding="utf-8") as f:

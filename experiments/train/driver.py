@@ -20,6 +20,7 @@ from tqdm import tqdm
 
 from config import Cluster, CostsConfig, HardwareConfig, ModelConfig, SettingError, WorkloadConfig
 from config.cli import Settings
+from config.reads import data_source, shown
 from experiments.common import memory
 from experiments.common.errors import InputError
 from experiments.common.files import check_output_dir, file_identity, lock_folder
@@ -115,8 +116,9 @@ def check_generated(settings: Settings, cost: CostModel) -> None:
     longest, batch = longest_step(wl)
     widest = cost.widest_group(cluster) * cluster.tokens_per_rank
     if longest > widest:
+        source = shown(settings, "workload.lengths") if wl.lengths is not None else "--long-max, --body-max"
         raise SettingError(
-            f"the workload's documents reach {longest} tokens (--long-max, --body-max), more than the widest group holds "
+            f"the workload's documents reach {longest} tokens ({source}), more than the widest group holds "
             f"(SP{cost.widest_group(cluster)} x --tokens-per-rank={cluster.tokens_per_rank} = {widest}): use --tokens-per-rank >= "
             f"{-(-longest // cost.widest_group(cluster))}, shorter documents, or --clip-to-cluster"
         )
@@ -242,22 +244,37 @@ class Run:
 def replayed(settings: Settings) -> tuple[Settings, LengthSource, list[int]]:
     """A replay's settings, data and steps: the ablation's workload (its first seed), its baseline
     pricing, and its costs when the model is the same (so the plans are the ablation's)."""
-    all_steps, numbers, step_ids, abl = replay_steps(settings.train.replay)
+    folder = settings.train.replay
+    where = f"--replay {folder!r}"
+    all_steps, numbers, step_ids, abl = replay_steps(folder)
     s = settings.replace(planner=settings.planner.replace(assignment_pricing=abl["planner"]["assignment_pricing"]))
+    s.routes["planner.assignment_pricing"] = f"{where}: the ablation's planner.assignment_pricing"
     if abl["model"]["name"] == s.model.name:
-        s = s.replace(costs=CostsConfig.from_dict(abl["costs"], f"--replay {settings.train.replay!r}: "))
+        given = sorted(k for k in s.given if k.startswith("costs."))
+        if given:  # the ablation's costs replace them: config.reads' rule, known only once the summary is read
+            raise SettingError(f"{s.route(given[0])} is not read: {where} runs the ablation's model, priced with its costs")
+        s = s.replace(costs=CostsConfig.from_dict(abl["costs"], f"{where}: "))
+        s.routes.update({f"costs.{k}": f"{where}: the ablation's costs.{k}" for k in abl["costs"]})
+        try:
+            cost_model(s)  # the ablation's costs against this run's cluster (its EP degree against the nodes)
+        except SettingError as e:
+            raise SettingError(s.reroute(str(e))) from None
     return s, LengthSource(all_steps, s.model.vocab, s.workload.seed, numbers), step_ids
+
+
+def run_data(settings: Settings) -> tuple[Settings, object, Sequence[int]]:
+    """The run's settings (a replay's), its data source and the data steps it trains on, in order
+    (prepared settings): what the run reads of every data-source setting it was given."""
+    if settings.train.replay:
+        return replayed(settings)
+    source = build_source(settings)
+    return settings, source, range(min(settings.workload.steps, len(source)))  # a range: a run of many steps holds no list of them
 
 
 def set_up(settings: Settings, rank: int, device: torch.device) -> Run:
     """Model, cluster, data, optimizer and process groups; restored from a checkpoint on --resume."""
-    settings = prepare(settings)
+    settings, source, step_ids = run_data(prepare(settings))
     t, world = settings.train, settings.cluster.world_size
-    if t.replay:
-        settings, source, step_ids = replayed(settings)
-    else:
-        source = build_source(settings)
-        step_ids = range(min(settings.workload.steps, len(source)))  # a range: a run of many steps holds no list of them
     cluster, cost = settings.cluster, cost_model(settings)
     estimate = check_memory(settings, device)  # first: a model that cannot fit is the first thing to say
     # the model against the cluster, and every step against both, before step 1: a file's steps one
@@ -266,7 +283,7 @@ def set_up(settings: Settings, rank: int, device: torch.device) -> Run:
     try:
         allows = check_setup(cluster, cost, loaded)
     except PlanError as e:
-        raise PlanError(f"{e} (flags: --tokens-per-rank, --tokens-per-step, --gpus-per-node, --model)") from None
+        raise PlanError(f"{data_source(settings)}: {e} (flags: --tokens-per-rank, --tokens-per-step, --gpus-per-node, --model)") from None
     if isinstance(source, GeneratedSource):
         check_generated(settings, cost)
     check_expert_parallel(settings, cost)
