@@ -61,7 +61,9 @@ class ModelConfig(Section):
     tie_embeddings: bool = setting(False, "the LM head shares the embedding's weights")
     rope_theta: float = setting(1e6, "rotary base", number_in(0, 1e12, lo_open=True), source=QWEN3)
     norm_eps: float = setting(1e-6, "RMSNorm epsilon", number_in(0, 1, lo_open=True))
-    aux_loss_coef: float = setting(0.0, "weight of the router's load-balancing loss", number_in(0, 100))
+    aux_loss_coef: float = setting(
+        0.0, "weight of the router's load-balancing loss", number_in(0, 1e308)
+    )  # any finite weight: one past float32's range overflows the loss, which the run refuses at its step
 
     def check(self) -> None:
         if self.n_layers % len(self.layer_pattern):

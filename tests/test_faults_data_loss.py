@@ -172,3 +172,23 @@ def test_report_check_names_a_block_whose_figures_went_stale_and_writes_nothing(
         len(problems) == 1 and "a.md: block memory  differs from a fresh run: committed '| `paper` | 119.25B | FSDP2 | 199.9" in problems[0]
     )
     assert (docs / "a.md").read_text() == stale
+
+
+def test_a_refused_report_writes_no_figure_either(tmp_path, capsys):
+    """A doc with a block left open is refused before any figure of another doc is drawn into
+    docs/figures/: the docs are never left with new figures beside old tables."""
+    import experiments.report.__main__ as report
+
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "a.md").write_text("<!-- report:figure layouts -->\nold\n<!-- /report -->\n")  # drawn from code alone
+    (docs / "b.md").write_text("<!-- report:memory -->\nleft open\n")
+    with pytest.raises(SystemExit) as exit_:
+        report.main(["--docs", str(docs), "--results", str(tmp_path / "r"), "--no-progress"])
+    assert exit_.value.code == 2
+    assert "b.md line 1: the block opened there has no closing" in capsys.readouterr().err
+    assert sorted(os.listdir(docs)) == ["a.md", "b.md"], "no figure (nor staging folder) was written"
+    (docs / "b.md").write_text("<!-- report:memory -->\nclosed\n<!-- /report -->\n")
+    assert report.main(["--docs", str(docs), "--results", str(tmp_path / "r"), "--no-progress"]) == 0
+    assert sorted(os.listdir(docs)) == ["a.md", "b.md", "figures"] and os.listdir(docs / "figures") == ["layouts.png"]
+    assert "](figures/layouts.png)" in (docs / "a.md").read_text()

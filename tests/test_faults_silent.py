@@ -198,3 +198,97 @@ def test_the_memory_table_refuses_what_it_cannot_estimate(args, message):
 
     with pytest.raises(SystemExit, match=message.replace("[", r"\[").replace("(", r"\(").replace("+", r"\+")):
         memory_bench.main(args)
+
+
+def _refused(main, argv, capsys) -> str:
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0, err
+    return err
+
+
+def test_document_offsets_without_a_token_file_are_refused_not_ignored(tmp_path, capsys):
+    import experiments.train.__main__ as train
+
+    offsets = tmp_path / "o.npy"
+    np.save(offsets, np.array([0, 3, 7], dtype=np.int64))
+    err = _refused(train.main, ["--doc-offsets", str(offsets), "--out", str(tmp_path / "o")], capsys)
+    assert "--doc-offsets is not read: it gives the document boundaries of a token file, and no --tokens is given" in err
+
+
+@pytest.mark.parametrize("flag", ["--trace", "--lengths"])
+def test_a_token_file_with_a_trace_or_lengths_is_refused_naming_the_one_not_read(tmp_path, capsys, flag):
+    import experiments.train.__main__ as train
+
+    np.save(tmp_path / "t.npy", np.arange(8, dtype=np.uint16))
+    np.save(tmp_path / "o.npy", np.array([0, 3, 8], dtype=np.int64))
+    (tmp_path / "t.csv").write_text("step,length\n0,3\n")
+    (tmp_path / "l.txt").write_text("3\n")
+    other = str(tmp_path / ("t.csv" if flag == "--trace" else "l.txt"))
+    argv = ["--tokens", str(tmp_path / "t.npy"), "--doc-offsets", str(tmp_path / "o.npy"), flag, other, "--out", str(tmp_path / "o")]
+    err = _refused(train.main, argv, capsys)
+    assert f"{flag} is not read: --tokens='{tmp_path / 't.npy'}' gives this run's documents" in err
+
+
+@pytest.mark.parametrize(
+    "text, key",
+    [
+        ('{"workload": {"steps": 3}, "model": {}, "workload": {"steps": 4}}', "'workload'"),
+        ('{"model": {"sparse_params": {"window": 8, "window": 16}}}', "model.sparse_params.'window'"),
+    ],
+    ids=["section", "nested"],
+)
+def test_a_config_file_with_a_key_given_twice_is_refused_naming_it(tmp_path, text, key):
+    path = tmp_path / "c.json"
+    path.write_text(text)
+    assert f"config file '{path}': key {key} is given twice in one object" in _ablation(tmp_path, "--config", str(path))
+
+
+def test_a_hardware_profile_with_a_key_given_twice_is_refused(tmp_path):
+    path = tmp_path / "p.json"
+    body = json.dumps({"hardware": HardwareConfig().to_dict()})
+    path.write_text(body[:-2] + ', "bytes_per_element": 4}}')
+    assert "key hardware.'bytes_per_element' is given twice in one object" in _ablation(tmp_path, "--hardware", str(path))
+
+
+@pytest.mark.parametrize("flag", ["--n-experts", "--hidden", "--expert-ffn", "--vocab", "--n-heads"])
+def test_the_simulator_refuses_a_model_shape_of_2_to_the_62(tmp_path, flag):
+    assert f"{flag}=4611686018427387904 is invalid: it must be an integer in [1, " in _ablation(tmp_path, flag, str(2**62))
+
+
+def test_the_simulator_refuses_shapes_each_in_bounds_that_no_cluster_could_train(tmp_path):
+    """Each shape within its own bound, together a model whose memory estimate exceeds any
+    accelerator's on the widest supported cluster: refused before it is priced, naming them."""
+    message = _ablation(tmp_path, "--n-experts", "16384", "--expert-ffn", "262144", "--hidden", "131072")
+    assert "model paper as set (--expert-ffn, --hidden, --n-experts) needs about" in message
+    assert "no supported cluster could train it" in message
+
+
+def test_every_numeric_setting_has_an_upper_bound_its_check_enforces():
+    """Every integer and number setting of every section (the entry points' own too) declares its
+    largest valid value, and its check takes that value and refuses the next one up: no route can
+    give a value past it to any of them."""
+    import inspect
+
+    import config
+    import config.entries as entries
+    from config.base import Section
+
+    sections = {
+        c for m in (config, entries) for _, c in inspect.getmembers(m, inspect.isclass) if issubclass(c, Section) and c is not Section
+    }
+    checked = 0
+    for cls in sections:
+        for name, f in cls.settings().items():
+            kind, check = f.metadata["type"], f.metadata["check"]
+            if kind not in (int, float):
+                continue
+            assert check is not None and check.hi is not None, f"{cls.SECTION}.{name} has no upper bound"
+            above = check.hi + 1 if kind is int else check.hi * 2 + 1
+            assert check.ok(check.hi) or kind is float, f"{cls.SECTION}.{name}: its bound is not a valid value"
+            assert not check.ok(above), f"{cls.SECTION}.{name} takes {above}, past its bound {check.hi}"
+            assert kind is float or check.hi < 2**63, f"{cls.SECTION}.{name}: an integer past int64"
+            checked += 1
+    assert checked > 60

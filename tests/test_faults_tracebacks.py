@@ -234,3 +234,16 @@ def _full_disk_body(rank, world, root, disk):
 def test_a_checkpoint_on_a_full_disk_is_one_line_saying_so(small_disk, tmp_path):
     run_distributed(_full_disk_body, 2, str(tmp_path), str(small_disk))
     assert os.listdir(small_disk / "ck") == []  # the partial checkpoint removed, no `latest`
+
+
+@pytest.mark.parametrize("entry_point", ["ablation", "train"])
+def test_a_lengths_file_holding_an_integer_past_2_to_the_63_is_one_line_naming_file_and_line(tmp_path, capsys, entry_point):
+    path = tmp_path / "l.txt"
+    path.write_text("12\n" + "9" * 23 + "\n")
+    main = ablation.main if entry_point == "ablation" else train.main
+    with pytest.raises(SystemExit) as e:
+        main(["--lengths", str(path), "--out", str(tmp_path / "o"), *(["--no-progress"] if entry_point == "ablation" else [])])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "Traceback" not in err
+    assert f"--lengths: lengths file '{path}' line 2: {'9' * 23} is longer than any supported cluster holds" in err
