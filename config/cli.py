@@ -56,12 +56,15 @@ class Settings:
         self.sections: dict[str, Section] = {}
         self.routes: dict[str, str] = {}
         self.given: set[str] = set()
+        self.from_presets: set[str] = set()  # the settings a named preset set: their flag is what to change, not the preset
 
     def reroute(self, message: str) -> str:
         """A check's message with each setting it names by its flag ('costs.ep_degree (--ep)', as
         Section.spelt writes it) named by the route its value came by instead, where that was not
         the flag: a config file's key, a preset, a profile, a replay."""
         for key, route in self.routes.items():
+            if key in self.from_presets:
+                continue
             section, _, name = key.partition(".")
             cls = type(self.sections[section]) if section in self.sections else None
             if cls is None or name not in cls.settings():
@@ -89,7 +92,7 @@ class Settings:
         """A copy with some sections replaced (the sweep's points)."""
         out = Settings(self.command)
         out.sections = {**self.sections, **sections}
-        out.routes, out.given = dict(self.routes), set(self.given)
+        out.routes, out.given, out.from_presets = dict(self.routes), set(self.given), set(self.from_presets)
         return out
 
     def to_dict(self) -> dict[str, dict]:
@@ -303,6 +306,7 @@ class Command:
                 raise SettingError(f"{where}{e}" if from_file else str(e)) from None
             for routes, values in layers:
                 out.routes.update({f"{name}.{k}": routes[k] for k in values})
+                out.from_presets -= {f"{name}.{k}" for k in values}
             out.given |= {f"{name}.{k}" for _, values in layers[1:] for k in values}
         check_read(out, UNREAD + self.unread)
         return out
@@ -324,6 +328,8 @@ class Command:
             out.routes[key] = f"{name} profile {preset!r}: {key}" if profile else f"{route}'s {key}"
             if profile:
                 out.given.add(key)
+            else:
+                out.from_presets.add(key)
 
     def _base(self, cls: type[Section], preset: str | None, out: Settings) -> Section:
         if not cls.PRESETS:

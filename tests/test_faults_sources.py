@@ -62,6 +62,8 @@ def _argv(files, combo, changed=None) -> list[str]:
 
 def _ablation_data(base, argv, parse_command=ablation.COMMAND):
     settings = entry.parse(parse_command, [*base, *argv])
+    if "sweep" in settings.sections:  # as the sweep's main: its factors read before its first point
+        sweep.check_factors(settings)
     return [
         workload_steps(w) for w in seed_workloads(settings, list(range(settings.workload.seed, settings.workload.seed + _seeds(settings))))
     ]
@@ -88,7 +90,8 @@ ENTRY_POINTS = {
     ),
     "sweep": (
         lambda base, argv: _ablation_data(base, argv, sweep.COMMAND),
-        ["--model", "tiny", "--workload", "tiny", "--world-size", "2", "--gpus-per-node", "2", "--tokens-per-rank", "32", "--steps", "20"],
+        ["--model", "tiny", "--workload", "tiny", "--world-size", "2", "--gpus-per-node", "2", "--tokens-per-rank", "32", "--steps", "20"]
+        + ["--factors", "ratio"],
         ("--lengths", "--trace", "--body-median", "--long-max", "--clip-to-cluster", "--fill", "--seeds"),
     ),
     "train": (

@@ -107,7 +107,7 @@ def test_a_sample_too_long_for_the_cluster_fails_before_step_1_with_its_reason(t
     trace.write_text("step,length\n0,10\n1,10\n1,100000\n")
     p = forked_driver(1, "--trace", str(trace), "--steps", "2", "--out", str(tmp_path / "o"))
     assert p.returncode != 0
-    assert "failed: PlanError: step 1: a sample of 100000 tokens needs SP4096 at tokens_per_rank=32" in p.stderr
+    assert f"failed: PlanError: --trace='{trace}': step 1: a sample of 100000 tokens needs SP4096 at tokens_per_rank=32" in p.stderr
     assert "use tokens_per_rank >= 100000" in p.stderr and "--tokens-per-rank" in p.stderr
     assert " loss " not in p.stdout, "no step may run"
 
