@@ -30,7 +30,7 @@ from kernels.exchange import (
     halo_exchange,
     point_to_point,
 )
-from solver import Group, StepPlan, TokenLayout, head_cu_seqlens, token_to_head_rank
+from solver import Group, StepPlan, TokenLayout, Way, head_cu_seqlens, token_to_head_rank
 from solver.cluster import InternalError
 from solver.cost import sparse_cost, splits_over, ulysses_parts
 from solver.layout import halo_transfers, state_hops, state_transfers, token_to_token_rank
@@ -67,16 +67,6 @@ def validate(plan: StepPlan, cfg: ModelConfig, world_size: int, ep: int = 1) -> 
             sparse_cost(cfg.sparse_kind).check_local()
         except SettingError as e:
             raise LayoutError(str(e)) from None
-    linear = sparse_cost(cfg.sparse_kind).linear
-    child_sizes = sorted({g.size for g in plan.child_layout.groups if not g.halo and g.size > 1})
-    bad = next((p for p in child_sizes if linear and not splits_over(cfg, "S", p)), None)
-    if bad is not None:
-        hk, hv = cfg.sparse_params["k_heads"], cfg.sparse_params["v_heads"]
-        raise LayoutError(
-            f"the linear layers' heads ({hv} value, {hk} key) do not split over a group of {bad} ranks used by this plan (sparse "
-            f"group sizes {child_sizes}): value heads must be a multiple of every group size, and key heads a multiple or a "
-            f"divisor of it (then replicated)"
-        )
     for p in sizes:
         if cfg.n_heads % p:
             raise LayoutError(
@@ -88,6 +78,15 @@ def validate(plan: StepPlan, cfg: ModelConfig, world_size: int, ep: int = 1) -> 
                 f"n_kv_heads={cfg.n_kv_heads} neither divides nor is divided by group size {p} used by this plan (group "
                 f"sizes {sizes}): key/value heads split evenly or are replicated over p / n_kv_heads ranks each"
             )
+    # the S layers' own parts (an attention kind's are the attention's, checked above; a linear kind's its heads)
+    child_sizes = sorted({g.size for g in plan.child_layout.groups if not g.halo and g.size > 1})
+    bad = next((p for p in child_sizes if not splits_over(cfg, "S", p)), None)
+    if bad is not None:
+        heads = sparse_cost(cfg.sparse_kind).heads_text(cfg).removeprefix("; ")
+        raise LayoutError(
+            f"the {heads} do not split over a group of {bad} ranks used by this plan (sparse group sizes {child_sizes}): value "
+            f"heads must be a multiple of every group size, and key heads a multiple or a divisor of it (then replicated)"
+        )
 
 
 def check_same_plan(plan: StepPlan, device="cpu") -> None:
@@ -312,7 +311,7 @@ class RankPlacement:
             sparse_cu = head_cu_seqlens(child, self.child_group)
         # a linear layer's samples (run_linear): in head layout, or a halo child's non-empty chunks
         self.sparse_cu = [int(c) for c in sparse_cu]
-        if self.halo and sparse_cost(cfg.sparse_kind).passing is not None:  # a linear kind: state passing too
+        if self.halo and sparse_cost(cfg.sparse_kind).state_elements(cfg.sparse_params):  # a kind that passes states: their plans too
             self._state_args(child, keys, device)
         self.attention_of = layer_attention(head_cu_seqlens(parent, self.parent_group), sparse_cu, cfg, device, keys)
         self._linear_columns: dict[int, torch.Tensor] = {}
@@ -379,7 +378,7 @@ class RankPlacement:
         maps = [mixer.chunk_map(*(t[bounds[i] : bounds[i + 1]] for t in (q, k, v, g, beta)), self.backend) for i in self.map_chunks]
         # a rank that forms no map still joins the maps' backward (it sends the gradients of those it received)
         sent = torch.stack(maps) if maps else q.new_zeros(0, hv, dk, dk + mixer.dv, dtype=sd) + 0.0 * q.sum()
-        if self.child_group.chain:  # each incoming state from the chunk before, one hop after another
+        if self.child_group.way is Way.CHAIN:  # each incoming state from the chunk before, one hop after another
             got = _StateChain.apply(sent, self.chain_args, self.stats, "sparse.states")
             zero = x.new_zeros(hv, dk, mixer.dv, dtype=sd)
             states = [zero if r < 0 else got[r] for r in self.state_of_chunk]

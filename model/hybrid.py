@@ -20,7 +20,7 @@ from solver.cost import sparse_cost
 
 from .attention import KeySegments, chunked_key_inputs, kernel_inputs, sparse_kind, varlen_attention
 from .layers import MoE, Reduce, RMSNorm, Rotary
-from .linear import GatedDeltaNet
+from .linear import LINEAR_MIXERS, GatedDeltaNet
 
 IGNORE = -100
 
@@ -115,7 +115,7 @@ def layer_attention(
     """Layer type ('F', 'S') -> how its attention runs this step, built once per step (keys: the
     sparse layers' key segments in a halo child)."""
     out = {"F": LayerAttention(full_cu, "full", None, device)}
-    if not sparse_cost(cfg.sparse_kind).linear:  # a linear kind's S layers run their own mixer (LinearBlock)
+    if cfg.sparse_kind not in LINEAR_MIXERS:  # a linear kind's S layers run their own mixer (LinearBlock)
         out["S"] = LayerAttention(sparse_cu, cfg.sparse_kind, cfg.sparse_params, device, keys)
     return out
 
@@ -157,10 +157,7 @@ class LinearBlock(nn.Module):
         p = sparse_cost(cfg.sparse_kind).resolve(cfg.sparse_params)  # the kind's defaults where a preset leaves one out
         self.cfg = cfg
         self.attn_norm = RMSNorm(cfg.hidden, cfg.norm_eps)
-        self.mixer = GatedDeltaNet(
-            cfg.hidden, p["k_heads"], p["v_heads"], p["head_k_dim"], p["head_v_dim"], p["conv_kernel"], cfg.norm_eps, p["block"],
-            p["state_dtype"],
-        )  # fmt: skip
+        self.mixer = LINEAR_MIXERS[cfg.sparse_kind](cfg.hidden, p, cfg.norm_eps)
         self.moe_norm = RMSNorm(cfg.hidden, cfg.norm_eps)
         self.moe = MoE(cfg.hidden, cfg.expert_ffn, cfg.n_experts, cfg.top_k)
 
@@ -190,7 +187,7 @@ class HybridMoE(nn.Module):
         self.cfg, self.recompute = cfg, recompute
         self.ep = 1  # expert-parallel degree (expert_parallel)
         self.embed = nn.Embedding(cfg.vocab, cfg.hidden)
-        linear = sparse_cost(cfg.sparse_kind).linear  # S layers of a linear kind: LinearBlock
+        linear = cfg.sparse_kind in LINEAR_MIXERS  # S layers of a linear kind: LinearBlock, its mixer the kind's
         self.blocks = nn.ModuleList(LinearBlock(cfg) if linear and t == "S" else Block(cfg) for t in cfg.layer_types)
         self.norm = RMSNorm(cfg.hidden, cfg.norm_eps)
         self.lm_head = None if cfg.tie_embeddings else nn.Linear(cfg.hidden, cfg.vocab, bias=False)

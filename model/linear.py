@@ -41,6 +41,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import warnings
+from collections.abc import Callable
 
 import torch
 
@@ -497,3 +498,23 @@ class GatedDeltaNet(torch.nn.Module):
     def _output(self, o, z):
         o = o * torch.rsqrt(o.square().mean(-1, keepdim=True) + self.eps) * self.norm
         return self.w_out(o.reshape(o.shape[0], self.hv * self.dv) * torch.nn.functional.silu(z))
+
+
+# the runtime of each linear kind's S layers (model.hybrid.LinearBlock): kind name -> build(hidden,
+# the kind's resolved parameters, norm_eps) -> its mixer; a kind not here runs its S layers as
+# attention (model.attention's registry). A linear kind's module registers its mixer here, as it
+# registers its cost with solver.kinds.
+LINEAR_MIXERS: dict[str, Callable[[int, dict, float], torch.nn.Module]] = {}
+
+
+def register_linear_mixer(name: str, build: Callable[[int, dict, float], torch.nn.Module]) -> None:
+    """The mixer of linear kind `name`'s S layers (its cost is solver.kinds' record of the same name)."""
+    LINEAR_MIXERS[name] = build
+
+
+register_linear_mixer(
+    "gated_delta",
+    lambda hidden, p, eps: GatedDeltaNet(
+        hidden, p["k_heads"], p["v_heads"], p["head_k_dim"], p["head_v_dim"], p["conv_kernel"], eps, p["block"], p["state_dtype"]
+    ),
+)

@@ -8,14 +8,29 @@ so a researcher's new kernel is priced by the solver and the simulator alike.
 from __future__ import annotations
 
 import functools
-import math
-from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import numpy as np
 
 from config import CostsConfig, HardwareConfig, ModelConfig, SettingError
-from config.base import of_type
+
+from .flops import FLOPS_PER_MAC, attention_flops, causal_keys, chunked_keys, sliding_window_keys  # noqa: F401 (re-exported)
+from .kinds import (  # noqa: F401 (re-exported: the kinds' interface and registry, solver.kinds)
+    MAX_PARAM,
+    STATE_DTYPES,
+    LinearKind,
+    SparseKind,
+    StatePassing,
+    attention_held_projections,
+    attention_parts,
+    attention_projection_params,
+    register_kind,
+    register_sparse_cost,
+    resolve_state_dtype,
+    sparse_cost,
+    sparse_kinds,
+    with_sparse_defaults,
+)
+from .kinds.gated_delta import gated_delta_flops, gated_delta_map_flops, gated_delta_projections, gated_delta_ulysses  # noqa: F401
 
 # Compute of a training step in units of the forward pass: backward computes the gradients of
 # both the inputs and the weights of every matmul, about twice the forward's FLOPs.
@@ -49,168 +64,10 @@ def shard_dim(shape: tuple[int, ...], ranks: int) -> int:
     return min(range(len(shape)), key=lambda d: (padded_numel(shape, ranks, d), d))
 
 
-FLOPS_PER_MAC = 2.0  # a multiply-accumulate is two FLOPs: a [n, k] x [k, m] matmul costs 2 n k m
 DEFAULT_EP = 8  # expert parallelism over a node of 8 GPUs, where the costs leave the degree unset
 # all-to-all calls of one MoE layer under expert parallelism (model.experts.ExpertDispatch): forward,
 # the slot counts, the dispatch and the combine; backward, the dispatch's and the combine's reverse
 MOE_FWD_CALLS, MOE_BWD_CALLS = 3, 2
-
-
-# ----- attention FLOPs ------------------------------------------------------------------------
-def causal_keys(length):
-    """Number of (query, key) pairs of causal attention over a sample."""
-    n = np.asarray(length, dtype=np.float64)
-    return n * (n + 1) / 2
-
-
-def sliding_window_keys(length, window: int):
-    n = np.asarray(length, dtype=np.float64)
-    w = float(window)
-    return np.where(n <= w, n * (n + 1) / 2, w * (w + 1) / 2 + (n - w) * w)
-
-
-def chunked_keys(length, chunk: int):
-    n = np.asarray(length, dtype=np.float64)
-    full, rest = np.floor(n / chunk), np.mod(n, chunk)
-    return full * chunk * (chunk + 1) / 2 + rest * (rest + 1) / 2
-
-
-def attention_flops(pairs, cfg: ModelConfig):
-    """Forward FLOPs of QK^T and PV (two matmuls) over `pairs` (query, key) pairs, all heads."""
-    return 2 * FLOPS_PER_MAC * cfg.n_heads * cfg.head_dim * np.asarray(pairs, dtype=np.float64)
-
-
-SparseFlops = Callable[[np.ndarray, ModelConfig], np.ndarray]
-
-
-FirstKey = Callable[[np.ndarray, dict], np.ndarray]  # (query positions, params) -> the first key position each may see
-
-
-MAX_PARAM = 2**62  # a sparse kind's numeric parameter: positions offset by it stay within int64
-
-
-@dataclass(frozen=True)
-class StatePassing:
-    """How a linear kind runs over contiguous chunks of a sample on consecutive ranks (its halo
-    children, and the parent's own layout with halos): each chunk receives the pre-convolution
-    rows its convolution reaches back to (the kind's first_key; halo_elements(params) elements a
-    row) and the map (A, B) of every earlier chunk of its sample (state_elements(params) elements
-    each), and composes them into its incoming state; each chunk whose sample goes on forms its own
-    map first (map_flops(lengths, cfg): forward FLOPs of the maps of chunks of these lengths). Or,
-    by the chain, it receives only its incoming state from the chunk before and sends its own on."""
-
-    halo_elements: Callable[[dict], int]
-    state_elements: Callable[[dict], int]
-    map_flops: SparseFlops
-    # the chain's alternative (Group.chain): each chunk sends the next only its outgoing state,
-    # carried_elements(params) elements, once it has its own
-    carried_elements: Callable[[dict], int]
-    # bytes of one element of a map or a state: its params' state_dtype (STATE_DTYPES)
-    state_dtype: Callable[[dict], str] = lambda p: p["state_dtype"]
-
-
-# the dtypes a linear kind carries its states in, by bytes an element (None: auto, the compute
-# dtype where it is wider than float32, else float32: a chunked kernel keeps its state in float32
-# whatever its inputs, as flash-linear-attention's gated delta rule kernels allocate it)
-STATE_DTYPES = {"auto": None, "float32": 4, "float64": 8}
-
-
-def resolve_state_dtype(state_dtype: str, activation_bytes: int) -> str:
-    """The dtype a linear kind of `state_dtype` (STATE_DTYPES) carries its states in when the
-    activations take `activation_bytes` an element: the cost model prices it, model.linear runs it."""
-    if state_dtype not in STATE_DTYPES:
-        raise SettingError(f"state_dtype={state_dtype!r} is not one of {list(STATE_DTYPES)}")
-    if state_dtype != "auto":
-        return state_dtype
-    return "float64" if activation_bytes > STATE_DTYPES["float32"] else "float32"
-
-
-@dataclass(frozen=True)
-class SparseCost:
-    name: str
-    flops: SparseFlops  # (lengths [n], cfg) -> forward FLOPs per sample [n]
-    params: dict = field(default_factory=dict)  # the kind's parameters and their defaults
-    # a local kind's reach: the first key a query at a position may see (monotone in the position);
-    # None: not local, a query may see keys anywhere before it (no halo exchange can serve it)
-    first_key: FirstKey | None = None
-    # a linear kind (linear attention): its S layers carry a state along the sequence and have
-    # projections of their own, projections(cfg) parameters in place of the attention's q, k, v, o
-    projections: Callable[[ModelConfig], int] | None = None
-    # the kind's own rule over its resolved parameters: a message naming what is wrong, or None
-    check: Callable[[dict], str | None] | None = None
-    # a linear kind's Ulysses exchanges (heads split over a group, whole samples per head):
-    # ulysses(params) -> ((entry parts, elements per head), (exit parts, elements per head)), as
-    # `ulysses_parts` describes them; None: the attention's q, k, v in and its output back
-    ulysses: Callable[[dict], tuple[tuple[tuple[int, ...], int], tuple[tuple[int, ...], int]]] | None = None
-    # a linear kind's state passing (its layers over chunks of a sample on consecutive ranks):
-    # what a rank receives besides its convolution's halo rows
-    passing: StatePassing | None = None
-
-    @property
-    def linear(self) -> bool:
-        return self.projections is not None
-
-    def check_local(self, what: str = "halo children") -> FirstKey:
-        """The kind's reach, or SettingError naming the kind and what it lacks."""
-        if self.first_key is None:
-            raise SettingError(
-                f"sparse kind {self.name!r} declares no reach (first_key: the first key a query may see), so {what} cannot "
-                f"serve it: a halo exchange sends each rank the keys its queries reach back to; local kinds: "
-                f"{sorted(k for k, c in _SPARSE_COSTS.items() if c.first_key is not None)}"
-            )
-        return self.first_key
-
-    def resolve(self, given: dict) -> dict:
-        """The kind's parameters: the given ones over the defaults. Raises SettingError naming an
-        unknown or invalid parameter (a default's type is the type a value must have; numbers > 0)."""
-        unknown = sorted(set(given) - set(self.params))
-        if unknown:
-            raise SettingError(f"sparse kind {self.name!r} has no parameter {unknown[0]!r}; its parameters: {self.params}")
-        out = {**self.params, **given}
-        for k, v in out.items():
-            want = type(self.params[k])
-            if want is str and not isinstance(v, str):
-                raise SettingError(f"sparse kind {self.name!r}: {k}={v!r} is invalid; it takes a name (default {self.params[k]!r})")
-            if not of_type(v, want) or (want in (int, float) and not (math.isfinite(v) and 0 < v < MAX_PARAM)):
-                article = "an" if want.__name__[0] in "aeiou" else "a"
-                raise SettingError(
-                    f"sparse kind {self.name!r}: {k}={v!r} is invalid; it takes {article} {want.__name__} > 0 and below 2^62 (a reach "
-                    f"in token positions, which numpy holds as int64; default {self.params[k]!r})"
-                )
-        problem = self.check(out) if self.check is not None else None
-        if problem:
-            raise SettingError(f"sparse kind {self.name!r}: {problem}")
-        return out
-
-
-_SPARSE_COSTS: dict[str, SparseCost] = {}
-
-
-def register_sparse_cost(
-    name: str,
-    flops: SparseFlops,
-    params: dict | None = None,
-    overwrite: bool = False,
-    first_key: FirstKey | None = None,
-    projections: Callable[[ModelConfig], int] | None = None,
-    check: Callable[[dict], str | None] | None = None,
-    ulysses: Callable[[dict], tuple[tuple[tuple[int, ...], int], tuple[tuple[int, ...], int]]] | None = None,
-    passing: StatePassing | None = None,
-) -> None:
-    """Register the forward FLOPs of a sparse-attention kind, with its parameters and their
-    defaults, and, for a local kind, its reach (first_key(query positions, params): the first key
-    each may see). model.attention.register_sparse_attention calls this together with the kernel.
-    projections(cfg): a linear kind's S-layer projection parameters (priced as token-wise work, in
-    place of the attention's); its `flops` then count the rest of the layer (priced at the
-    attention's rate). check(params): the kind's own rule over its parameters, a message naming
-    what is wrong and what is valid, or None. ulysses(params): a linear kind's Ulysses exchanges
-    (`ulysses_parts`); passing: its state passing over chunks (StatePassing), with first_key
-    its convolution's reach."""
-    if name in _SPARSE_COSTS and not overwrite:
-        raise ValueError(f"sparse kind {name!r} is already registered; pass overwrite=True to replace it")
-    if (ulysses is None) != (projections is None):
-        raise ValueError(f"sparse kind {name!r}: a linear kind declares both its projections and its Ulysses exchanges (ulysses)")
-    _SPARSE_COSTS[name] = SparseCost(name, flops, dict(params or {}), first_key, projections, check, ulysses, passing)
 
 
 def ulysses_parts(model: ModelConfig, layer_type: str) -> tuple[tuple[tuple[int, ...], int], tuple[tuple[int, ...], int]]:
@@ -219,11 +76,7 @@ def ulysses_parts(model: ModelConfig, layer_type: str) -> tuple[tuple[tuple[int,
     splits evenly over the group; a later one narrower than the group is replicated, each peer
     getting one head (kernels.exchange.head_split_map). Attention moves its q, k, v heads in and
     its output heads back; a linear kind moves what its `ulysses` declares."""
-    kind = sparse_cost(model.sparse_kind)
-    if layer_type == "S" and kind.linear:
-        return kind.ulysses(model.sparse_params)
-    m = model
-    return ((m.n_heads, m.n_kv_heads, m.n_kv_heads), m.head_dim), ((m.n_heads,), m.head_dim)
+    return sparse_cost(model.sparse_kind).ulysses_parts(model) if layer_type == "S" else attention_parts(model)
 
 
 @functools.lru_cache(maxsize=4096)  # a linear kind declares hundreds of parts, and every exchange line asks
@@ -238,156 +91,6 @@ def splits_over(model: ModelConfig, layer_type: str, size: int) -> bool:
     parts split evenly, and each later part splits or is replicated (ulysses_parts)?"""
     (entry, _), (exit_, _) = ulysses_parts(model, layer_type)
     return entry[0] % size == 0 and exit_[0] % size == 0 and all(s % size == 0 or size % s == 0 for s in entry[1:])
-
-
-def sparse_kinds() -> list[str]:
-    """The registered sparse kinds' names."""
-    return sorted(_SPARSE_COSTS)
-
-
-def sparse_cost(name: str) -> SparseCost:
-    if name not in _SPARSE_COSTS:
-        raise SettingError(f"model.sparse_kind={name!r} is not a registered sparse kind; registered: {sorted(_SPARSE_COSTS)}")
-    return _SPARSE_COSTS[name]
-
-
-# The built-in kinds are priced here, once: the simulator and the solvers never import the model.
-# model.attention registers their masks and kernels without a second copy of these FLOPs.
-# sliding window: Mistral 7B's 4096; chunked: Llama 4's local attention over chunks of 8192 tokens
-register_sparse_cost(
-    "sliding_window",
-    lambda n, cfg: attention_flops(sliding_window_keys(n, cfg.sparse_params["window"]), cfg),
-    {"window": 4096},
-    first_key=lambda q, p: np.maximum(np.asarray(q) - (p["window"] - 1), 0),  # the last W tokens
-)
-register_sparse_cost(
-    "chunked",
-    lambda n, cfg: attention_flops(chunked_keys(n, cfg.sparse_params["chunk"]), cfg),
-    {"chunk": 8192},
-    first_key=lambda q, p: np.asarray(q) - np.asarray(q) % p["chunk"],  # back to its chunk's start
-)
-
-
-def gated_delta_flops(
-    lengths,
-    hidden: int,
-    k_heads: int,
-    v_heads: int,
-    head_k_dim: int,
-    head_v_dim: int,
-    conv_kernel: int = 4,
-    block: int = 64,
-    parts: bool = False,
-):
-    """Forward FLOPs of one Gated DeltaNet layer (model.linear.GatedDeltaNet) per sample (a
-    multiply-add counts 2): the input and output projections, the convolution, and per value head
-    the blockwise recurrence (model.linear.blockwise; flash-linear-attention calls a block a
-    chunk). Per block of C tokens with key size K and value size V: the products K K^T and Q K^T
-    (2 C^2 K each), the masked scores times the deltas (2 C^2 V), the state's three products with
-    the block (K S, Q S, K^T W: 2 C K V each), and the triangular solve for the deltas (C^2 V).
-    Linear in the length for samples longer than a block. What state passing adds (each chunk's
-    map, the same block work with K columns for V, and the scan over ranks) is priced where the
-    chunks are known. parts=True: a dict of the terms
-    (projections, convolution, the recurrence's matmuls, its solve), each per sample."""
-    n = np.asarray(lengths, dtype=np.float64)
-    qk, vd = k_heads * head_k_dim, v_heads * head_v_dim
-    c = np.minimum(n, block)  # tokens of a (full) block: a sample shorter than a block is one block
-    out = {
-        "projections": n * FLOPS_PER_MAC * gated_delta_projections(hidden, k_heads, v_heads, head_k_dim, head_v_dim),
-        "convolution": n * FLOPS_PER_MAC * conv_kernel * (2 * qk + vd),
-        "recurrence_matmuls": n * v_heads * (4 * c * head_k_dim + 2 * c * head_v_dim + 6 * head_k_dim * head_v_dim),
-        "recurrence_solve": n * v_heads * c * head_v_dim,
-    }
-    return out if parts else sum(out.values())
-
-
-def gated_delta_map_flops(lengths, p: dict):
-    """Forward FLOPs of the maps (A, B) of chunks of these lengths (model.linear.transition and the
-    chunk's state from zero, per value head): the blockwise recurrence's matmuls and solve once
-    with the values (B) and once with head_k_dim columns in their place (A)."""
-    n = np.asarray(lengths, dtype=np.float64)
-    c, dk = np.minimum(n, p["block"]), p["head_k_dim"]
-
-    def recurrence(dv):
-        return n * p["v_heads"] * (4 * c * dk + 2 * c * dv + 6 * dk * dv + c * dv)
-
-    return recurrence(p["head_v_dim"]) + recurrence(dk)
-
-
-def gated_delta_projections(hidden: int, k_heads: int, v_heads: int, head_k_dim: int, head_v_dim: int) -> int:
-    """Parameters of a Gated DeltaNet layer's projections: in, to q and k (k_heads x head_k_dim
-    each), v and the output gate (v_heads x head_v_dim each), the decay and strength inputs (one
-    per value head); out, from the values back to the hidden size."""
-    qk, vd = k_heads * head_k_dim, v_heads * head_v_dim
-    return hidden * (2 * qk + 2 * vd + 2 * v_heads) + vd * hidden
-
-
-def gated_delta_ulysses(p: dict) -> tuple[tuple[tuple[int, ...], int], tuple[tuple[int, ...], int]]:
-    """A Gated DeltaNet layer's Ulysses exchanges (ulysses_parts), one element a head so that a
-    value head and the key head it reads travel whole to one peer. In: the values (v_heads x
-    head_v_dim elements, split by value head), the decay and strength inputs (v_heads each), then
-    q and k by element: head_k_dim parts of k_heads each, element j of every key head (a group
-    wider than the key heads replicates them, one key head each peer, as grouped-query attention
-    replicates key/value heads). Out: the value heads' outputs (v_heads x head_v_dim)."""
-    hk, hv = p["k_heads"], p["v_heads"]
-    entry = (hv * p["head_v_dim"], hv, hv, *([hk] * (2 * p["head_k_dim"])))
-    return (entry, 1), ((hv,), p["head_v_dim"])
-
-
-def _gated_delta_args(cfg: ModelConfig) -> dict:
-    p = cfg.sparse_params
-    return {"k_heads": p["k_heads"], "v_heads": p["v_heads"], "head_k_dim": p["head_k_dim"], "head_v_dim": p["head_v_dim"]}
-
-
-def _gated_delta_problem(p: dict) -> str | None:
-    """What is wrong with Gated DeltaNet parameters beyond their types, or None."""
-    if p["v_heads"] % p["k_heads"]:
-        return f"v_heads={p['v_heads']} is not a multiple of k_heads={p['k_heads']} (each value head reads one key head)"
-    if p["state_dtype"] not in STATE_DTYPES:
-        return (
-            f"state_dtype={p['state_dtype']!r} is not one of {list(STATE_DTYPES)} (auto: float32, or the compute dtype where it is wider)"
-        )
-    if p["conv_kernel"] - 1 > p["block"]:
-        return (
-            f"conv_kernel={p['conv_kernel']} reaches past a recurrence block of block={p['block']} tokens; "
-            f"use conv_kernel <= {p['block'] + 1}"
-        )
-    return None
-
-
-# Gated DeltaNet (a linear kind): the defaults are Qwen3-Next-80B-A3B's linear layers (2025: 16 key
-# heads and 32 value heads of 128, a convolution of 4); fla's block (its chunk) of 64 tokens. Its FLOPs here are
-# the layer less its projections (those are token-wise work, `projections`).
-register_sparse_cost(
-    "gated_delta",
-    lambda n, cfg: (lambda t: t["convolution"] + t["recurrence_matmuls"] + t["recurrence_solve"])(
-        gated_delta_flops(
-            n,
-            cfg.hidden,
-            **_gated_delta_args(cfg),
-            conv_kernel=cfg.sparse_params["conv_kernel"],
-            block=cfg.sparse_params["block"],
-            parts=True,
-        )
-    ),
-    {"k_heads": 16, "v_heads": 32, "head_k_dim": 128, "head_v_dim": 128, "conv_kernel": 4, "block": 64, "state_dtype": "auto"},
-    projections=lambda cfg: gated_delta_projections(cfg.hidden, **_gated_delta_args(cfg)),
-    check=_gated_delta_problem,
-    ulysses=gated_delta_ulysses,
-    first_key=lambda q, p: np.maximum(np.asarray(q) - (p["conv_kernel"] - 1), 0),  # the convolution's reach
-    passing=StatePassing(
-        halo_elements=lambda p: 2 * p["k_heads"] * p["head_k_dim"] + p["v_heads"] * p["head_v_dim"],
-        state_elements=lambda p: p["v_heads"] * p["head_k_dim"] * (p["head_k_dim"] + p["head_v_dim"]),
-        map_flops=lambda n, cfg: gated_delta_map_flops(n, cfg.sparse_params),
-        carried_elements=lambda p: p["v_heads"] * p["head_k_dim"] * p["head_v_dim"],
-    ),
-)
-
-
-def with_sparse_defaults(model: ModelConfig) -> ModelConfig:
-    """The model config with its sparse kind's parameters resolved (defaults filled in, unknown or
-    invalid ones named in a SettingError)."""
-    return model.replace(sparse_params=sparse_cost(model.sparse_kind).resolve(model.sparse_params))
 
 
 # ----- per-rank time of a layout ---------------------------------------------------------------
@@ -419,18 +122,18 @@ class CostModel:
                 f"and defaults: {self.sparse.params} (solver.cost.with_sparse_defaults fills them in)"
             )
         m = model
-        q, kv = m.n_heads * m.head_dim, m.n_kv_heads * m.head_dim
-        self.attn_proj_params = m.hidden * (q + 2 * kv) + q * m.hidden
+        self.attn_proj_params = attention_projection_params(m)
         self.moe_active_params = m.top_k * 3 * m.hidden * m.expert_ffn + m.hidden * m.n_experts
         self.layer_params_active = self.attn_proj_params + self.moe_active_params
-        # the S layers' projections: a linear kind's own, else the attention's
-        self.sparse_proj_params = self.sparse.projections(m) if self.sparse.linear else self.attn_proj_params
+        # the S layers' projections: the kind's (an attention kind's are the attention's)
+        self.sparse_proj_params = self.sparse.projection_params(m)
         self.sparse_layer_params_active = self.sparse_proj_params + self.moe_active_params
         self.lm_head_params = m.vocab * m.hidden
         gemm_rate = hw.peak_flops * hw.gemm_efficiency
         self.attn_rate = hw.peak_flops * hw.attention_efficiency
-        # a linear kind's mixer (its flops and state-passing maps) runs at its own rate
-        self.sparse_rate = hw.peak_flops * hw.linear_rate_efficiency if self.sparse.linear else self.attn_rate
+        # the kind's mixer (its flops, and a linear kind's state-passing maps) runs at its own rate
+        self.sparse_rate = hw.peak_flops * self.sparse.efficiency(hw)
+        self.sparse_sample_latency = self.sparse.sample_call_latency(hw)  # an S layer's call's seconds per sample
         # forward seconds per token of one layer's token-wise work (an F layer's; an S layer's where
         # a linear kind's projections differ), and of the LM head
         self.layer_token_time = FLOPS_PER_MAC * self.layer_params_active / gemm_rate
@@ -533,9 +236,8 @@ class CostModel:
         w, h, ffn = world_size, m.hidden, m.expert_ffn
         held = lambda *shape, ranks=w: padded_numel(shape, ranks)  # noqa: E731
         root = (1 if m.tie_embeddings else 2) * held(m.vocab, h) + held(h)
-        q, kv = m.n_heads * m.head_dim, m.n_kv_heads * m.head_dim
-        attention = held(q + 2 * kv, h) + held(h, q)  # the fused query/key/value and the output projections
-        sparse = self.sparse_proj_params if self.sparse.linear else attention
+        attention = attention_held_projections(m, held)  # an F layer's
+        sparse = self.sparse.held_projections(m, held)
         blocks = m.n_full * attention + m.n_sparse * sparse + m.n_layers * (held(m.n_experts, h) + 2 * held(h))
         slot, replicas = m.n_experts // ep, w // ep  # w1 and w3 [slot, hidden, ffn], w2 [slot, ffn, hidden]
         experts = m.n_layers * (2 * held(slot, h, ffn, ranks=replicas) + held(slot, ffn, h, ranks=replicas))
@@ -673,18 +375,15 @@ class CostModel:
         linear kind's recurrence it loops over, whatever its share of the heads
         (HardwareConfig.linear_block_latency per block; 0 for other kinds and on GPUs)."""
         n = np.asarray(lengths, dtype=np.float64)
-        if not self.sparse.linear or self.hw.linear_block_latency == 0:
+        if self.hw.linear_block_latency == 0:  # no blocks are priced (GPUs): whatever the kind
             return np.zeros_like(n)
-        return np.ceil(n / self.model.sparse_params["block"]) * self.hw.linear_block_latency
+        return self.sparse.recurrence_blocks(n, self.model.sparse_params) * self.hw.linear_block_latency
 
     def token_cost(self, tokens):
         """Training seconds of all token-wise work for `tokens` tokens on one rank: every layer's
         projections and experts (with recompute) and their expert all-to-all, and the LM head."""
         m = self.model
-        if self.sparse.linear:
-            layers = self.layer_compute_passes * (m.n_full * self.layer_token_time + m.n_sparse * self.sparse_layer_token_time)
-        else:
-            layers = self.layer_compute_passes * m.n_layers * self.layer_token_time
+        layers = self.layer_compute_passes * self.sparse.layer_token_seconds(m, self.layer_token_time, self.sparse_layer_token_time)
         per_token = layers + FWD_BWD_COMPUTE * self.head_token_time + m.n_layers * self.moe_token_time
         return np.asarray(tokens, dtype=np.float64) * per_token
 
@@ -797,32 +496,24 @@ class CostModel:
 
     def halo_row_bytes(self) -> float:
         """Bytes of one halo row: a token's keys and values, or a linear kind's pre-convolution row."""
-        if self.sparse.passing is not None:
-            return self.sparse.passing.halo_elements(self.model.sparse_params) * self.hw.bytes_per_element * self.byte_share
-        return self.kv_row_bytes()
+        return self.sparse.halo_row_elements(self.model) * self.hw.bytes_per_element * self.byte_share
 
     def state_bytes(self) -> float:
         """Bytes of one chunk's map (A, B) a linear kind's state passing sends (0 for other kinds)."""
-        if self.sparse.passing is None:
-            return 0.0
-        return self.sparse.passing.state_elements(self.model.sparse_params) * self.state_element_bytes() * self.byte_share
+        return self.sparse.state_elements(self.model.sparse_params) * self.state_element_bytes() * self.byte_share
 
     def carried_bytes(self) -> float:
         """Bytes of one state the chain carries from a chunk to the next (a linear kind's; 0 otherwise)."""
-        if self.sparse.passing is None:
-            return 0.0
-        return self.sparse.passing.carried_elements(self.model.sparse_params) * self.state_element_bytes() * self.byte_share
+        return self.sparse.carried_elements(self.model.sparse_params) * self.state_element_bytes() * self.byte_share
 
     def state_element_bytes(self) -> int:
         """Bytes of one element of a linear kind's maps and states (its state_dtype)."""
-        return STATE_DTYPES[resolve_state_dtype(self.sparse.passing.state_dtype(self.model.sparse_params), self.hw.bytes_per_element)]
+        return STATE_DTYPES[resolve_state_dtype(self.sparse.state_dtype(self.model.sparse_params), self.hw.bytes_per_element)]
 
     def map_time(self, lengths):
         """Forward seconds of the maps of chunks of these lengths (a linear kind's state passing; 0 otherwise)."""
-        if self.sparse.passing is None:
-            return np.zeros_like(np.asarray(lengths, dtype=np.float64))
         n = np.asarray(lengths, dtype=np.float64)  # two recurrences a chunk: A's and B's
-        return self.sparse.passing.map_flops(n, self.model) / self.sparse_rate + 2 * self.block_time(n)
+        return self.sparse.map_flops(n, self.model) / self.sparse_rate + 2 * self.block_time(n)
 
     def halo_line(self, parent_size: int, pass_seconds: float, map_seconds: float = 0.0) -> tuple[float, float]:
         """cost.rank_time's line of a halo child inside a parent of `parent_size`: its share of the

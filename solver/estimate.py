@@ -403,15 +403,15 @@ class PlanEstimate:
         if moved.any():  # a redistributing parent's full layers hold the parent's own layout
             tok_f = np.where(moved, busiest(rank_tokens([pp.group for pp in parents], self.length_of, world)), tok_s)
         unit_sparse, unit_full = sparse_attn[unit_of], full_attn[owner][unit_of]
-        lat = cost.hw.attention_sample_latency
+        lat, lat_s = cost.hw.attention_sample_latency, cost.sparse_sample_latency
         if lat:  # an attention call's cost per sample, as the simulator's _Layout prices it
             unit_full = unit_full + lat * np.bincount(owner, counts, len(parents))[owner][unit_of]
-            if not cost.sparse.linear:
-                calls = counts[unit_of].astype(np.float64)
-                if split.any():  # a halo child's ranks: the samples they hold a piece of
-                    pieces = rank_tokens(kids, self.length_of, world, lens, (counts, size, starts), pieces=True)
-                    calls = np.where(split[unit_of], pieces[first], calls)
-                unit_sparse = unit_sparse + lat * calls
+        if lat_s:  # the S layers' calls, as their kind prices them
+            calls = counts[unit_of].astype(np.float64)
+            if split.any():  # a halo child's ranks: the samples they hold a piece of
+                pieces = rank_tokens(kids, self.length_of, world, lens, (counts, size, starts), pieces=True)
+                calls = np.where(split[unit_of], pieces[first], calls)
+            unit_sparse = unit_sparse + lat_s * calls
         free = None  # floor_time's units: a wide parent at its mean tokens, its sparse layers free
         if floor:
             free = (psize > cluster.gpus_per_node)[owner][unit_of]
@@ -450,7 +450,7 @@ class PlanEstimate:
             return [(*x, zero, zero) for x in (f_in, f_out, s_in, s_out)]
 
         f_in, f_out, s_in, s_out = exchanges(cost)
-        if cost.sparse.passing is not None:  # the maps each rank's chunks form
+        if cost.state_bytes():  # the maps each rank's chunks form (none where the kind passes no state: the loop skipped)
             for k in np.nonzero(split)[0].tolist():
                 unit_sparse[unit_of == k] += state_load(kids[k], self.length_of, cost)[1]
         if free is not None:
@@ -481,4 +481,4 @@ class PlanEstimate:
 
     def _redistributions(self, parents):
         """Per rank, a redistributing plan's two hidden-state all-to-alls (the simulator's)."""
-        return redistributions(StepPlan(self.cluster, tuple(self.length_of.items()), tuple(parents), "redistribute"), self.cost)
+        return redistributions(StepPlan(self.cluster, tuple(self.length_of.items()), tuple(parents)), self.cost)

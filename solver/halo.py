@@ -33,7 +33,7 @@ import numpy as np
 
 from .cluster import Cluster, ceil_div
 from .cost import CostModel
-from .layout import Group
+from .layout import Group, Way
 from .plan import ParentPlan
 from .reference import child_time, halo_pass, parent_time, per_sample
 
@@ -42,19 +42,19 @@ HALO_TARGET_SCALES = (1.0, 0.75, 1.5, 0.5, 2.0)  # per-rank targets (the parent'
 
 
 def passing_way(child: Group, length_of: Mapping[int, int], cost: CostModel) -> Group:
-    """A halo child of a linear kind with the cheaper way to pass its states (Group.chain: the
-    chain, or every earlier map to each later chunk), as solver.reference.halo_pass prices them;
-    any other group as it is."""
-    if not child.halo or child.size == 1 or cost.sparse.passing is None:
+    """A halo child run the cheapest of the ways its kind can run one (SparseKind.halo_ways: a
+    linear kind's states by the chain or every earlier map to each later chunk in one round), as
+    solver.reference.halo_pass prices them, the first of equals; any other group as it is."""
+    ways = cost.sparse.halo_ways
+    if not child.halo or child.size == 1 or len(ways) == 1:  # no choice to price
         return child
-    chain = bool(halo_pass(child, length_of, cost, chain=True) < halo_pass(child, length_of, cost, chain=False))
-    return replace(child, chain=chain)
+    return min((replace(child, way=w) for w in ways), key=lambda c: halo_pass(c, length_of, cost))
 
 
 def own_layout_halo(parent: Group, length_of: Mapping[int, int] | None = None, cost: CostModel | None = None) -> ParentPlan:
     """The parent's own token layout, its sparse layers by halo exchange (the naive variant); a
     linear kind's states passed the cheaper way where the lengths and the cost model are given."""
-    child = Group(parent.start, parent.size, parent.samples, halo=True)
+    child = Group(parent.start, parent.size, parent.samples, Way.HALO)
     return ParentPlan(parent, (child if cost is None else passing_way(child, length_of, cost),), HALO_PARENT)
 
 
@@ -134,7 +134,10 @@ def _halo_children_for(
     groups = [(want[s], (s,), True) for s in cut] + [(1, tuple(h), False) for h in held]
     groups.sort(key=lambda x: -x[0])
     starts = _place([m for m, _, _ in groups], parent, cluster.gpus_per_node)
-    kids = [passing_way(Group(parent.start + st, m, samples, halo), length_of, cost) for st, (m, samples, halo) in zip(starts, groups)]
+    kids = [
+        passing_way(Group(parent.start + st, m, samples, Way.HALO if halo else Way.ULYSSES), length_of, cost)
+        for st, (m, samples, halo) in zip(starts, groups)
+    ]
     return tuple(sorted(kids, key=lambda c: c.start))
 
 
@@ -210,7 +213,7 @@ def choose_children(
         if cost.sparse.first_key is not None:
             mixed = tuple(
                 min(
-                    (c, passing_way(Group(c.start, c.size, c.samples, halo=True), length_of, cost)),
+                    (c, passing_way(Group(c.start, c.size, c.samples, Way.HALO), length_of, cost)),
                     key=lambda k: child_time(k, parent, length_of, cost),
                 )
                 if c.size > 1

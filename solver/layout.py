@@ -14,35 +14,53 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from enum import Enum
 
 import numpy as np
 
 from .cluster import Cluster, PlanError, is_pow2
 
-HALO_MARK = "halo"  # a halo child's group in a plan's JSON: [start, size, samples, "halo"]
-CHAIN_MARK = "halo:chain"  # a halo child that passes a linear kind's states by the chain (Group.chain)
+
+class Way(Enum):
+    """How a group runs its sparse layers. Its value is the group's mark in a plan's JSON (none
+    for Ulysses): [start, size, samples, "halo"]."""
+
+    ULYSSES = None  # the heads split over the group by Ulysses' all-to-all, every sample whole per head
+    # its own token layout: each rank receives from the ranks before it the rows its reach needs
+    # (keys and values; a linear kind's convolution rows) and a linear kind's states in one round,
+    # every earlier chunk's map to each later chunk of its sample (state_transfers)
+    HALO = "halo"
+    # as HALO, a linear kind's states passed by the chain: each chunk's outgoing state to the next
+    # chunk only, one hop after another (state_hops)
+    CHAIN = "halo:chain"
+
+
+HALO_MARK, CHAIN_MARK = Way.HALO.value, Way.CHAIN.value
 
 
 @dataclass(frozen=True)
 class Group:
     """Ranks [start, start + size) and the samples they hold, each cut into contiguous chunks
-    over them. A group of a step's layouts is an aligned power-of-two range whose attention runs
-    by Ulysses' head exchange; a *halo* group (a halo child) is any contiguous range inside its
-    parent whose sparse attention runs on its own token layout, each rank receiving from its
-    neighbours the keys and values its queries reach back to (the sparse kind's reach). A halo
-    group of a linear kind passes states (solver.cost.StatePassing): every earlier chunk's map to
-    each later chunk of its sample (state_transfers), or with `chain` each chunk's outgoing state
-    to the next chunk only, one hop after another (state_hops)."""
+    over them, and the way its sparse layers run (Way). A group of a step's layouts is an aligned
+    power-of-two range whose attention runs by Ulysses' head exchange; a *halo* group (a halo
+    child, any Way but ULYSSES) is any contiguous range inside its parent whose sparse layers run
+    on its own token layout (the kind's reach; a linear kind's states passed as its way says:
+    solver.cost.StatePassing)."""
 
     start: int
     size: int
     samples: tuple[int, ...]
-    halo: bool = False
-    chain: bool = False
+    way: Way = Way.ULYSSES
 
-    def __post_init__(self):
-        if self.chain and not self.halo:
-            raise PlanError(f"group at rank {self.start}: only a halo child passes states by the chain")
+    @property
+    def halo(self) -> bool:
+        """Its sparse layers run on its own token layout (a halo child), whichever way it passes states."""
+        return self.way is not Way.ULYSSES
+
+    @property
+    def chain(self) -> bool:
+        """A halo child that passes a linear kind's states by the chain."""
+        return self.way is Way.CHAIN
 
     @property
     def stop(self) -> int:
@@ -61,14 +79,14 @@ class Group:
         return (self.start, self.size, self.samples) == (other.start, other.size, other.samples)
 
     def to_json(self) -> list:
-        return [self.start, self.size, list(self.samples)] + ([CHAIN_MARK if self.chain else HALO_MARK] if self.halo else [])
+        return [self.start, self.size, list(self.samples)] + ([self.way.value] if self.halo else [])
 
     @staticmethod
     def from_json(obj) -> Group:
         mark = obj[3] if len(obj) > 3 else None
-        if mark not in (None, HALO_MARK, CHAIN_MARK):
+        if mark not in (HALO_MARK, CHAIN_MARK, None):
             raise PlanError(f"group {obj!r}: a group's fourth item may only be {HALO_MARK!r} or {CHAIN_MARK!r}")
-        return Group(int(obj[0]), int(obj[1]), tuple(int(s) for s in obj[2]), mark is not None, mark == CHAIN_MARK)
+        return Group(int(obj[0]), int(obj[1]), tuple(int(s) for s in obj[2]), Way(mark))
 
 
 def chunk_bounds(length, parts: int) -> np.ndarray:

@@ -9,7 +9,6 @@ from functools import cached_property
 
 from .cluster import Cluster, PlanError, PlanInvariantError
 from .layout import Group, TokenLayout
-from .modes import mode_of
 
 # A parent's children before they are laid out: (child size, sample ids) per child, in rank
 # order, as the parent solver's stages hand them on; None: the parent keeps its own layout.
@@ -61,10 +60,9 @@ class StepPlan:
     cluster: Cluster
     lengths: tuple[tuple[int, int], ...]  # (sample id, length), in step order
     parents: tuple[ParentPlan, ...]
-    mode: str  # the name of the mode that planned it (solver.modes): a label for results, never read to run it
-
-    def __post_init__(self):
-        mode_of(self.mode)  # a declared mode, or SettingError
+    # who built it, for results and messages (the planner writes its mode's name; a plan built by
+    # hand says so): a free label, never read to run or price it, serialized under "mode" as before
+    label: str = "by hand"
 
     @cached_property
     def length_of(self) -> dict[int, int]:
@@ -123,7 +121,7 @@ class StepPlan:
             self._check()
         except PlanError as e:
             raise PlanInvariantError(
-                f"bug: a {self.mode} plan breaks an invariant ({e}); the solvers must never build one: report it with this traceback"
+                f"bug: a {self.label} plan breaks an invariant ({e}); the solvers must never build one: report it with this traceback"
             ) from e
         return self
 
@@ -157,7 +155,7 @@ class StepPlan:
             },
             "lengths": [list(x) for x in self.lengths],
             "parents": [p.to_json() for p in self.parents],
-            "mode": self.mode,
+            "mode": self.label,
         }
 
     def dumps(self) -> str:
@@ -171,7 +169,7 @@ class StepPlan:
             cluster=Cluster(**obj["cluster"]),
             lengths=tuple((int(a), int(b)) for a, b in obj["lengths"]),
             parents=tuple(ParentPlan.from_json(p) for p in obj["parents"]),
-            mode=obj["mode"],
+            label=obj["mode"],
         )
 
     @cached_property

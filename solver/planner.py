@@ -214,10 +214,7 @@ def collector_paused() -> Iterator[None]:
 def heads_of(cost: CostModel) -> str:
     """The heads a group splits: the attention's, and a linear kind's S layers' (solver.cost.ulysses_parts)."""
     m = cost.model
-    out = f"{m.n_heads} query / {m.n_kv_heads} key/value heads"
-    if cost.sparse.linear:
-        out += f"; linear layers {m.sparse_params['v_heads']} value / {m.sparse_params['k_heads']} key heads"
-    return out
+    return f"{m.n_heads} query / {m.n_kv_heads} key/value heads" + cost.sparse.heads_text(m)
 
 
 def check_heads(cluster: Cluster, cost: CostModel) -> int:

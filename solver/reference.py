@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from .cost import CostModel, rank_time
-from .layout import Group, TokenLayout, chunk_bounds, halo_pair_rows, state_hops, state_pair_maps
+from .layout import Group, TokenLayout, Way, chunk_bounds, halo_pair_rows, state_hops, state_pair_maps
 from .plan import ParentPlan
 
 
@@ -99,28 +99,28 @@ def pairs_seconds(pairs: Mapping[tuple[int, int], float], group: Group, cost: Co
     return hw.halo_call_latency + most[:, 0] / hw.intra_node_bw + most[:, 1] / hw.inter_node_bw + crossing
 
 
-def halo_seconds(group: Group, length_of: Mapping[int, int], cost: CostModel, chain: bool | None = None) -> np.ndarray:
+def halo_seconds(group: Group, length_of: Mapping[int, int], cost: CostModel) -> np.ndarray:
     """Per rank of a halo child, seconds of one pass of one sparse layer's exchanges: its keys and
-    values (halo_pair_rows), and a linear kind's states the way the child passes them (`chain`,
-    default the child's own: the chain's longest path of hops, chain_path, which every rank of
-    the child waits; else every earlier map to each later chunk in one round, a second call)."""
+    values (halo_pair_rows), and a linear kind's states the way the child passes them (Group.way:
+    by the chain, its longest path of hops, chain_path, which every rank of the child waits; else
+    every earlier map to each later chunk in one round, a second call)."""
     if group.size == 1:
         return np.zeros(1)
     layout = TokenLayout((group,), {s: length_of[s] for s in group.samples})
     row = cost.halo_row_bytes()
     rows = {k: n * row for k, n in halo_pair_rows(layout, group, cost.sparse.check_local(), cost.model.sparse_params).items()}
     seconds = pairs_seconds(rows, group, cost)
-    if cost.sparse.passing is None:
-        return seconds
-    if group.chain if chain is None else chain:
+    if group.way is Way.CHAIN:
         return seconds + sum(chain_path(group, length_of, cost))
+    if not cost.state_bytes():  # a kind that passes no state (attention) makes no second call
+        return seconds
     maps = {k: n * cost.state_bytes() for k, n in state_pair_maps(layout, group).items()}
     return seconds + pairs_seconds(maps, group, cost)
 
 
-def halo_pass(group: Group, length_of: Mapping[int, int], cost: CostModel, chain: bool | None = None) -> float:
+def halo_pass(group: Group, length_of: Mapping[int, int], cost: CostModel) -> float:
     """halo_seconds at the child's slowest rank: a pass lasts until its last rank is done."""
-    return float(halo_seconds(group, length_of, cost, chain).max())
+    return float(halo_seconds(group, length_of, cost).max())
 
 
 def child_time(child: Group, parent: Group, length_of: Mapping[int, int], cost: CostModel) -> float:
@@ -132,7 +132,8 @@ def child_time(child: Group, parent: Group, length_of: Mapping[int, int], cost: 
     if child.halo:
         lin = sum(per_sample(cost.linear_cost, child.samples, length_of))
         tokens = sum(length_of[s] for s in child.samples)
-        maps = float(state_load(child, length_of, cost)[1].max(initial=0.0)) if cost.sparse.passing is not None else 0.0
+        # the maps its slowest rank forms (a kind that passes no state forms none: the loop skipped)
+        maps = float(state_load(child, length_of, cost)[1].max(initial=0.0)) if cost.state_bytes() else 0.0
         return rank_time(lin, tokens, child.size, cost.halo_line(parent.size, halo_pass(child, length_of, cost), maps))
     m = cost.model
     tokens_per_rank = sum(length_of[s] for s in child.samples) / child.size

@@ -27,7 +27,7 @@ from config import SettingError
 
 from .cluster import ceil_pow2
 from .cost import CostModel
-from .layout import halo_pair_rows, rank_tokens, relayout_rows, state_hops, state_pair_maps
+from .layout import Way, halo_pair_rows, rank_tokens, relayout_rows, state_hops, state_pair_maps
 from .plan import StepPlan
 from .reference import chain_path, state_load
 from .timeline import Groups, Phases, run_step
@@ -90,14 +90,16 @@ class _Layout(Groups):
         self.tokens = tokens  # tokens each rank holds in this token layout
         self.full_attn = np.repeat(full_attn, self.sizes)  # forward seconds per rank in head layout
         self.sparse_attn = np.repeat(sparse_attn, self.sizes)
-        lat = cost.hw.attention_sample_latency
-        if lat:  # an attention call's cost per sample: a Ulysses group's ranks hold every sample (their heads), a halo group's their pieces
-            calls = np.repeat(counts, self.sizes).astype(np.float64)
+        # an attention call's cost per sample: a Ulysses group's ranks hold every sample (their
+        # heads), a halo group's their pieces; the S layers' as their kind prices its calls
+        lat, lat_s = cost.hw.attention_sample_latency, cost.sparse_sample_latency
+        calls = np.repeat(counts, self.sizes).astype(np.float64)
+        if lat:
             self.full_attn = self.full_attn + lat * calls
-            if not cost.sparse.linear:
-                if halo.any():
-                    calls = np.where(np.repeat(halo, self.sizes), rank_tokens(groups, lengths, world, n, pieces=True), calls)
-                self.sparse_attn = self.sparse_attn + lat * calls
+        if lat_s:
+            if halo.any():
+                calls = np.where(np.repeat(halo, self.sizes), rank_tokens(groups, lengths, world, n, pieces=True), calls)
+            self.sparse_attn = self.sparse_attn + lat_s * calls
 
 
 def _exchange(cost: CostModel, layout: _Layout, send_rows: np.ndarray, recv_rows: np.ndarray, row_bytes: np.ndarray, g: int):
@@ -177,21 +179,22 @@ def halo_exchange(plan: StepPlan, cost: CostModel):
     world, g = plan.cluster.world_size, plan.cluster.gpus_per_node
     row = cost.halo_row_bytes()
     pairs: dict = {}
-    maps: dict = {}  # a linear kind's state passing: the maps, a second point-to-point call
     callers = np.zeros(world, dtype=bool)
     for c in halos:
         callers[c.start : c.stop] = True
         for key, rows in halo_pair_rows(plan.child_layout, c, first_key, cost.model.sparse_params).items():
             pairs[key] = pairs.get(key, 0.0) + rows * row
-        if cost.sparse.passing is not None and not c.chain:
-            for key, n in state_pair_maps(plan.child_layout, c).items():
-                maps[key] = maps.get(key, 0.0) + n * cost.state_bytes()
     rows_x = _pairs_exchange(cost, pairs, world, g, callers, None, cost.hw.halo_call_latency)
-    if cost.sparse.passing is None:
+    if not cost.state_bytes():  # a kind that passes no state (attention) makes no second call
         return rows_x
+    maps: dict = {}  # the maps of the children passing their states in one round: a second point-to-point call
     gathering = callers.copy()
-    for c in (c for c in halos if c.chain):
-        gathering[c.start : c.stop] = False
+    for c in halos:
+        if c.way is Way.CHAIN:
+            gathering[c.start : c.stop] = False
+            continue
+        for key, n in state_pair_maps(plan.child_layout, c).items():
+            maps[key] = maps.get(key, 0.0) + n * cost.state_bytes()
     maps_x = _pairs_exchange(cost, maps, world, g, gathering, None, cost.hw.halo_call_latency)
     return tuple(a + b + c for a, b, c in zip(rows_x, maps_x, _chains(plan, cost, halos)))
 
@@ -202,7 +205,7 @@ def _chains(plan: StepPlan, cost: CostModel, halos) -> tuple[np.ndarray, ...]:
     longest path of hops (solver.reference.chain_path) and sends its own hops' states."""
     world, g = plan.cluster.world_size, plan.cluster.gpus_per_node
     out = tuple(np.zeros(world) for _ in range(4))
-    for c in (c for c in halos if c.chain):
+    for c in (c for c in halos if c.way is Way.CHAIN):
         intra, inter = chain_path(c, plan.length_of, cost)
         out[0][c.start : c.stop] += intra
         out[1][c.start : c.stop] += inter
@@ -215,7 +218,7 @@ def map_seconds(plan: StepPlan, cost: CostModel) -> np.ndarray:
     """Per rank, forward seconds of the maps its chunks form in a linear kind's halo children (a
     chunk whose sample goes on to a later rank's chunk; solver.reference.state_load)."""
     out = np.zeros(plan.cluster.world_size)
-    if cost.sparse.passing is None:
+    if not cost.state_bytes():  # a kind that passes no state forms no maps: the loop over its chunks skipped
         return out
     for c in (c for p in plan.parents for c in p.children if c.halo and c.size > 1):
         out[c.start : c.stop] += state_load(c, plan.length_of, cost)[1]

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .cost import BWD_COMPUTE, FWD_BWD_COMPUTE, FWD_COMPUTE, CostModel
+from .kinds import attention_token_split
 
 # all-reduces of the router's statistics per MoE layer (model.layers.MoE): the token counts and
 # the probability mass forward; the mass's gradient backward
@@ -214,14 +215,11 @@ def _program(ph: Phases, cost: CostModel, accounts: bool):
     m = cost.model
     units = len(ph.full_attn)
     tokens, parent, child = ph.tokens, ph.parent, ph.child
-    qkv = m.hidden * (m.n_heads + 2 * m.n_kv_heads) * m.head_dim
-    pre_share = qkv / cost.layer_params_active
-    t_pre = {k: t * cost.layer_token_time * pre_share for k, t in tokens.items()}
-    t_post = {k: t * cost.layer_token_time * (1 - pre_share) for k, t in tokens.items()}
-    if cost.sparse.linear:  # a linear kind's S layers: its in-projection before the entry, out-projection and MoE after
-        out_share = cost.linear_out_params() / cost.sparse_layer_params_active
-        t_pre["S"] = tokens["S"] * cost.layer_time_of("S") * (1 - out_share)
-        t_post["S"] = tokens["S"] * cost.layer_time_of("S") * out_share
+    # each layer's token-wise work around its exchanges: an F layer's q, k, v projections before
+    # its entry, the output projection and the experts after; an S layer's as its kind splits it
+    split = {"F": attention_token_split(cost), "S": cost.sparse.token_split(cost)}
+    t_pre = {k: t * split[k][0] * split[k][1] for k, t in tokens.items()}
+    t_post = {k: t * split[k][0] * split[k][2] for k, t in tokens.items()}
     t_head = tokens["S"] * cost.head_token_time
     full_x, sparse_x, redist = ph.full_x, ph.sparse_x, ph.redist
 

@@ -69,13 +69,13 @@ def _body(rank, world, refs):
             # the paper's best and the per-parent choice (the dispatch is the same code at every
             # degree: the degree changes where the slots go, which the byte checks below hold)
             wanted = set(LAYOUTS.values()) if name == "mha" and ep == 2 else {"repack+solver", "choose"}
-            for plan in distinct_layouts(p for p in solver_plans(cfg) if p.mode in wanted):
+            for plan in distinct_layouts(p for p in solver_plans(cfg) if p.label in wanted):
                 model = shard_model(make_model(cfg).expert_parallel(ep, rank), torch.device("cpu"))
                 stats = CommStats(gpus_per_node=NODE)
                 recorded.clear()
                 with ShardCollectives() as sync:
                     loss = run_step(model, plan, sample_tokens(LENGTHS), groups, "torch", "torch", stats)
-                where = f"{name} EP{ep} {plan.mode}"
+                where = f"{name} EP{ep} {plan.label}"
                 assert_sync_priced(sync, cfg, world, ep, where)
                 torch.testing.assert_close(loss, ref_loss, rtol=1e-10, atol=1e-12, msg=where)
                 for n, p in model.named_parameters():
@@ -111,7 +111,7 @@ def _body(rank, world, refs):
     # replicated parameters (no FSDP2): the experts' gradients sum over their replicas only, the rest
     # over the world; the same loss and gradients (MHA, the paper's best plan, each EP degree)
     cfg, (ref_loss, ref_grads) = CONFIGS["mha"], refs["mha"]
-    plan = next(p for p in solver_plans(cfg) if p.mode == "repack+solver")
+    plan = next(p for p in solver_plans(cfg) if p.label == "repack+solver")
     for ep in EPS:
         per = cfg.n_experts // ep
         mine = slice((rank % ep) * per, (rank % ep + 1) * per)

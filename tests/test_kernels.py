@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from config import Cluster, HardwareConfig, ModelConfig
 from kernels.exchange import exchange_all_ranks, exchange_args, head_split_map
 from kernels.permute import gather_heads, scatter_heads
-from solver import CostModel, head_to_token_plan, make_plan, token_to_head_plan
+from solver import CostModel, Way, head_to_token_plan, make_plan, token_to_head_plan
 from solver.modes import MODES
 from tests.strategies import INTERPRETED_EXAMPLES, batches
 
@@ -222,7 +222,7 @@ def test_triton_halo_packing_bit_exact_with_reference():
     from solver.cost import sparse_cost
 
     lengths = {0: 61, 1: 23, 2: 17}
-    halo = Group(0, 5, (0, 1, 2), halo=True)
+    halo = Group(0, 5, (0, 1, 2), Way.HALO)
     layout = TokenLayout((halo, Group(5, 1, ())), lengths)
     g = torch.Generator().manual_seed(0)
     for kind, params in (("sliding_window", {"window": 9}), ("chunked", {"chunk": 8})):

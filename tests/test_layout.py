@@ -14,6 +14,7 @@ from solver import (
     PlanError,
     StepPlan,
     TokenLayout,
+    Way,
     head_to_token_plan,
     head_to_token_rank,
     head_token_ids,
@@ -140,16 +141,19 @@ def test_plan_json_round_trip_and_stable_hash():
     other = make_plan(samples_from_lengths([300, 40, 17, 1, 64]), Cluster(8, 2, 128), COST, "repack")
     assert other.hash != plan.hash
     with pytest.raises(AttributeError):  # plans are immutable
-        plan.mode = "baseline"
+        plan.label = "baseline"
     # a halo child, and a linear kind's halo child that passes its states by the chain, round trip too
     gdn = CostModel(ModelConfig.from_name("tiny-gdn"), HardwareConfig())
     halo = make_plan(samples_from_lengths([900, 40]), Cluster(8, 2, 128), gdn, "parent+halo")
-    chained = replace(halo, parents=tuple(replace(p, children=tuple(replace(c, chain=c.halo) for c in p.children)) for p in halo.parents))
+    chained = replace(
+        halo,
+        parents=tuple(replace(p, children=tuple(replace(c, way=Way.CHAIN if c.halo else c.way) for c in p.children)) for p in halo.parents),
+    )
     for plan in (halo, chained.validate()):
         assert StepPlan.from_json(plan.dumps()) == plan
     assert '"halo"' in halo.dumps() and '"halo:chain"' in chained.dumps() and chained.hash != halo.hash
-    with pytest.raises(PlanError, match="only a halo child passes states by the chain"):
-        Group(0, 2, (0,), chain=True)
+    with pytest.raises(PlanError, match="a group's fourth item may only be 'halo' or 'halo:chain'"):
+        Group.from_json([0, 2, [0], "chain"])  # a way no plan writes
 
 
 @pytest.mark.parametrize(
@@ -197,7 +201,7 @@ def halo_cases(draw):
     lengths = draw(st.lists(st.one_of(st.sampled_from([1, 2, 7]), st.integers(1, 400)), min_size=1, max_size=5))
     kind, reach = draw(st.sampled_from(sorted(KIND_MASKS))), draw(st.sampled_from([1, 2, 5, 33, 128]))
     ids = tuple(range(len(lengths)))
-    group = Group(start, size, ids[::-1] if draw(st.booleans()) else ids, halo=True)
+    group = Group(start, size, ids[::-1] if draw(st.booleans()) else ids, Way.HALO)
     return TokenLayout((group,), dict(enumerate(lengths))), group, kind, {"window": reach} if kind == "sliding_window" else {"chunk": reach}
 
 

@@ -447,10 +447,10 @@ def test_a_linear_halo_child_passes_states_the_way_the_simulator_prices_cheaper(
 def unchained(plan):
     from dataclasses import replace
 
-    from solver import StepPlan
+    from solver import StepPlan, Way
 
-    parents = tuple(replace(p, children=tuple(replace(c, chain=False) for c in p.children)) for p in plan.parents)
-    return StepPlan(plan.cluster, plan.lengths, parents, plan.mode).validate()
+    parents = tuple(replace(p, children=tuple(replace(c, way=Way.HALO) if c.halo else c for c in p.children)) for p in plan.parents)
+    return StepPlan(plan.cluster, plan.lengths, parents, plan.label).validate()
 
 
 # Ulysses for linear layers over gloo: 8 ranks in nodes of 2 (tests/test_model_distributed.py's
@@ -495,10 +495,10 @@ def chained(plan):
     """`plan` with every halo child passing its states by the chain (Group.chain)."""
     from dataclasses import replace
 
-    from solver import StepPlan
+    from solver import StepPlan, Way
 
-    parents = tuple(replace(p, children=tuple(replace(c, chain=True) if c.halo else c for c in p.children)) for p in plan.parents)
-    return StepPlan(plan.cluster, plan.lengths, parents, plan.mode).validate()
+    parents = tuple(replace(p, children=tuple(replace(c, way=Way.CHAIN) if c.halo else c for c in p.children)) for p in plan.parents)
+    return StepPlan(plan.cluster, plan.lengths, parents, plan.label).validate()
 
 
 def _linear_step_body(rank, world, refs):
@@ -510,12 +510,12 @@ def _linear_step_body(rank, world, refs):
     groups = ExchangeGroups(world)
     for name in LINEAR_CONFIGS:
         for plan in distinct_layouts(_linear_plans(name)):  # modes that plan the same layout: one step
-            assert_step(_linear_config(name), plan, refs[name], groups, f"{name} {plan.mode} {plan.hash}")
+            assert_step(_linear_config(name), plan, refs[name], groups, f"{name} {plan.label} {plan.hash}")
     # FSDP2 with expert parallelism (EP2): the same loss and gathered gradients, on the solver's
     # repack+solver plan (three ranks hold no token: their linear layers' parameters still get
     # zero gradients, or the reduce-scatters differ in size) under full recompute (the exchanges
     # and state passing run again in the backward), the hand-made repacked plan and halo children
-    idle = next(p for p in _linear_plans("gva") if p.mode == "repack+solver")
+    idle = next(p for p in _linear_plans("gva") if p.label == "repack+solver")
     for plan, recompute in ((idle, "full"), (hand_plans()[1], "none"), (strategy_plans()[0], "none")):
         assert_sharded_ep2_step(_linear_config("gva"), plan, refs["gva"], groups, rank, recompute)
 
@@ -543,7 +543,7 @@ def test_the_linear_plans_cover_what_the_step_test_claims():
     from tests.test_model_distributed import NODE
 
     gva = _linear_plans("gva")
-    assert {p.mode for p in gva} == set(MODES)
+    assert {p.label for p in gva} == set(MODES)
     p = _linear_config("gva").sparse_params
     widest = max(q.group.size for plan in gva for q in plan.parents)
     assert widest > p["k_heads"] and p["v_heads"] % widest == 0, "a group wider than the key heads: replicated"
@@ -553,7 +553,7 @@ def test_the_linear_plans_cover_what_the_step_test_claims():
     reach = sparse_cost("gated_delta").first_key
     conv = [t for plan, c in halos for t in halo_transfers(plan.child_layout, c, reach, p)]
     assert any(t.dst - t.src >= 2 for t in conv), "a convolution reaching two ranks back"
-    idle = next(p for p in gva if p.mode == "repack+solver")
+    idle = next(p for p in gva if p.label == "repack+solver")
     assert len(idle.child_layout.local_chunks(1)) == 0, "a rank that holds no token"
     maps = [(t.dst, t.sample) for plan, c in halos if not c.chain for t in state_transfers(plan.child_layout, c)]
     assert max(maps.count(m) for m in maps) >= 3, "a chunk composing the maps of three earlier chunks"
@@ -715,11 +715,11 @@ def test_the_state_load_counts_what_the_transfer_list_moves(lengths, size, laten
 
     from config import HardwareConfig, ModelConfig
     from solver import CostModel
-    from solver.layout import Group, TokenLayout, chunk_bounds, state_transfers
+    from solver.layout import Group, TokenLayout, Way, chunk_bounds, state_transfers
     from solver.reference import state_load
 
     cost = CostModel(ModelConfig.from_name("tiny-gdn"), HardwareConfig(linear_block_latency=latency))
-    group = Group(4, size, tuple(range(len(lengths))), halo=True)
+    group = Group(4, size, tuple(range(len(lengths))), Way.HALO)
     length_of = dict(enumerate(lengths))
     maps, seconds = state_load(group, length_of, cost)
     got_in, got_out, want_s = np.zeros(size), np.zeros(size), np.zeros(size)

@@ -110,10 +110,10 @@ def _body(rank, world, refs):
                 loss = run_step(model, plan, sample_tokens(LENGTHS), groups, pack, "torch", stats)
                 torch.testing.assert_close(loss, ref_loss, rtol=1e-10, atol=1e-12)
                 for n, p in model.named_parameters():
-                    torch.testing.assert_close(p.grad, ref_grads[n], rtol=1e-9, atol=1e-11, msg=f"{name} {plan.mode} {pack} {n}")
+                    torch.testing.assert_close(p.grad, ref_grads[n], rtol=1e-9, atol=1e-11, msg=f"{name} {plan.label} {pack} {n}")
                 counts[(plan.hash, pack)] = stats
                 if pack == "torch":  # the bytes every rank counted, summed, are the bytes the simulator prices
-                    assert_priced(plan, stats, cfg, "none", f"{name} {plan.mode}")
+                    assert_priced(plan, stats, cfg, "none", f"{name} {plan.label}")
         if name == "mha":  # FSDP2: the same loss, and the gathered gradients, in the paper's three modes
             # with each activation-recompute setting once (recompute re-runs exchanges and kernels:
             # the same numbers)
@@ -122,10 +122,10 @@ def _body(rank, world, refs):
                 model = shard_model(make_model(cfg, recompute), torch.device("cpu"))
                 with ShardCollectives() as sync:
                     loss = run_step(model, plan, sample_tokens(LENGTHS), groups, "torch", "torch")
-                assert_sync_priced(sync, cfg, world, 1, f"fsdp {plan.mode} recompute {recompute}")
+                assert_sync_priced(sync, cfg, world, 1, f"fsdp {plan.label} recompute {recompute}")
                 torch.testing.assert_close(loss, ref_loss, rtol=1e-10, atol=1e-12)
                 for n, p in model.named_parameters():
-                    torch.testing.assert_close(full_tensor(p.grad), ref_grads[n], rtol=1e-9, atol=1e-11, msg=f"fsdp {plan.mode} {n}")
+                    torch.testing.assert_close(full_tensor(p.grad), ref_grads[n], rtol=1e-9, atol=1e-11, msg=f"fsdp {plan.label} {n}")
         if name == "mha":  # a GPU run's replicated path: bf16 autocast, the gradients all-reduced in fp32
             fp32 = run_step(make_model(cfg).float(), rep, sample_tokens(LENGTHS), groups, "torch", "torch")
             bf16 = run_step(make_model(cfg).float(), rep, sample_tokens(LENGTHS), groups, "torch", "torch", autocast_dtype=torch.bfloat16)

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from config import Cluster, CostsConfig, HardwareConfig, ModelConfig
-from solver import CostModel, Group, make_plan
+from solver import CostModel, Group, Way, make_plan
 from solver import reference as ref
 from solver.children import child_problem
 from solver.estimate import PlanEstimate
@@ -169,12 +169,12 @@ def test_the_floor_is_below_every_step_of_the_assigned_parents(data):
     if reach:
 
         def either(c):  # a child as Ulysses or, drawn, as halo
-            return passing_way(replace(c, halo=True), length_of, cost) if c.size > 1 and data.draw(st.booleans()) else c
+            return passing_way(replace(c, way=Way.HALO), length_of, cost) if c.size > 1 and data.draw(st.booleans()) else c
 
         mixed = tuple(replace(p, children=tuple(map(either, p.children))) if p.repacked else p for p in repack.parents)
         plans.append(StepPlan(cluster, repack.lengths, mixed, "choose").validate())
     for plan in plans:
-        assert floor <= simulate(plan, cost).step_time * (1 + REL), plan.mode
+        assert floor <= simulate(plan, cost).step_time * (1 + REL), plan.label
 
 
 @given(parents(), st.data())

@@ -13,7 +13,7 @@ import experiments.ablation.__main__ as ablation
 from config import Cluster, CostsConfig, HardwareConfig, ModelConfig, SettingError
 from experiments.ablation.run import anchor_load_ratio
 from experiments.common.results import read_run
-from solver import CostModel, Group, make_plan, samples_from_lengths
+from solver import CostModel, Group, Way, make_plan, samples_from_lengths
 from solver.estimate import PlanEstimate
 from solver.modes import MODE_TABLE, MODES
 from solver.plan import NODE_LOCAL, ParentPlan, StepPlan
@@ -265,7 +265,7 @@ def test_a_halo_childs_ranks_pay_the_sample_latency_for_the_samples_they_hold_a_
     lat, lengths = 1e-3, ((0, 3), (1, 20_000), (2, 5))
     cluster = Cluster(8, 8, 32768)
     group = Group(0, 8, (0, 1, 2))
-    child = Group(0, 8, (0, 1, 2), halo=True)
+    child = Group(0, 8, (0, 1, 2), Way.HALO)
     plan = StepPlan(cluster, lengths, (ParentPlan(group, (child,), "halo attention on its own layout"),), "parent+halo").validate()
     dear = CostModel(PAPER.model, PAPER.hw.replace(attention_sample_latency=lat), costs=PAPER.costs)
     layouts = [_Layout(plan.child_layout.groups, 8, plan.length_of, c) for c in (PAPER, dear)]
@@ -338,7 +338,7 @@ def halo_plan(spans: bool) -> StepPlan:
     size = 8 if spans else 4
     parent = Group(0, size, (0,))
     idle = () if spans else (ParentPlan(Group(4, 4, ()), (Group(4, 4, ()),), NODE_LOCAL),)
-    pp = ParentPlan(parent, (Group(0, size, (0,), halo=True),), "halo attention on its own layout")
+    pp = ParentPlan(parent, (Group(0, size, (0,), Way.HALO),), "halo attention on its own layout")
     return StepPlan(cluster, ((0, 20_000 * size),), (pp, *idle), "parent+halo").validate()
 
 
@@ -381,7 +381,7 @@ def test_one_sparse_layers_bytes_per_rank_make_up_the_steps_sparse_bytes(plan):
     assert layers * sent.sum() == pytest.approx(r.sparse_intra_bytes + r.sparse_inter_bytes, rel=1e-12)
     assert layers * across.sum() == pytest.approx(r.sparse_inter_bytes, rel=1e-12, abs=1e-6)
     assert (across <= sent).all() and sent.sum() > 0
-    if plan.mode == "repack":
+    if plan.label == "repack":
         assert across.sum() == 0
 
 
@@ -500,7 +500,7 @@ def test_each_peer_past_the_first_adds_its_latency_to_every_all_to_all_call(size
         for plan in plans:
             got = simulate(plan, CostModel(ModelConfig.from_name("tiny"), with_peer, costs=costs)).step_time
             want = simulate(plan, CostModel(ModelConfig.from_name("tiny"), raised, costs=costs)).step_time
-            assert got == pytest.approx(want, rel=1e-12), (reading, plan.mode)
+            assert got == pytest.approx(want, rel=1e-12), (reading, plan.label)
             if size > 2:  # and the term is priced at all: without it the step is faster
                 bare = simulate(plan, CostModel(ModelConfig.from_name("tiny"), with_peer.replace(a2a_peer_latency=0.0), costs=costs))
                 assert bare.step_time < got

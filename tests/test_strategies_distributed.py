@@ -19,7 +19,7 @@ from config import Cluster, CostsConfig, HardwareConfig, ModelConfig
 from kernels.exchange import CommStats, ExchangeGroups
 from model.distributed import run_step
 from model.sharding import full_tensor, shard_model
-from solver import CostModel, Group, ParentPlan, StepPlan, make_plan, samples_from_lengths
+from solver import CostModel, Group, ParentPlan, StepPlan, Way, make_plan, samples_from_lengths
 from solver.halo import own_layout_halo
 from solver.simulator import simulate
 from tests import test_model_distributed
@@ -43,7 +43,7 @@ def hand_plans() -> list[StepPlan]:
     parent = Group(0, 8, tuple(range(len(LENGTHS))))
     # sample 0 over ranks 0-1; samples 1 and 2 over ranks 2-4 (across nodes 1 and 2), chunks of 5-8
     # tokens that a window of 8 reaches two ranks back over; the rest in Ulysses children
-    kids = (Group(0, 2, (0,), halo=True), Group(2, 3, (1, 2), halo=True), Group(5, 1, (3, 4, 5, 6)), Group(6, 2, (7, 8, 9)))
+    kids = (Group(0, 2, (0,), Way.HALO), Group(2, 3, (1, 2), Way.HALO), Group(5, 1, (3, 4, 5, 6)), Group(6, 2, (7, 8, 9)))
     halo = StepPlan(CLUSTER, lengths, (ParentPlan(parent, kids),), "halo").validate()
     naive = StepPlan(CLUSTER, lengths, (own_layout_halo(parent),), "parent+halo").validate()  # 5 samples shorter than the parent
     ulysses = (Group(0, 2, (0,)), Group(2, 1, (1,)), Group(3, 1, (2, 3)), Group(4, 2, (4, 5, 6)), Group(6, 1, (7, 8)), Group(7, 1, (9,)))
@@ -92,9 +92,9 @@ def _body(rank, world, refs):
     groups = ExchangeGroups(world)
     for name, cfg in CONFIGS.items():
         for plan in plans(cfg):
-            where = f"{name} {plan.mode} {plan.hash}"
+            where = f"{name} {plan.label} {plan.hash}"
             stats = assert_step(cfg, plan, refs[name], groups, where)
-            if plan.mode == "halo" and plan.parents[0].children[1].halo:  # the hand plan: halos cross nodes
+            if plan.label == "halo" and plan.parents[0].children[1].halo:  # the hand plan: halos cross nodes
                 crossing = torch.tensor([float(stats.inter_node_bytes("sparse.halo"))])
                 dist.all_reduce(crossing)
                 assert crossing.item() > 0, where
@@ -116,7 +116,7 @@ def assert_sharded_ep2_step(cfg: ModelConfig, plan: StepPlan, ref, groups: Excha
     mine = slice((rank % 2) * per, (rank % 2 + 1) * per)
     for n, p in model.named_parameters():
         want = ref_grads[n][mine] if ".experts." in n else ref_grads[n]
-        torch.testing.assert_close(full_tensor(p.grad), want, rtol=1e-9, atol=1e-11, msg=f"fsdp ep2 {plan.mode} {recompute} {n}")
+        torch.testing.assert_close(full_tensor(p.grad), want, rtol=1e-9, atol=1e-11, msg=f"fsdp ep2 {plan.label} {recompute} {n}")
 
 
 @pytest.mark.slow
@@ -127,7 +127,7 @@ def test_every_way_to_run_the_sparse_layers_matches_single_process_and_moves_the
 
 def test_the_plans_cover_what_the_test_claims():
     for cfg in CONFIGS.values():
-        got = {p.mode for p in plans(cfg)}
+        got = {p.label for p in plans(cfg)}
         hand_made = {"halo", "parent+halo", "redistribute"}
         assert got == (hand_made if cfg == TINY else set(NEW_MODES)), got
     halo, naive, redistribute = hand_plans()

@@ -56,7 +56,6 @@ from experiments.common.steps import runtime_step_plan, step_device, time_runtim
 from kernels.exchange import ExchangeGroups
 from model import HybridMoE, varlen_attention
 from model.attention import resolve_backend
-from model.hybrid import LinearBlock
 from solver import CostModel
 from solver.cost import FLOPS_PER_MAC, FWD_BWD_COMPUTE, attention_flops, causal_keys, sparse_cost
 
@@ -264,7 +263,7 @@ def measure_token_work(cfg: ModelConfig, tokens: int, device, dtype, repeats: in
     torch.manual_seed(0)
     # an attention block: its projections are the ones layer_params_active counts (a linear kind's
     # S layers have their own)
-    block = next((b for b in HybridMoE(cfg).blocks if not isinstance(b, LinearBlock)), None)
+    block = HybridMoE(cfg).blocks[cfg.layer_types.index("F")] if "F" in cfg.layer_types else None
     if block is None:
         raise SettingError(
             f"model {cfg.name}: every layer is linear attention; the calibration measures an attention layer's token-wise work"
@@ -424,7 +423,7 @@ def short_step_field(cfg: ModelConfig) -> str:
     """The hardware setting the SHORT_STEP runtime step's extra samples fit: a linear kind's cost
     per block of its recurrence (each of its samples is one block), or else an attention call's
     cost per sample it holds (both the full and the sparse layers' calls loop over the samples)."""
-    return "linear_block_latency" if sparse_cost(cfg.sparse_kind).linear else "attention_sample_latency"
+    return sparse_cost(cfg.sparse_kind).per_sample_setting
 
 
 def fit_short_step_latency(
@@ -517,7 +516,7 @@ def measure_attention(cfg: ModelConfig, lengths: list[int], backend: str, device
     measure_linear's."""
     rows = []
     cost = CostModel(cfg, HardwareConfig())
-    linear = cost.sparse.linear
+    attention_of = ("full", cfg.sparse_kind) if cost.sparse.calibration == "attention" else ("full",)  # else its mixer: measure_linear
     for n in lengths:
         for samples in ([n], [ATTENTION_SHORT] * max(1, n // ATTENTION_SHORT)):
             m = sum(samples)
@@ -525,7 +524,7 @@ def measure_attention(cfg: ModelConfig, lengths: list[int], backend: str, device
             kv = torch.randn(m, cfg.n_kv_heads, cfg.head_dim, device=device, dtype=dtype, requires_grad=True)
             cu = torch.tensor(np.concatenate([[0], np.cumsum(samples)]), dtype=torch.int32, device=device)
             lens = np.array(samples, dtype=np.float64)
-            for kind in ("full",) if linear else ("full", cfg.sparse_kind):
+            for kind in attention_of:
                 params = None if kind == "full" else cfg.sparse_params
 
                 def step(kind=kind, params=params, q=q, kv=kv, cu=cu, longest=samples[0]):  # the samples are of one length
@@ -553,7 +552,7 @@ def measure_linear(cfg: ModelConfig, lengths: list[int], backend: str, device, d
     for k_heads in sorted({p["k_heads"], 1}, reverse=True):
         part = cfg.replace(sparse_params={**p, "k_heads": k_heads, "v_heads": p["v_heads"] * k_heads // p["k_heads"]})
         torch.manual_seed(0)
-        mixer = next(b for b in HybridMoE(part).blocks if isinstance(b, LinearBlock)).mixer.to(device=device, dtype=dtype)
+        mixer = HybridMoE(part).blocks[part.layer_types.index("S")].mixer.to(device=device, dtype=dtype)
         cost = CostModel(part, HardwareConfig())
         for n in lengths:
             for samples in ([n], [short] * max(1, n // short)):
@@ -688,7 +687,7 @@ def calibrate(
     tokens = sizes["tokens"] or tokens_per_rank
     work = measure_token_work(cfg, tokens, device, dtype, sizes["median_of"])
     attn = measure_attention(cfg, sizes["lengths"], backend, device, dtype, sizes["median_of"])
-    linear = sparse_cost(cfg.sparse_kind).linear  # its mixer fits its own rate (linear_efficiency) and per-block cost
+    linear = sparse_cost(cfg.sparse_kind).calibration == "mixer"  # its mixer fits its own rate (linear_efficiency) and per-block cost
     mixer = measure_linear(cfg, sizes["lengths"], backend, device, dtype, sizes["median_of"]) if linear else None
     layer = measure_layer_overhead(cfg, backend, device, dtype, sizes["median_of"])
     # the runtime's step on step_tokens per rank: every rank alone, in groups of a node (at most the heads allow), in groups of

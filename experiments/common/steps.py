@@ -55,7 +55,7 @@ def runtime_step_plan(
     ranks exchange inside nodes only; wider groups across nodes. `halo`: each group's sparse layers
     run on its own token layout by halo exchange (a parent+halo plan): the full layers'
     all-to-alls, the sparse layers' point-to-point calls."""
-    from solver import Group, StepPlan  # noqa: PLC0415
+    from solver import Group, StepPlan, Way  # noqa: PLC0415
     from solver.plan import NODE_LOCAL, ParentPlan  # noqa: PLC0415
 
     if size < 1 or world % size:
@@ -73,8 +73,9 @@ def runtime_step_plan(
     if tokens < 2:
         raise SettingError(f"--step-tokens={tokens} is invalid: it must be 2 or more (a sample needs a label)")
     lengths = tuple((i, tokens * size) for i in range(int(first[-1])))
-    parents = tuple(ParentPlan(g, (Group(g.start, g.size, g.samples, halo=halo),), reason) for g in groups)
-    return StepPlan(Cluster(world, node, tokens * max(counts)), lengths, parents, "parent+halo" if halo else "baseline").validate()
+    parents = tuple(ParentPlan(g, (Group(g.start, g.size, g.samples, Way.HALO if halo else Way.ULYSSES),), reason) for g in groups)
+    label = "runtime step: each group its own layout" + (", sparse layers by halo exchange" if halo else "")
+    return StepPlan(Cluster(world, node, tokens * max(counts)), lengths, parents, label).validate()
 
 
 def time_runtime_steps(
