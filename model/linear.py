@@ -53,16 +53,26 @@ from solver.cost import (
 )
 
 
-def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, state: torch.Tensor | None) -> None:
-    """Shapes of one sequence; ValueError naming the tensor that does not fit."""
+def _check(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor | None,
+    channels: bool = False,
+) -> None:
+    """Shapes of one sequence; ValueError naming the tensor that does not fit. channels: g decays
+    each key channel ([T, H, K], model.kda), not each head ([T, H])."""
     if q.dim() != 3 or k.shape != q.shape:
         raise ValueError(f"q and k must be [T, H, K] alike; got q {tuple(q.shape)}, k {tuple(k.shape)}")
     t, h, dk = q.shape
     if v.dim() != 3 or v.shape[:2] != (t, h):
         raise ValueError(f"v must be [T={t}, H={h}, V]; got {tuple(v.shape)}")
-    for name, x in (("g", g), ("beta", beta)):
-        if x.shape != (t, h):
-            raise ValueError(f"{name} must be [T={t}, H={h}]; got {tuple(x.shape)}")
+    if g.shape != ((t, h, dk) if channels else (t, h)):
+        raise ValueError(f"g must be [T={t}, H={h}{f', K={dk}' if channels else ''}]; got {tuple(g.shape)}")
+    if beta.shape != (t, h):
+        raise ValueError(f"beta must be [T={t}, H={h}]; got {tuple(beta.shape)}")
     if state is not None and state.shape != (h, dk, v.shape[2]):
         raise ValueError(f"the initial state must be [H={h}, K={dk}, V={v.shape[2]}]; got {tuple(state.shape)}")
 
@@ -103,9 +113,10 @@ def _block(q, k, v, g, beta, s, scale: float):
     return o, s_out
 
 
-def blockwise(q, k, v, g, beta, initial_state=None, scale: float | None = None, block: int = 64):
-    """Blocks of `block` tokens (the last may be shorter): (o [T, H, V], final state [H, K, V])."""
-    _check(q, k, v, g, beta, initial_state)
+def blockwise(q, k, v, g, beta, initial_state=None, scale: float | None = None, block: int = 64, step=_block):
+    """Blocks of `block` tokens (the last may be shorter): (o [T, H, V], final state [H, K, V]).
+    step: one block's form (`_block`; a variant of the rule: its own, model.kda)."""
+    _check(q, k, v, g, beta, initial_state, channels=step is not _block)
     if block < 1:
         raise ValueError(f"block={block}: a block holds at least one token")
     t, h, dk = q.shape
@@ -114,20 +125,20 @@ def blockwise(q, k, v, g, beta, initial_state=None, scale: float | None = None, 
     heads_first = [x.transpose(0, 1) for x in (q, k, v, g, beta)]
     out = []
     for a in range(0, t, block):
-        o, s = _block(*(x[:, a : a + block] for x in heads_first), s, scale)
+        o, s = step(*(x[:, a : a + block] for x in heads_first), s, scale)
         out.append(o)
     o = torch.cat(out, dim=1).transpose(0, 1) if out else v.new_zeros(0, h, v.shape[2])
     return o, s
 
 
-def transition(k, g, beta, block: int = 64) -> torch.Tensor:
+def transition(k, g, beta, block: int = 64, step=_block) -> torch.Tensor:
     """A [H, K, K]: the linear part of the map a span applies to its incoming state (S_out = A S_in
     + B). It is the state the span ends with from S_in = I when every value is zero (then B = 0),
     so it comes from the same blockwise recurrence, with K columns for V: the extra work state
     passing pays, about K / V times a pass of the span's state updates."""
     t, h, dk = k.shape
     eye = torch.eye(dk, dtype=k.dtype, device=k.device).expand(h, dk, dk)
-    return blockwise(k, k, k.new_zeros(t, h, dk), g, beta, initial_state=eye, block=block)[1]
+    return blockwise(k, k, k.new_zeros(t, h, dk), g, beta, initial_state=eye, block=block, step=step)[1]
 
 
 def compose(first: tuple[torch.Tensor, torch.Tensor], then: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -163,7 +174,7 @@ def incoming_states(maps: list[tuple[torch.Tensor, torch.Tensor]], initial=None,
     return [s0] + [a @ s0 + b for a, b in prefix[:-1]]
 
 
-def varlen(q, k, v, g, beta, cu_seqlens, initial_states=None, scale: float | None = None, block: int = 64):
+def varlen(q, k, v, g, beta, cu_seqlens, initial_states=None, scale: float | None = None, block: int = 64, step=_block):
     """A packed batch: sample i is rows cu_seqlens[i]:cu_seqlens[i+1], run from initial_states[i]
     ([N, H, K, V]; zeros if None). Returns (o [T, H, V], final states [N, H, K, V])."""
     bounds = [int(x) for x in cu_seqlens]
@@ -174,7 +185,7 @@ def varlen(q, k, v, g, beta, cu_seqlens, initial_states=None, scale: float | Non
     outs, finals = [], []
     for i, (a, b) in enumerate(zip(bounds, bounds[1:])):
         s = None if initial_states is None else initial_states[i]
-        o, s = blockwise(q[a:b], k[a:b], v[a:b], g[a:b], beta[a:b], s, scale, block)
+        o, s = blockwise(q[a:b], k[a:b], v[a:b], g[a:b], beta[a:b], s, scale, block, step)
         outs.append(o)
         finals.append(s)
     return torch.cat(outs), torch.stack(finals)
@@ -326,7 +337,21 @@ class GatedDeltaNet(torch.nn.Module):
     incoming state and from the convolution's halo (its previous chunk's last W - 1 pre-conv
     rows; zeros at a sample's start), and hands on its final state and its own tail, so chunks of
     a sample on consecutive ranks give what the whole sample gives. CUDA with fla-core installed:
-    flash-linear-attention's chunked kernel; elsewhere this module's `blockwise`."""
+    flash-linear-attention's chunked kernel; elsewhere this module's `blockwise`.
+
+    A variant of the rule (another linear kind: model.kda) subclasses it and overrides what
+    differs: its recurrence over a packed batch and its transition (`varlen`, `transition`: g of
+    another shape), fla's kernel for it (`fla_chunk`), the width of its decay input per value head
+    (`decay_width`), its projections and gates (`_project`, `_gates`) and its output (`_output`)."""
+
+    varlen = staticmethod(varlen)  # the rule over a packed batch, each sample from its own state
+    transition = staticmethod(transition)  # the map A of a chunk (S_out = A S_in + B)
+    decay_width = 1  # decay inputs per value head: one scalar decay (the gated delta rule)
+
+    @staticmethod
+    def fla_chunk():
+        """flash-linear-attention's chunked kernel of this rule (CUDA), or None."""
+        return _fla_chunk()
 
     def __init__(
         self,
@@ -399,7 +424,7 @@ class GatedDeltaNet(torch.nn.Module):
             return o[0], finals
         with torch.autocast(q.device.type, enabled=False):
             q, k, v, g, beta = (x.to(sd) for x in (q, k, v, g, beta))
-            o, finals = varlen(
+            o, finals = self.varlen(
                 self._grouped(q, v.shape[1]), self._grouped(k, v.shape[1]), v, g, beta, bounds,
                 None if states is None else states.to(sd), block=self.block,
             )  # fmt: skip
@@ -409,7 +434,7 @@ class GatedDeltaNet(torch.nn.Module):
         """fla's chunked kernel where it runs this layer (CUDA, fla-core installed, a dtype of
         FLA_DTYPES, the attention backend not "torch"), else None (this module's `varlen`). A
         state dtype it lacks (it carries float32 states) is a SettingError naming the setting."""
-        fla = _fla_chunk() if cuda and backend != "torch" and dtype in FLA_DTYPES else None
+        fla = self.fla_chunk() if cuda and backend != "torch" and dtype in FLA_DTYPES else None
         if fla is not None and self.state_dtype(dtype) != torch.float32:
             raise SettingError(
                 f"state_dtype={self.state}: flash-linear-attention's chunked kernel carries float32 states; use "
@@ -423,7 +448,7 @@ class GatedDeltaNet(torch.nn.Module):
         final = self._recurrence(q, k, v, g, beta, [0, q.shape[0]], None, backend)[1][0]
         with torch.autocast(q.device.type, enabled=False):
             sd = final.dtype
-            a = transition(self._grouped(k, v.shape[1]).to(sd), g.to(sd), beta.to(sd), self.block)
+            a = self.transition(self._grouped(k, v.shape[1]).to(sd), g.to(sd), beta.to(sd), self.block)
         return torch.cat([a, final], dim=-1)
 
     # ----- Ulysses: heads split over a group, whole samples per head ---------------------------
@@ -433,7 +458,7 @@ class GatedDeltaNet(torch.nn.Module):
         the values, a, b, then q and k element by element (element j of every key head)."""
         qk, c, hv = self.hk * self.dk, self.channels, self.hv
         by_element = torch.arange(qk).view(self.hk, self.dk).T.reshape(-1)
-        return torch.cat([torch.arange(2 * qk, c), torch.arange(c, c + 2 * hv), by_element, qk + by_element])
+        return torch.cat([torch.arange(2 * qk, c), torch.arange(c, c + (self.decay_width + 1) * hv), by_element, qk + by_element])
 
     def forward_heads(self, y: torch.Tensor, cu_seqlens, size: int, index: int, backend: str = "auto") -> torch.Tensor:
         """The head side of a Ulysses group of `size` ranks, rank `index` in it: y [m, E] its
@@ -447,7 +472,7 @@ class GatedDeltaNet(torch.nn.Module):
         hk = self.hk // size if split else 1
         k0, v0 = (index * hk if split else index // (size // self.hk)), index * hv
         m, dk, dv, qk = y.shape[0], self.dk, self.dv, self.hk * self.dk
-        v, a, b, q, k = y.split([hv * dv, hv, hv, dk * hk, dk * hk], dim=1)
+        v, a, b, q, k = y.split([hv * dv, hv * self.decay_width, hv, dk * hk, dk * hk], dim=1)
         q, k = (t.reshape(m, dk, hk).transpose(1, 2).reshape(m, hk * dk) for t in (q, k))
         key_channels = (torch.arange(k0, k0 + hk)[:, None] * dk + torch.arange(dk)).reshape(-1)
         value_channels = 2 * qk + (torch.arange(v0, v0 + hv)[:, None] * dv + torch.arange(dv)).reshape(-1)
@@ -486,9 +511,14 @@ class GatedDeltaNet(torch.nn.Module):
         q, k, v = mixed.split([hk * self.dk, hk * self.dk, hv * self.dv], dim=-1)
         q = torch.nn.functional.normalize(q.view(n, hk, self.dk), dim=-1)
         k = torch.nn.functional.normalize(k.view(n, hk, self.dk), dim=-1)
-        g = -a_log.exp() * torch.nn.functional.softplus(a + dt_bias)
+        g = self._gates(a, a_log, dt_bias)
         tails = torch.stack(tails) if tails else mixed.new_zeros(0, self.kernel - 1, mixed.shape[1])
         return q, k, v.view(n, hv, self.dv), g, torch.sigmoid(b), tails
+
+    @staticmethod
+    def _gates(a: torch.Tensor, a_log: torch.Tensor, dt_bias: torch.Tensor) -> torch.Tensor:
+        """The log decay g [n, Hv] from the decay inputs a [n, Hv]: -exp(A_log) softplus(a + dt_bias)."""
+        return -a_log.exp() * torch.nn.functional.softplus(a + dt_bias)
 
     @staticmethod
     def _grouped(x, value_heads: int):

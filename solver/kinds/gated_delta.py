@@ -86,7 +86,7 @@ def _gated_delta_args(cfg: ModelConfig) -> dict:
     return {"k_heads": p["k_heads"], "v_heads": p["v_heads"], "head_k_dim": p["head_k_dim"], "head_v_dim": p["head_v_dim"]}
 
 
-def _gated_delta_problem(p: dict) -> str | None:
+def gated_delta_problem(p: dict) -> str | None:
     """What is wrong with Gated DeltaNet parameters beyond their types, or None."""
     if p["v_heads"] % p["k_heads"]:
         return f"v_heads={p['v_heads']} is not a multiple of k_heads={p['k_heads']} (each value head reads one key head)"
@@ -120,7 +120,7 @@ register_kind(
         ),
         {"k_heads": 16, "v_heads": 32, "head_k_dim": 128, "head_v_dim": 128, "conv_kernel": 4, "block": 64, "state_dtype": "auto"},
         projections=lambda cfg: gated_delta_projections(cfg.hidden, **_gated_delta_args(cfg)),
-        check=_gated_delta_problem,
+        check=gated_delta_problem,
         ulysses=gated_delta_ulysses,
         first_key=lambda q, p: np.maximum(np.asarray(q) - (p["conv_kernel"] - 1), 0),  # the convolution's reach
         passing=StatePassing(
