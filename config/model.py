@@ -172,3 +172,13 @@ ModelConfig.PRESETS["tiny-gdn"] = ModelConfig.PRESETS["tiny"].replace(
     sparse_kind="gated_delta",
     sparse_params={"k_heads": 4, "v_heads": 8, "head_k_dim": 8, "head_v_dim": 8, "conv_kernel": 4, "block": 16, "state_dtype": "auto"},
 )
+# Kimi Delta Attention hybrids (the linear kind `kda`): tiny-kda, tiny's shapes with small KDA layers
+ModelConfig.PRESETS["tiny-kda"] = ModelConfig.PRESETS["tiny"].replace(
+    name="tiny-kda",
+    layer_pattern="SSSF",
+    sparse_kind="kda",
+    sparse_params={
+        "k_heads": 4, "v_heads": 8, "head_k_dim": 8, "head_v_dim": 8, "conv_kernel": 4, "block": 16, "gate_rank": 8,
+        "state_dtype": "auto",
+    },
+)  # fmt: skip

@@ -1,5 +1,6 @@
 """The hybrid 1F3S MoE model, its attention backends and its distributed step."""
 
+from . import kda  # noqa: F401  (registers its mixer)
 from .attention import register_sparse_attention, sparse_kind, varlen_attention
 from .hybrid import HybridMoE, LocalPlacement, next_token_labels
 

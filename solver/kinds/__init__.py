@@ -334,4 +334,4 @@ def with_sparse_defaults(model: ModelConfig) -> ModelConfig:
     return model.replace(sparse_params=sparse_cost(model.sparse_kind).resolve(model.sparse_params))
 
 
-from . import attention, gated_delta  # noqa: E402, F401  (the built-in kinds register themselves)
+from . import attention, gated_delta, kda  # noqa: E402, F401  (the built-in kinds register themselves)
