@@ -15,7 +15,7 @@ import datetime
 import math
 import time
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -223,20 +223,22 @@ class CommStats:
             self.bytes_to_peer[site][(rank, dst)] += b
             self.bytes_by_site[site][0 if dst // self.gpus_per_node == src_node else 1] += b
 
-    def exchange_seconds(self, site_prefix: str = "", part: str | None = None) -> float:
-        """Timed seconds of the sites starting with `site_prefix`: one part ("pack", "all_to_all",
-        "unpack") or all three (the counting itself, "record", is in none)."""
+    # `sites`: the site keys to sum over (solver.sites.sites_of: a family's, forward and backward;
+    # None: every site counted), by name, never by a prefix of it
+    def exchange_seconds(self, sites: Collection[str] | None = None, part: str | None = None) -> float:
+        """Timed seconds of these sites: one part ("pack", "all_to_all", "unpack") or all three
+        (the counting itself, "record", is in none)."""
         parts = EXCHANGE_PARTS if part is None else (part,)
-        return sum(v.get(q, 0.0) for k, v in self.seconds.items() if k.startswith(site_prefix) for q in parts)
+        return sum(v.get(q, 0.0) for k, v in self.seconds.items() if sites is None or k in sites for q in parts)
 
-    def inter_node_bytes(self, site_prefix: str = "") -> int:
-        return sum(v[1] for k, v in self.bytes_by_site.items() if k.startswith(site_prefix))
+    def inter_node_bytes(self, sites: Collection[str] | None = None) -> int:
+        return sum(v[1] for k, v in self.bytes_by_site.items() if sites is None or k in sites)
 
-    def intra_node_bytes(self, site_prefix: str = "") -> int:
-        return sum(v[0] for k, v in self.bytes_by_site.items() if k.startswith(site_prefix))
+    def intra_node_bytes(self, sites: Collection[str] | None = None) -> int:
+        return sum(v[0] for k, v in self.bytes_by_site.items() if sites is None or k in sites)
 
-    def total_calls(self, site_prefix: str = "") -> int:
-        return sum(v for k, v in self.calls.items() if k.startswith(site_prefix))
+    def total_calls(self, sites: Collection[str] | None = None) -> int:
+        return sum(v for k, v in self.calls.items() if sites is None or k in sites)
 
 
 class ExchangeGroups:
@@ -433,7 +435,7 @@ class _Halo(torch.autograd.Function):
         return out, None, None, None, None
 
 
-def halo_exchange(kv: torch.Tensor, args: HaloArgs, backend: str = "auto", stats: CommStats | None = None, site: str = "sparse.halo"):
+def halo_exchange(kv: torch.Tensor, args: HaloArgs, backend: str = "auto", stats: CommStats | None = None, site: str = "halo"):
     """Send the rows of `kv` [n_in, H, D] each later rank reaches back to, receive the rows the
     earlier ranks send: -> [n_recv, H, D], differentiable (the backward sends each halo's
     gradient back to its owner, where they add up destination by destination)."""

@@ -34,6 +34,7 @@ from solver import Group, StepPlan, TokenLayout, Way, head_cu_seqlens, token_to_
 from solver.cluster import InternalError
 from solver.cost import sparse_cost, splits_over, ulysses_parts
 from solver.layout import halo_transfers, state_hops, state_transfers, token_to_token_rank
+from solver.sites import ENTRY_EXIT, Site
 
 from .attention import KeySegments
 from .experts import ExpertDispatch, inverse_permutation, permute_rows
@@ -337,7 +338,7 @@ class RankPlacement:
         Ulysses child projects its tokens, moves the projections to head layout (each rank: its
         value heads and the key heads they read, whole samples), runs the convolution and the
         recurrence there, and brings the outputs back, as attention does (the same exchange
-        kernels, the sites "sparse.entry" and "sparse.exit"); a halo child passes states
+        kernels, the sites Site.SPARSE_ENTRY and Site.SPARSE_EXIT); a halo child passes states
         (_state_passing)."""
         if self.child_group.size == 1:  # its samples whole, in head order: sparse_cu
             return mixer(x, self.sparse_cu, backend=self.backend)[0]
@@ -348,25 +349,25 @@ class RankPlacement:
         if cols is None:
             cols = self._linear_columns[id(mixer)] = mixer.ulysses_columns().to(x.device)
         sent = torch.cat([mixed, a, b], dim=1).index_select(1, cols)
-        y = exchange(sent[:, :, None].contiguous(), self.sparse_entry, self.transport, self.pack_backend, self.stats, "sparse.entry")
+        y = exchange(sent[:, :, None].contiguous(), self.sparse_entry, self.transport, self.pack_backend, self.stats, Site.SPARSE_ENTRY)
         o = mixer.forward_heads(y[:, :, 0], self.sparse_cu, self.child_group.size, self.rank - self.child_group.start, self.backend)
-        o = exchange(o.contiguous(), self.sparse_exit, self.transport, self.pack_backend, self.stats, "sparse.exit")
+        o = exchange(o.contiguous(), self.sparse_exit, self.transport, self.pack_backend, self.stats, Site.SPARSE_EXIT)
         return mixer._output(o, z)
 
     def _state_passing(self, mixer, x: torch.Tensor) -> torch.Tensor:
         """A linear layer on a halo child's own token layout (each rank contiguous chunks of its
         samples, all heads): two point-to-point exchanges make each chunk exact. The pre-
-        convolution rows its convolution reaches back to come from the ranks before ("sparse.halo",
+        convolution rows its convolution reaches back to come from the ranks before (Site.SPARSE_HALO,
         the halo exchange attention uses, at the convolution's reach); each chunk whose sample goes
         on forms its map (A, B) from a zero state and sends it to every later rank holding the
-        sample ("sparse.states"), where a chunk composes the maps of its sample's earlier chunks,
+        sample (Site.SPARSE_STATES), where a chunk composes the maps of its sample's earlier chunks,
         in rank order, into its incoming state; or, where the child passes states by the chain
         (Group.chain), sends the next chunk only its outgoing state once it has its own
         (_StateChain). Backward, each halo's, map's and state's gradient goes back to its owner."""
         mixed, z, a, b = mixer._project(x)
         n, ch, reach = mixed.shape[0], mixed.shape[1], mixer.kernel - 1
         rows = mixed.view(n, 1, ch)
-        before = halo_exchange(rows.contiguous(), self.halo_args, self.pack_backend, self.stats)
+        before = halo_exchange(rows.contiguous(), self.halo_args, self.pack_backend, self.stats, Site.SPARSE_HALO)
         seg = permute_rows(torch.cat([before, rows]), self.key_rows, self.key_inverse, self.pack_backend)[:, 0]
         halos = []
         for lo, h in zip(self.linear_key_cu, self.linear_halo_rows):  # h <= reach: fewer at a sample's start
@@ -379,12 +380,12 @@ class RankPlacement:
         # a rank that forms no map still joins the maps' backward (it sends the gradients of those it received)
         sent = torch.stack(maps) if maps else q.new_zeros(0, hv, dk, dk + mixer.dv, dtype=sd) + 0.0 * q.sum()
         if self.child_group.way is Way.CHAIN:  # each incoming state from the chunk before, one hop after another
-            got = _StateChain.apply(sent, self.chain_args, self.stats, "sparse.states")
+            got = _StateChain.apply(sent, self.chain_args, self.stats, Site.SPARSE_STATES)
             zero = x.new_zeros(hv, dk, mixer.dv, dtype=sd)
             states = [zero if r < 0 else got[r] for r in self.state_of_chunk]
         else:  # every earlier map of the sample, composed here in rank order: S <- A S + B
             got = halo_exchange(
-                sent.view(-1, hv * dk, dk + mixer.dv).contiguous(), self.state_args, self.pack_backend, self.stats, "sparse.states"
+                sent.view(-1, hv * dk, dk + mixer.dv).contiguous(), self.state_args, self.pack_backend, self.stats, Site.SPARSE_STATES
             ).view(-1, hv, dk, dk + mixer.dv)
             states = []
             for rows_in in self.maps_of_chunk:
@@ -442,13 +443,13 @@ class RankPlacement:
         full layer moves it to the parent's token layout."""
         if layer_type != "F" or self.redistribution is None:
             return x
-        return self._redistribute(x, self.redistribution, "full.redist")
+        return self._redistribute(x, self.redistribution, Site.FULL_REDIST)
 
     def leave(self, x: torch.Tensor, layer_type: str) -> torch.Tensor:
         """The way back of enter: the child layout again after a redistribute plan's full layer."""
         if layer_type != "F" or self.redistribution is None:
             return x
-        return self._redistribute(x, self.redistribution.inverse(), "full.redist.back")
+        return self._redistribute(x, self.redistribution.inverse(), Site.FULL_REDIST_BACK)
 
     def _redistribute(self, x: torch.Tensor, args, site: str) -> torch.Tensor:
         """x [n, hidden] whole rows through one all-to-all of `args` (a redistribution)."""
@@ -462,18 +463,19 @@ class RankPlacement:
         if layer_type == "S" and self.halo:
             h, hkv = self.cfg.n_heads, self.cfg.n_kv_heads
             kv = qkv[:, h:].contiguous()  # keys and values, all heads: the halo rows
-            got = halo_exchange(kv, self.halo_args, self.pack_backend, self.stats)
+            got = halo_exchange(kv, self.halo_args, self.pack_backend, self.stats, Site.SPARSE_HALO)
             seg = permute_rows(torch.cat([got, kv]), self.key_rows, self.key_inverse, self.pack_backend)
             return self.attention_of["S"](qkv[:, :h], seg[:, :hkv], seg[:, hkv:], self.backend, self.recompute_attention)
         if layer_type == "F":
-            entry, exit_, p, site = self.full_entry, self.full_exit, self.parent_group.size, "full"
+            entry, exit_, p = self.full_entry, self.full_exit, self.parent_group.size
         else:
-            entry, exit_, p, site = self.sparse_entry, self.sparse_exit, self.child_group.size, "sparse"
+            entry, exit_, p = self.sparse_entry, self.sparse_exit, self.child_group.size
         if p == 1:  # a group of one rank holds whole samples in head order: no communication
             return self.attention_of[layer_type](*self._heads(qkv, 1), self.backend, self.recompute_attention)
-        y = exchange(qkv, entry, self.transport, self.pack_backend, self.stats, f"{site}.entry")
+        into, back = ENTRY_EXIT[layer_type]
+        y = exchange(qkv, entry, self.transport, self.pack_backend, self.stats, into)
         o = self.attention_of[layer_type](*self._heads(y, p), self.backend, self.recompute_attention)
-        return exchange(o.contiguous(), exit_, self.transport, self.pack_backend, self.stats, f"{site}.exit")
+        return exchange(o.contiguous(), exit_, self.transport, self.pack_backend, self.stats, back)
 
     def local_batch(self, sample_tokens: dict[int, np.ndarray], device="cpu") -> tuple[torch.Tensor, torch.Tensor]:
         """This rank's input tokens and next-token labels (the next token inside the same sample;

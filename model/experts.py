@@ -36,6 +36,7 @@ from torch import nn
 
 from kernels.exchange import all_to_all_rows
 from kernels.permute import gather_rows
+from solver.sites import Site
 
 
 class _Permute(torch.autograd.Function):
@@ -161,10 +162,10 @@ class ExpertDispatch:
         inverse = inverse_permutation(order)
         send = gather_slots(x, order, inverse, k, self.backend)  # by destination, then expert
         per_expert = torch.bincount(sorted_experts, minlength=self.n_experts).reshape(n, local)
-        got = all_to_all_rows(per_expert, [1] * n, [1] * n, self.group, self.stats, "moe.counts")  # [sources, local experts]
+        got = all_to_all_rows(per_expert, [1] * n, [1] * n, self.group, self.stats, Site.EXPERTS_COUNTS)  # [sources, local experts]
         counts = got.tolist()  # the host's one wait per layer: the split sizes
         send_counts, recv_counts = per_expert.sum(1).tolist(), [sum(c) for c in counts]
-        recv = all_to_all_rows(send, send_counts, recv_counts, self.group, self.stats, "moe.dispatch")
+        recv = all_to_all_rows(send, send_counts, recv_counts, self.group, self.stats, Site.EXPERTS_DISPATCH)
         # received: a block per source, each by local expert -> all rows by local expert
         c = np.asarray(counts, dtype=np.int64).reshape(n, local)
         block_start = np.concatenate([[0], np.cumsum(c.sum(1))])[:-1]
@@ -175,7 +176,7 @@ class ExpertDispatch:
         back = inverse_permutation(rows)
         y = experts(permute_rows(recv, rows, back, self.backend), c.sum(0).tolist())
         y = permute_rows(y, back, rows, self.backend)  # block order again
-        return all_to_all_rows(y, recv_counts, send_counts, self.group, self.stats, "moe.combine")
+        return all_to_all_rows(y, recv_counts, send_counts, self.group, self.stats, Site.EXPERTS_COMBINE)
 
 
 __all__ = ["ExpertDispatch", "Experts", "gather_slots", "inverse_permutation", "permute_rows"]

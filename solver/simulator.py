@@ -30,6 +30,7 @@ from .cost import CostModel
 from .layout import Way, halo_pair_rows, rank_tokens, relayout_rows, state_hops, state_pair_maps
 from .plan import StepPlan
 from .reference import chain_path, state_load
+from .sites import Family, Site
 from .timeline import Groups, Phases, run_step
 
 
@@ -367,17 +368,17 @@ def simulate(plan: StepPlan, cost: CostModel) -> StepResult:
         grad_sync=grad_sync,
         optimizer=optimizer,
         imbalance_wait=float(tl.wait.mean()),
-        full_intra_bytes=bytes_acc["full"][0],
-        full_inter_bytes=bytes_acc["full"][1],
-        sparse_intra_bytes=bytes_acc["sparse"][0],
-        sparse_inter_bytes=bytes_acc["sparse"][1],
+        full_intra_bytes=bytes_acc[Family.FULL][0],
+        full_inter_bytes=bytes_acc[Family.FULL][1],
+        sparse_intra_bytes=bytes_acc[Family.SPARSE][0],
+        sparse_inter_bytes=bytes_acc[Family.SPARSE][1],
         moe_intra_bytes=float(sum(tokens[k].sum() for k in kinds)) * moe_bytes[0],
         moe_inter_bytes=float(sum(tokens[k].sum() for k in kinds)) * moe_bytes[1],
-        redist_intra_bytes=bytes_acc["redist"][0],
-        redist_inter_bytes=bytes_acc["redist"][1],
-        a2a_calls_full=calls["full"],
-        a2a_calls_sparse=calls["sparse"],
-        full_exchange=float(tl.blocked["full"].mean()),
-        sparse_exchange=float(tl.blocked["sparse"].mean()),
-        moe_exchange=float(tl.blocked["moe"].mean()),
+        redist_intra_bytes=bytes_acc[Site.FULL_REDIST][0],
+        redist_inter_bytes=bytes_acc[Site.FULL_REDIST][1],
+        a2a_calls_full=calls[Family.FULL],
+        a2a_calls_sparse=calls[Family.SPARSE],
+        full_exchange=float(tl.blocked[Family.FULL].mean()),
+        sparse_exchange=float(tl.blocked[Family.SPARSE].mean()),
+        moe_exchange=float(tl.blocked[Family.EXPERTS].mean()),
     )

@@ -16,6 +16,7 @@ import numpy as np
 
 from .cost import BWD_COMPUTE, FWD_BWD_COMPUTE, FWD_COMPUTE, CostModel
 from .kinds import attention_token_split
+from .sites import Family, Site
 
 # all-reduces of the router's statistics per MoE layer (model.layers.MoE): the token counts and
 # the probability mass forward; the mass's gradient backward
@@ -46,7 +47,7 @@ class Timeline:
         self.inter = np.zeros(world)
         self.wait = np.zeros(world)
         self.moe = np.zeros(world)
-        self.blocked = {"full": np.zeros(world), "sparse": np.zeros(world), "moe": np.zeros(world)}
+        self.blocked = {f: np.zeros(world) for f in Family}  # seconds each unit waits on each family's exchanges
 
     def work(self, dt: np.ndarray):
         self.t += dt
@@ -57,7 +58,7 @@ class Timeline:
         self.t += dt
         if self.accounts:
             self.moe += dt
-            self.blocked["moe"] += dt
+            self.blocked[Family.EXPERTS] += dt
 
     def world_barrier(self, dt: float):
         """A collective of every rank (the router's statistics): all wait for the slowest, then dt."""
@@ -224,15 +225,17 @@ def _program(ph: Phases, cost: CostModel, accounts: bool):
     full_x, sparse_x, redist = ph.full_x, ph.sparse_x, ph.redist
 
     tl = Timeline(units, accounts)
-    bytes_acc = {"full": [0.0, 0.0], "sparse": [0.0, 0.0], "redist": [0.0, 0.0]}
-    calls = {"full": 0, "sparse": 0}
+    # bytes (intra, inter) by family, and by a redistributing parent's own site (both its ways; its
+    # bytes are its full layers' too); calls by family
+    bytes_acc = {Family.FULL: [0.0, 0.0], Family.SPARSE: [0.0, 0.0], Site.FULL_REDIST: [0.0, 0.0]}
+    calls = {Family.FULL: 0, Family.SPARSE: 0}
     blocks = cost.costs.overlap_blocks
     if blocks > 1 and (ph.full_xb is None or ph.sparse_xb is None):
         raise ValueError(f"costs.overlap_blocks={blocks} pipelines the exchanges, and these Phases carry no head block's exchanges")
 
     def count(val, key, redistribution=False, n=1):
         """An exchange's bytes (in all, of every block) and its calls."""
-        for site in ((key, "redist") if redistribution else (key,)) if accounts else ():  # a redistribution is a full layer's
+        for site in ((key, Site.FULL_REDIST) if redistribution else (key,)) if accounts else ():  # a redistribution is a full layer's
             bytes_acc[site][0] += float(np.sum(val[2]))
             bytes_acc[site][1] += float(np.sum(val[3]))
         calls[key] += n
@@ -258,7 +261,7 @@ def _program(ph: Phases, cost: CostModel, accounts: bool):
             order = [("redist", redist[0]), *order, ("redist", redist[1])]
         if factor != FWD_COMPUTE:
             order = order[::-1]
-        key = "full" if kind == "F" else "sparse"
+        key = Family.FULL if kind == "F" else Family.SPARSE
         tl.work(np.full(units, cost.hw.layer_overhead * factor))  # the layer's fixed cost, every rank
         for op, val in order:
             if op == "work":
@@ -271,7 +274,7 @@ def _program(ph: Phases, cost: CostModel, accounts: bool):
                 count(first[0], key, n=blocks)
                 count(last[0], key, n=blocks)
             else:
-                exchange(parent, val, "full", redistribution=True)
+                exchange(parent, val, Family.FULL, redistribution=True)
 
     # a layer's exposed expert all-to-alls, every pass, each rank's from its own tokens (their
     # expectation under uniform routing) and the calls' latencies; the router's world barrier

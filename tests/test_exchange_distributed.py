@@ -7,6 +7,7 @@ import torch
 from config import Cluster
 from kernels.exchange import CommStats, ExchangeGroups, dist_transport, exchange, exchange_all_ranks, exchange_args
 from solver import Group, ParentPlan, StepPlan, exchange_bytes, head_to_token_plan, token_ids, token_to_head_plan
+from solver.sites import Family, sites_of
 from tests.dist_utils import run_distributed
 from tests.test_kernels import features
 
@@ -79,7 +80,7 @@ def _check_exchanges(rank, world, QKV, dtype):
         sp = token_to_head_plan(child, child)[rank]
         y = exchange(xs[rank], exchange_args(sp, QKV), transport, backend, stats, "sparse.entry")
         assert y.shape[0] == sum(child.lengths[s] for s in child.group_of_rank()[rank].samples)
-        assert stats.inter_node_bytes("sparse") == 0
+        assert stats.inter_node_bytes(sites_of(Family.SPARSE)) == 0
 
 
 @pytest.mark.slow

@@ -30,6 +30,7 @@ from model.sharding import full_tensor, replicate_experts, shard_model
 from solver import CostModel
 from solver.modes import MODE_TABLE
 from solver.simulator import simulate
+from solver.sites import Site, sites_of
 from tests.dist_utils import ShardCollectives, run_distributed
 from tests.test_model_distributed import (
     CONFIGS,
@@ -94,8 +95,8 @@ def _body(rank, world, refs):
                 dist.all_to_all_single(got := torch.zeros(world, dtype=torch.float64), back)  # slots sent to me, by peer
                 for src, n in enumerate(got.tolist()):
                     sent[0 if src // NODE == rank // NODE else 1] += 2 * row * n  # combine forward, dispatch backward
-                counted = [sum(stats.intra_node_bytes(p) for p in ("moe.dispatch", "moe.combine")),
-                           sum(stats.inter_node_bytes(p) for p in ("moe.dispatch", "moe.combine"))]  # fmt: skip
+                counted = [stats.intra_node_bytes(sites_of(only=(Site.EXPERTS_DISPATCH, Site.EXPERTS_COMBINE))),
+                           stats.inter_node_bytes(sites_of(only=(Site.EXPERTS_DISPATCH, Site.EXPERTS_COMBINE)))]  # fmt: skip
                 assert counted == sent, (where, counted, sent)
                 totals = torch.tensor([*counted, sum(len(e) for e in recorded)], dtype=torch.float64)
                 dist.all_reduce(totals)

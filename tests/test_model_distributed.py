@@ -19,6 +19,7 @@ from model.sharding import full_tensor, shard_model
 from solver import CostModel, Group, ParentPlan, StepPlan, make_plan, samples_from_lengths
 from solver.modes import MODES
 from solver.simulator import simulate
+from solver.sites import Family, Site, sites_of
 from tests.dist_utils import ShardCollectives, run_distributed
 from tests.test_gpu import BF16_LOSS_RTOL
 
@@ -132,13 +133,13 @@ def _body(rank, world, refs):
             torch.testing.assert_close(bf16, fp32, rtol=BF16_LOSS_RTOL, atol=0)
         b, r = counts[(base.hash, "torch")], counts[(rep.hash, "torch")]
         # the repacked step issues exactly the baseline's all-to-alls at the full site, nothing else ...
-        assert r.total_calls("full") == b.total_calls("full") == 2 * 2 * cfg.n_full
-        sites = {f"{k}.{d}{bwd}" for k in ("full", "sparse") for d in ("entry", "exit") for bwd in ("", ".bwd")}
+        assert r.total_calls(sites_of(Family.FULL)) == b.total_calls(sites_of(Family.FULL)) == 2 * 2 * cfg.n_full
+        sites = sites_of(only=(Site.FULL_ENTRY, Site.FULL_EXIT, Site.SPARSE_ENTRY, Site.SPARSE_EXIT))
         assert set(r.calls) <= sites
         # ... and its sparse layers send nothing across emulated nodes, where the baseline's do: in the
         # baseline every rank holds a slice of the 8-rank parent's tokens and sends some to other nodes
-        assert r.inter_node_bytes("sparse") == 0
-        assert b.inter_node_bytes("sparse") > 0
+        assert r.inter_node_bytes(sites_of(Family.SPARSE)) == 0
+        assert b.inter_node_bytes(sites_of(Family.SPARSE)) > 0
         # with full recompute each exchange's forward runs again in the backward: priced so too
         recounted = CommStats(gpus_per_node=NODE)
         run_step(make_model(cfg, "full"), rep, sample_tokens(LENGTHS), groups, "torch", "torch", recounted)
@@ -149,7 +150,8 @@ def assert_priced(plan, stats: CommStats, cfg, recompute: str, where: str) -> No
     """The bytes every rank counted at each site, summed over the ranks, equal the simulator's for
     the same plan (fp64 elements; without recompute each exchange runs forward and backward once)."""
     counted = torch.tensor(
-        [f(site) for site in ("full", "sparse") for f in (stats.intra_node_bytes, stats.inter_node_bytes)], dtype=torch.float64
+        [f(sites_of(fam)) for fam in (Family.FULL, Family.SPARSE) for f in (stats.intra_node_bytes, stats.inter_node_bytes)],
+        dtype=torch.float64,
     )
     dist.all_reduce(counted)
     sim = simulate(plan, CostModel(cfg, HardwareConfig(bytes_per_element=8), costs=CostsConfig(recompute=recompute)))

@@ -19,6 +19,7 @@ from solver.modes import MODE_TABLE, MODES
 from solver.plan import NODE_LOCAL, ParentPlan, StepPlan
 from solver.reference import parent_time
 from solver.simulator import simulate, sparse_layer_bytes
+from solver.sites import Family
 from solver.timeline import Groups, Timeline
 
 HALO_MODES = tuple(m.name for m in MODE_TABLE if m.needs_reach or m.cheapest)  # the modes whose plans may hold halo children
@@ -440,16 +441,16 @@ def test_a_pipelined_attention_lasts_what_its_block_schedule_lasts(blocks, units
     group_of = np.repeat(np.arange(len(starts)), layout.sizes)
     tl = Timeline(len(units))
     tl.t = start.copy()
-    tl.pipelined_exchange(layout, (first, np.zeros_like(first)), attn, (np.zeros_like(last), last), blocks, "full")
+    tl.pipelined_exchange(layout, (first, np.zeros_like(first)), attn, (np.zeros_like(last), last), blocks, Family.FULL)
     np.testing.assert_allclose(tl.t, _block_schedule(start, first, attn, last, blocks, group_of), rtol=1e-12, atol=1e-12)
     # the breakdown adds up: every unit's time went to compute, waiting or exchanges
     np.testing.assert_allclose(tl.compute + tl.wait + tl.intra + tl.inter, tl.t - start, rtol=1e-12, atol=1e-12)
     if blocks == 1:
         plain = Timeline(len(units))
         plain.t = start.copy()
-        plain.sync_exchange(layout, first, np.zeros_like(first), "full")
+        plain.sync_exchange(layout, first, np.zeros_like(first), Family.FULL)
         plain.work(attn)
-        plain.sync_exchange(layout, np.zeros_like(last), last, "full")
+        plain.sync_exchange(layout, np.zeros_like(last), last, Family.FULL)
         np.testing.assert_allclose(tl.t, plain.t, rtol=1e-12)
 
 

@@ -22,6 +22,7 @@ from model.sharding import full_tensor, shard_model
 from solver import CostModel, Group, ParentPlan, StepPlan, Way, make_plan, samples_from_lengths
 from solver.halo import own_layout_halo
 from solver.simulator import simulate
+from solver.sites import Family, Site, sites_of
 from tests import test_model_distributed
 from tests.dist_utils import run_distributed
 from tests.test_model_distributed import LENGTHS, NODE, WORLD, make_model, reference, sample_tokens
@@ -62,7 +63,8 @@ def plans(cfg: ModelConfig) -> list[StepPlan]:
 
 def counted(stats: CommStats) -> list[float]:
     t = torch.tensor(
-        [f(site) for site in ("full", "sparse") for f in (stats.intra_node_bytes, stats.inter_node_bytes)], dtype=torch.float64
+        [f(sites_of(fam)) for fam in (Family.FULL, Family.SPARSE) for f in (stats.intra_node_bytes, stats.inter_node_bytes)],
+        dtype=torch.float64,
     )
     dist.all_reduce(t)
     return t.tolist()
@@ -95,7 +97,7 @@ def _body(rank, world, refs):
             where = f"{name} {plan.label} {plan.hash}"
             stats = assert_step(cfg, plan, refs[name], groups, where)
             if plan.label == "halo" and plan.parents[0].children[1].halo:  # the hand plan: halos cross nodes
-                crossing = torch.tensor([float(stats.inter_node_bytes("sparse.halo"))])
+                crossing = torch.tensor([float(stats.inter_node_bytes(sites_of(only=(Site.SPARSE_HALO,))))])
                 dist.all_reduce(crossing)
                 assert crossing.item() > 0, where
     # FSDP2 with expert parallelism (EP2) under halo children and a redistribution: the same numbers

@@ -58,6 +58,7 @@ from model import HybridMoE, varlen_attention
 from model.attention import resolve_backend
 from solver import CostModel
 from solver.cost import FLOPS_PER_MAC, FWD_BWD_COMPUTE, attention_flops, causal_keys, sparse_cost
+from solver.sites import Family, sites_of
 
 # what is measured: bytes per peer of the all-to-alls, median-of runs, sample lengths of attention, tokens of the token-wise work
 QUICK = {"bytes": [1 << 10, 1 << 16, 1 << 20], "median_of": 3, "lengths": [32, 64, 128], "tokens": 64}
@@ -151,7 +152,7 @@ def measure_experts_overlap(cfg: ModelConfig, groups: ExchangeGroups, node: int,
             run_step(model, plan, batch, groups, stats=stats)
             model.zero_grad(set_to_none=True)
             if degree > 1:
-                moe.append(stats.exchange_seconds("moe", part="all_to_all"))
+                moe.append(stats.exchange_seconds(sites_of(Family.EXPERTS), part="all_to_all"))
 
         steps[degree] = timed(step, device, repeats)
     calls = torch.tensor([float(np.median(moe))], dtype=torch.float64, device=device)

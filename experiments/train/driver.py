@@ -34,6 +34,7 @@ from model.distributed import run_step
 from model.sharding import parameter_count, replicate_experts, shard_model
 from solver import CostModel, PlanError, check_setup, make_plan, samples_from_lengths
 from solver.modes import MODES
+from solver.sites import EVERY_SITE, Family, Site, sites_of
 
 from . import checkpoint
 from .data import GeneratedSource, LengthSource, TokenFileSource
@@ -417,8 +418,9 @@ def one_step(run: Run, plan, batch, mode: str) -> dict:
     dt = time.perf_counter() - t0
     # bytes by site, summed over ranks: the exchanges at full and sparse layers, the experts'
     # dispatch and combine (their slot counts left out: the simulator prices them as latency)
-    sites = [("full",), ("sparse",), ("moe.dispatch", "moe.combine")]
-    counted = [sum(f(p) for p in prefixes) for prefixes in sites for f in (stats.intra_node_bytes, stats.inter_node_bytes)]
+    # the results' byte columns: a family's sites each (the experts' slot counts left out, as the simulator prices them)
+    sites = [sites_of(Family.FULL), sites_of(Family.SPARSE), sites_of(only=(Site.EXPERTS_DISPATCH, Site.EXPERTS_COMBINE))]
+    counted = [f(keys) for keys in sites for f in (stats.intra_node_bytes, stats.inter_node_bytes)]
     b = torch.tensor(counted + [dt], dtype=torch.float64, device=run.device)
     dist.all_reduce(b[:6])
     dist.all_reduce(b[6:], op=dist.ReduceOp.MAX)
@@ -431,10 +433,10 @@ def one_step(run: Run, plan, batch, mode: str) -> dict:
             "forward_s": timers["forward"],
             "backward_s": timers["backward"],
             "grad_sync_s": timers["grad_sync"],
-            "exchange_full_s": stats.exchange_seconds("full"),
-            "exchange_sparse_s": stats.exchange_seconds("sparse"),
-            "exchange_moe_s": stats.exchange_seconds("moe"),
-            "exchange_a2a_s": stats.exchange_seconds("", part="all_to_all"),
+            "exchange_full_s": stats.exchange_seconds(sites_of(Family.FULL)),
+            "exchange_sparse_s": stats.exchange_seconds(sites_of(Family.SPARSE)),
+            "exchange_moe_s": stats.exchange_seconds(sites_of(Family.EXPERTS)),
+            "exchange_a2a_s": stats.exchange_seconds(EVERY_SITE, part="all_to_all"),
         }
         t = torch.tensor(list(parts.values()), dtype=torch.float64, device=run.device)
         dist.all_reduce(t)
