@@ -25,7 +25,7 @@ class ChildProblem:
     """A wide parent's samples with the per-child cost terms precomputed."""
 
     lengths: np.ndarray  # [n]
-    linear: np.ndarray  # [n] training seconds of child-layout work on one rank
+    tokenwise: np.ndarray  # [n] training seconds of child-layout work on one rank
     parent_size: int
     node_size: int
     budget: int
@@ -35,14 +35,14 @@ class ChildProblem:
         # plain Python lists and dicts for the solvers' inner loops (numpy scalars are slow one at a time)
         self.per_token = {c: a for c, (a, _) in self.lines.items()}  # seconds per token per rank, x tokens / c
         self.fixed = {c: b for c, (_, b) in self.lines.items()}  # fixed seconds (latency) of its exchanges
-        self.lin_list = [float(x) for x in self.linear]
+        self.tokenwise_list = [float(x) for x in self.tokenwise]
         self.len_list = [int(x) for x in self.lengths]
-        self.order = sorted(range(len(self.lin_list)), key=lambda i: -self.lin_list[i])  # largest work first
+        self.order = sorted(range(len(self.tokenwise_list)), key=lambda i: -self.tokenwise_list[i])  # largest work first
         self._bound = None
 
-    def child_time(self, size: int, linear_sum: float, tokens: float) -> float:
+    def child_time(self, size: int, tokenwise_sum: float, tokens: float) -> float:
         """cost.rank_time of a child of `size` ranks inside this parent."""
-        return rank_time(linear_sum, tokens, size, self.lines[size])
+        return rank_time(tokenwise_sum, tokens, size, self.lines[size])
 
     def lower_bound(self) -> float:
         """A bound no assignment beats: the children's ranks (parent_size in all) must do every
@@ -53,7 +53,7 @@ class ChildProblem:
             alone = np.full(len(n), np.inf)
             for c in self.lines:
                 ok = -(-n // c) <= self.budget
-                w = self.linear + self.per_token[c] * n
+                w = self.tokenwise + self.per_token[c] * n
                 work = np.where(ok, np.minimum(work, w), work)
                 alone = np.where(ok, np.minimum(alone, w / c + self.fixed[c]), alone)
             self._bound = float(max(work.sum() / self.parent_size, alone.max(initial=0.0)))
@@ -70,7 +70,7 @@ def child_problem(lengths, parent_size: int, cluster: Cluster, cost: CostModel) 
     lengths = np.asarray(lengths, dtype=np.int64)
     g = cluster.gpus_per_node
     lines = {c: cost.child_line(c, parent_size) for c in (1 << k for k in range(g.bit_length()))}
-    return ChildProblem(lengths, np.asarray(cost.linear_cost(lengths), dtype=np.float64), parent_size, g, cluster.tokens_per_rank, lines)
+    return ChildProblem(lengths, np.asarray(cost.tokenwise_cost(lengths), dtype=np.float64), parent_size, g, cluster.tokens_per_rank, lines)
 
 
 @dataclass
@@ -82,7 +82,7 @@ class ChildSolution:
 
 
 def _evaluate(p: ChildProblem, sizes, members) -> float:
-    return max(p.child_time(c, float(p.linear[m].sum()), float(p.lengths[m].sum())) for c, m in zip(sizes, members))
+    return max(p.child_time(c, float(p.tokenwise[m].sum()), float(p.lengths[m].sum())) for c, m in zip(sizes, members))
 
 
 def _layout_children(sizes: list[int], parent_size: int, node_size: int) -> list[int] | None:
@@ -106,25 +106,25 @@ def _greedy(p: ChildProblem, target: float, swaps: bool = True) -> ChildSolution
     a child of its own (halved, least-growing first, until the anchors fit the parent), the other
     ranks become SP1 children, and the rest go, largest first, to the child they finish earliest
     in (the shared least-loaded fill). Polished by moves (and swaps) out of the slowest child."""
-    lin_of, len_of, budget, per_token = p.lin_list, p.len_list, p.budget, p.per_token
+    tw_of, len_of, budget, per_token = p.tokenwise_list, p.len_list, p.budget, p.per_token
     floors = [ceil_pow2(n / budget) for n in len_of]
-    want = [min(p.node_size, max(f, ceil_pow2(w / target) if target > 0 else 1)) for f, w in zip(floors, lin_of)]
+    want = [min(p.node_size, max(f, ceil_pow2(w / target) if target > 0 else 1)) for f, w in zip(floors, tw_of)]
     anchored = [i for i, w in enumerate(want) if w > 1]
     while sum(want[i] for i in anchored) > p.parent_size:
         can = [i for i in anchored if want[i] > floors[i]]
         if not can:
             return None
-        pick = min(can, key=lambda i: lin_of[i] / (want[i] // 2))  # first of the least-growing
+        pick = min(can, key=lambda i: tw_of[i] / (want[i] // 2))  # first of the least-growing
         want[pick] //= 2
         anchored = [i for i in anchored if want[i] > 1]
     n_free = p.parent_size - sum(want[i] for i in anchored)
     sizes = [want[i] for i in anchored] + [1] * n_free
     members = [[i] for i in anchored] + [[] for _ in range(n_free)]
-    lin = [lin_of[i] for i in anchored] + [0.0] * n_free
+    tw = [tw_of[i] for i in anchored] + [0.0] * n_free
     tok = [len_of[i] for i in anchored] + [0] * n_free
     rank_tokens = [-(-len_of[i] // want[i]) for i in anchored] + [0] * n_free
     fill = LeastLoaded(
-        lambda k: lin[k] + per_token[sizes[k]] * tok[k],  # a child's time is monotone in this key
+        lambda k: tw[k] + per_token[sizes[k]] * tok[k],  # a child's time is monotone in this key
         lambda k: sizes[k] * (budget - rank_tokens[k]),  # the longest sample child k can still take
     )
     for k, c in enumerate(sizes):
@@ -133,18 +133,18 @@ def _greedy(p: ChildProblem, target: float, swaps: bool = True) -> ChildSolution
     for i in p.order:
         if i in is_anchor:
             continue
-        li, ni = lin_of[i], len_of[i]
+        li, ni = tw_of[i], len_of[i]
         best, best_t = -1, float("inf")
         for c in fill.shapes():
             k = fill.least_loaded(c, ni)
             if k >= 0:
-                t = p.child_time(c, lin[k] + li, tok[k] + ni)
+                t = p.child_time(c, tw[k] + li, tok[k] + ni)
                 if t < best_t:
                     best, best_t = k, t
         if best < 0:
             return None
         members[best].append(i)
-        lin[best] += li
+        tw[best] += li
         tok[best] += ni
         rank_tokens[best] -= -ni // sizes[best]
     starts = _layout_children(sizes, p.parent_size, p.node_size)
@@ -174,13 +174,13 @@ IMPROVE_SWAP_PARTNERS = 4
 def _improve(p: ChildProblem, sol: ChildSolution, max_rounds: int = MAX_IMPROVE_ROUNDS, swaps: bool = True) -> None:
     """Moves and swaps out of the slowest child while they lower the makespan."""
     sizes, members = sol.sizes, sol.members
-    lin_of, len_of, budget = p.lin_list, p.len_list, p.budget
+    tw_of, len_of, budget = p.tokenwise_list, p.len_list, p.budget
     child_time = p.child_time
 
     def sums(k):
-        """(linear seconds, tokens, tokens per rank) of child k."""
+        """(tokenwise seconds, tokens, tokens per rank) of child k."""
         m, c = members[k], sizes[k]
-        return sum(lin_of[i] for i in m), sum(len_of[i] for i in m), sum(-(-len_of[i] // c) for i in m)
+        return sum(tw_of[i] for i in m), sum(len_of[i] for i in m), sum(-(-len_of[i] // c) for i in m)
 
     st = [sums(k) for k in range(len(sizes))]
     times = [child_time(sizes[k], st[k][0], st[k][1]) for k in range(len(sizes))]
@@ -196,9 +196,9 @@ def _improve(p: ChildProblem, sol: ChildSolution, max_rounds: int = MAX_IMPROVE_
                 by_size[sizes[k]].append(k)
         targets = [k for ks in by_size.values() for k in ks]
         # swap partners come from each target's members, largest first
-        ranked = {k: sorted(members[k], key=lambda b: -lin_of[b]) for k in targets} if swaps else {}
+        ranked = {k: sorted(members[k], key=lambda b: -tw_of[b]) for k in targets} if swaps else {}
         for a in members[worst]:
-            lin_a, len_a = lin_of[a], len_of[a]
+            lin_a, len_a = tw_of[a], len_of[a]
             t_worst_without_a = child_time(size_w, lin_w - lin_a, tok_w - len_a)
             for k in targets:
                 size_k = sizes[k]
@@ -213,7 +213,7 @@ def _improve(p: ChildProblem, sol: ChildSolution, max_rounds: int = MAX_IMPROVE_
                 # most load back without overshooting)
                 n_partners = 0
                 for b in ranked[k]:
-                    lin_b = lin_of[b]
+                    lin_b = tw_of[b]
                     if lin_b >= lin_a:
                         continue
                     n_partners += 1
@@ -250,15 +250,15 @@ def _pack_under(p: ChildProblem, limit: float) -> ChildSolution | None:
     """Best-fit decreasing with variable-size children: can every child finish within `limit`
     using at most parent_size ranks? A child of size c holds what keeps its time <= limit.
 
-    A child's time is monotone in its load key (linear + per-token x tokens), so per size the
+    A child's time is monotone in its load key (tokenwise + per-token x tokens), so per size the
     best fit is the open child with the largest key that still meets the limit: a bisection in
     that size's sorted keys, then a walk down past children whose token budget is full."""
-    sizes, members, lin, tok, rank_tokens = [], [], [], [], []
-    lin_of, len_of, budget, per_token, fixed = p.lin_list, p.len_list, p.budget, p.per_token, p.fixed
+    sizes, members, tw, tok, rank_tokens = [], [], [], [], []
+    tw_of, len_of, budget, per_token, fixed = p.tokenwise_list, p.len_list, p.budget, p.per_token, p.fixed
     keys: dict[int, list[tuple[float, int]]] = {}  # size -> sorted (load key, child)
     used = 0
     for i in p.order:
-        li, ni = lin_of[i], len_of[i]
+        li, ni = tw_of[i], len_of[i]
         best, best_slack = -1, float("inf")
         for c, ks in keys.items():
             room = (limit - fixed[c]) * c - li - per_token[c] * ni  # the largest key that still fits the limit
@@ -267,7 +267,7 @@ def _pack_under(p: ChildProblem, limit: float) -> ChildSolution | None:
                 j -= 1
                 k = ks[j][1]
                 if rank_tokens[k] - (-ni // c) <= budget:
-                    slack = limit - p.child_time(c, lin[k] + li, tok[k] + ni)
+                    slack = limit - p.child_time(c, tw[k] + li, tok[k] + ni)
                     if slack >= 0:  # (a rounding miss at the boundary walks on down)
                         if slack < best_slack:
                             best, best_slack = k, slack
@@ -280,19 +280,19 @@ def _pack_under(p: ChildProblem, limit: float) -> ChildSolution | None:
                 return None
             sizes.append(c)
             members.append([])
-            lin.append(0.0)
+            tw.append(0.0)
             tok.append(0)
             rank_tokens.append(0)
             used += c
             best = len(sizes) - 1
         else:
             c = sizes[best]
-            keys[c].remove((lin[best] + per_token[c] * tok[best], best))
+            keys[c].remove((tw[best] + per_token[c] * tok[best], best))
         members[best].append(i)
-        lin[best] += li
+        tw[best] += li
         tok[best] += ni
         rank_tokens[best] -= -ni // c
-        bisect.insort(keys.setdefault(c, []), (lin[best] + per_token[c] * tok[best], best))
+        bisect.insort(keys.setdefault(c, []), (tw[best] + per_token[c] * tok[best], best))
     sizes += [1] * (p.parent_size - used)
     members += [[] for _ in range(p.parent_size - used)]
     starts = _layout_children(sizes, p.parent_size, p.node_size)
@@ -320,7 +320,7 @@ def _merge_worst(p: ChildProblem, sol: ChildSolution) -> bool:
     """Merge the slowest child (size c) with the least-loaded children holding c ranks in all
     into one child of size 2c (time ~ the average of theirs). True if the makespan fell."""
     sizes, members = sol.sizes, sol.members
-    times = [p.child_time(c, float(p.linear[m].sum()), float(p.lengths[m].sum())) for c, m in zip(sizes, members)]
+    times = [p.child_time(c, float(p.tokenwise[m].sum()), float(p.lengths[m].sum())) for c, m in zip(sizes, members)]
     worst = int(np.argmax(times))
     c = sizes[worst]
     if 2 * c > p.node_size:
@@ -337,7 +337,7 @@ def _merge_worst(p: ChildProblem, sol: ChildSolution) -> bool:
     merged = members[worst] + [i for k in partners for i in members[k]]
     if sum(ceil_div(int(p.lengths[i]), 2 * c) for i in merged) > p.budget:
         return False
-    t = p.child_time(2 * c, float(p.linear[merged].sum()), float(p.lengths[merged].sum()))
+    t = p.child_time(2 * c, float(p.tokenwise[merged].sum()), float(p.lengths[merged].sum()))
     if t >= times[worst]:
         return False
     keep = [k for k in range(len(sizes)) if k != worst and k not in partners]
@@ -370,10 +370,10 @@ def solve_child_problem(p: ChildProblem, quick: bool = False) -> ChildSolution |
     quick: one start, fewer bisection steps and no swaps, for the parent solver's trial
     evaluations. Instances with many samples per rank (more than two) also take one start:
     their granularity is fine, so the bisection is what closes the gap."""
-    total = float(p.linear.sum())
+    total = float(p.tokenwise.sum())
     bound = p.lower_bound()
     best = None
-    few = len(p.lin_list) <= 2 * p.parent_size
+    few = len(p.tokenwise_list) <= 2 * p.parent_size
     for scale in GREEDY_TARGET_SCALES if few and not quick else GREEDY_TARGET_SCALES[:1]:
         sol = _greedy(p, scale * total / p.parent_size, swaps=not quick)
         if sol is not None:

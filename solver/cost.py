@@ -94,12 +94,12 @@ def splits_over(model: ModelConfig, layer_type: str, size: int) -> bool:
 
 
 # ----- per-rank time of a layout ---------------------------------------------------------------
-def rank_time(linear: float, tokens: float, size: int, line: tuple[float, float]) -> float:
-    """Per-rank seconds of a layout of `size` ranks holding `linear` seconds of token-layout work
-    (CostModel.linear_cost) over `tokens` tokens, on its cost line (a, b) (CostModel.child_line):
-    (linear + a * tokens) / size + b. The one definition of a child's (or an unrepacked group's)
+def rank_time(tokenwise: float, tokens: float, size: int, line: tuple[float, float]) -> float:
+    """Per-rank seconds of a layout of `size` ranks holding `tokenwise` seconds of token-layout work
+    (CostModel.tokenwise_cost) over `tokens` tokens, on its cost line (a, b) (CostModel.child_line):
+    (tokenwise + a * tokens) / size + b. The one definition of a child's (or an unrepacked group's)
     time: the solvers, the estimates and the fills all price a layout with it."""
-    return (linear + line[0] * tokens) / size + line[1]
+    return (tokenwise + line[0] * tokens) / size + line[1]
 
 
 # ----- the cost model -------------------------------------------------------------------------
@@ -388,10 +388,10 @@ class CostModel:
         return np.asarray(tokens, dtype=np.float64) * per_token
 
     def sample_cost(self, lengths):
-        """Training seconds of one sample on one rank (solver weight: quadratic + linear)."""
-        return self.linear_cost(lengths) + self.full_cost(lengths)
+        """Training seconds of one sample on one rank (the solvers' weight: its full attention and its token-wise work)."""
+        return self.tokenwise_cost(lengths) + self.full_cost(lengths)
 
-    def linear_cost(self, lengths):
+    def tokenwise_cost(self, lengths):
         """Training seconds of the work that runs in the child token layout (all but full attention)."""
         n = np.asarray(lengths, dtype=np.float64)
         return self.token_cost(n) + self.attention_passes * self.model.n_sparse * self.sparse_attn_time(n)
@@ -457,7 +457,7 @@ class CostModel:
 
     def child_line(self, size: int, parent_size: int) -> tuple[float, float]:
         """Per-rank seconds of the token-layout work of a layout of `size` ranks inside a parent
-        of `parent_size`, as (linear + a * tokens) / size + b for the layout's linear seconds and
+        of `parent_size`, as (tokenwise + a * tokens) / size + b for the layout's tokenwise seconds and
         tokens: a holds its own exchanges at the sparse layers and its share of the parent's at
         the full layers; b the sparse layers' fixed cost. A group in its own layout is the case
         size == parent_size. The parent's full attention and parent_fixed come on top. Cached."""
@@ -486,7 +486,7 @@ class CostModel:
     def own_layout_time(self, lengths, size: int) -> float:
         """rank_time of a group of `size` ranks that keeps its own (evenly split) layout at every layer."""
         n = np.asarray(lengths, dtype=np.float64)
-        return rank_time(float(self.linear_cost(n).sum()), float(n.sum()), size, self.child_line(size, size))
+        return rank_time(float(self.tokenwise_cost(n).sum()), float(n.sum()), size, self.child_line(size, size))
 
     def group_rate(self, size: int) -> float:
         """Bytes per second a rank sends to its peers in one all-to-all of an aligned group of

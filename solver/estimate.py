@@ -176,14 +176,14 @@ class PlanEstimate:
             self._pos = np.full(int(id_arr.max()) + 1, -1, dtype=np.int64)
             self._pos[id_arr] = np.arange(len(ids))
         self._len = lens
-        self._lin = np.asarray(cost.linear_cost(lens), dtype=np.float64)
+        self._tokenwise = np.asarray(cost.tokenwise_cost(lens), dtype=np.float64)
         self._full = np.asarray(cost.full_cost(lens), dtype=np.float64)
         self._steps: dict[int, tuple] = {}  # id -> (parents tuple, its step_time)
         self._known = _Known()  # the parents step_time has seen, gathered once each
         self._own: dict[str, dict[int, ParentPlan]] = {}  # own_layout's plans, by reason and id(group)
         self._per_row: tuple | None = None  # per sample: full attention, sparse attention, blocks
         self.kept_layouts: tuple | None = None  # the last start a rebalance laid out, and its layouts (rebalance)
-        self.linear = dict(zip(ids, self._lin.tolist()))
+        self.tokenwise = dict(zip(ids, self._tokenwise.tolist()))
         self.full = dict(zip(ids, self._full.tolist()))
 
     def own_layout(self, group, reason: str) -> ParentPlan:
@@ -248,9 +248,9 @@ class PlanEstimate:
             return 0.0
         slowest = 0.0
         for c in parent.children:
-            lin = sum(self.linear[s] for s in c.samples)
+            tw = sum(self.tokenwise[s] for s in c.samples)
             tok = sum(self.length_of[s] for s in c.samples)
-            slowest = max(slowest, rank_time(lin, tok, c.size, self.cost.child_line(c.size, g.size)))
+            slowest = max(slowest, rank_time(tw, tok, c.size, self.cost.child_line(c.size, g.size)))
         return self.cost.shared_time(sum(self.full[s] for s in g.samples), g.size) + slowest
 
     def parent_times(self, parents) -> np.ndarray:
@@ -269,14 +269,14 @@ class PlanEstimate:
         row_at, of = _spans(known.row0[kid_at], counts)
         rows = known.rows[row_at]
         psize = known.psize[at]
-        lin = np.bincount(of, self._lin[rows], nk)
+        tw = np.bincount(of, self._tokenwise[rows], nk)
         tok = np.bincount(of, self._len[rows], nk)
         full = np.bincount(of, self._full[rows], nk)
         # each (child size, parent size)'s cost line, and each parent size's fixed seconds, once
         span = int(psize.max()) + 1
         pairs, pair_of = distinct(sizes * span + psize[owner])
         lines = np.array([self.cost.child_line(k // span, k % span) for k in pairs.tolist()]).reshape(-1, 2)[pair_of]
-        kid_time = (lin + lines[:, 0] * tok) / sizes + lines[:, 1]  # cost.rank_time
+        kid_time = (tw + lines[:, 0] * tok) / sizes + lines[:, 1]  # cost.rank_time
         slowest = np.full(len(parents), -np.inf)
         np.maximum.at(slowest, owner, kid_time)
         pfull = np.bincount(owner, full, len(parents))

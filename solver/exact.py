@@ -74,14 +74,14 @@ def solve_exact(p: ChildProblem, time_limit: float = 20.0) -> float:
         add([(b, 1.0) for b, (o, c) in enumerate(blocks) if o <= r < o + c], 1, 1)
     for i in range(n):  # every sample in exactly one child
         add([(xi(i, b), 1.0) for b in range(nb)], 1, 1)
-    big = float(p.linear.sum() + max(p.per_token.values()) * p.lengths.sum()) + 1.0
+    big = float(p.tokenwise.sum() + max(p.per_token.values()) * p.lengths.sum()) + 1.0
     for b, (_, c) in enumerate(blocks):
         for i in range(n):  # x <= y
             add([(xi(i, b), 1.0), (b, -1.0)], -np.inf, 0)
         # token budget per rank (chunks rounded up, as the heuristic counts them)
         add([(xi(i, b), float(ceil_div(int(p.lengths[i]), c))) for i in range(n)], -np.inf, p.budget)
         # makespan: load / c + fixed <= z   (only binding when the block is used)
-        coeffs = [(xi(i, b), (float(p.linear[i]) + p.per_token[c] * float(p.lengths[i])) / c) for i in range(n)]
+        coeffs = [(xi(i, b), (float(p.tokenwise[i]) + p.per_token[c] * float(p.lengths[i])) / c) for i in range(n)]
         add(coeffs + [(b, p.fixed[c] + big), (zi, -1.0)], -np.inf, big)
     res = m.solve(time_limit)
     if res.x is None:
@@ -124,7 +124,7 @@ def solve_joint_exact(samples, cluster: Cluster, cost: CostModel, time_limit: fl
     samples = tuple(samples)
     lengths = np.array([s.length for s in samples], dtype=np.int64)
     full = np.asarray(cost.full_cost(lengths), dtype=np.float64)
-    linear = np.asarray(cost.linear_cost(lengths), dtype=np.float64)
+    tokenwise = np.asarray(cost.tokenwise_cost(lengths), dtype=np.float64)
     node, budget, world = cluster.gpus_per_node, cluster.tokens_per_rank, cluster.world_size
     parents = _slots(world, cost.widest_group(cluster))
     # units: (parent slot, child size, child slot); child size == parent size is its own layout
@@ -174,7 +174,7 @@ def solve_joint_exact(samples, cluster: Cluster, cost: CostModel, time_limit: fl
         add([(xi[(i, u)], 1.0), (wi(u), -1.0)], -np.inf, 0)
     lines = [cost.child_line(c, parents[pi][0]) for pi, c, _ in units]
     # a bound on any unit's time: every sample's work on one rank, plus the largest fixed costs
-    big = float(full.sum() + linear.sum()) + max(a for a, _ in lines) * float(lengths.sum())
+    big = float(full.sum() + tokenwise.sum()) + max(a for a, _ in lines) * float(lengths.sum())
     big = 2 * (big + max(cost.parent_fixed(p) for p, _ in parents) + max(b for _, b in lines)) + 1.0
     for pi, (p, _) in enumerate(parents):
         members = [(i, u) for u in by_parent[pi] for i in x_of_unit.get(u, [])]
@@ -184,7 +184,7 @@ def solve_joint_exact(samples, cluster: Cluster, cost: CostModel, time_limit: fl
         for u in by_parent[pi]:
             _, c, _ = units[u]
             a, b = cost.child_line(c, p)
-            own = [(xi[(i, u)], (float(linear[i]) + a * float(lengths[i])) / c) for i in x_of_unit.get(u, [])]
+            own = [(xi[(i, u)], (float(tokenwise[i]) + a * float(lengths[i])) / c) for i in x_of_unit.get(u, [])]
             add([(xi[(i, u)], float(ceil_div(int(lengths[i]), c))) for i in x_of_unit.get(u, [])], -np.inf, budget)
             # z >= shared + own + b when the unit is used (big-M off otherwise)
             add(shared + own + [(wi(u), b + big), (zi, -1.0)], -np.inf, big)

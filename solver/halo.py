@@ -93,23 +93,23 @@ def _place(sizes: list[int], parent: Group, gpus_per_node: int) -> list[int]:
 
 
 def _halo_children_for(
-    parent: Group, ids: list[int], length_of: Mapping[int, int], cluster: Cluster, cost: CostModel, target: float, lin: Mapping[int, float]
+    parent: Group, ids: list[int], length_of: Mapping[int, int], cluster: Cluster, cost: CostModel, target: float, tw: Mapping[int, float]
 ):
     """Halo children for a per-rank target load, or None: every sample whose load passes the
     target, or whose length the token budget cannot hold, gets contiguous ranks of its own
     (ceil(load / target), at least its memory floor), fewest extra ranks given up first when they
     do not fit; the rest go whole to single ranks, largest first to the least loaded that holds it.
-    `lin`: each sample's cost.linear_cost."""
+    `tw`: each sample's cost.tokenwise_cost."""
     budget, p = cluster.tokens_per_rank, parent.size
     floor = {s: ceil_div(length_of[s], budget) for s in ids}
     # at most a rank per token (no empty chunk) and the parent's ranks
-    want = {s: min(p, length_of[s], max(floor[s], int(np.ceil(lin[s] / target - 1e-9)) if target > 0 else 1)) for s in ids}
+    want = {s: min(p, length_of[s], max(floor[s], int(np.ceil(tw[s] / target - 1e-9)) if target > 0 else 1)) for s in ids}
     cut = [s for s in ids if want[s] > 1]
     while sum(want[s] for s in cut) > p:
         can = [s for s in cut if want[s] > floor[s]]
         if not can:
             return None
-        pick = min(can, key=lambda s: lin[s] / (want[s] - 1))  # gives up the least per rank
+        pick = min(can, key=lambda s: tw[s] / (want[s] - 1))  # gives up the least per rank
         want[pick] -= 1
         cut = [s for s in cut if want[s] > 1]
     singles = p - sum(want[s] for s in cut)
@@ -128,7 +128,7 @@ def _halo_children_for(
         load, k = heapq.heappop(heap)
         held[k].append(s)
         tokens[k] += length_of[s]
-        heapq.heappush(heap, (load + lin[s], k))
+        heapq.heappush(heap, (load + tw[s], k))
         for e in skipped:
             heapq.heappush(heap, e)
     groups = [(want[s], (s,), True) for s in cut] + [(1, tuple(h), False) for h in held]
@@ -181,12 +181,12 @@ def solve_halo_children(
     priced = _Prices(parent, length_of, cost) if priced is None else priced
     cost.sparse.check_local()
     ids = sorted(parent.samples, key=lambda s: (-length_of[s], s))
-    lin = dict(zip(ids, per_sample(cost.linear_cost, ids, length_of)))
-    mean = sum(lin[s] for s in ids) / parent.size
+    tw = dict(zip(ids, per_sample(cost.tokenwise_cost, ids, length_of)))
+    mean = sum(tw[s] for s in ids) / parent.size
     own = priced((parent,))
     best, best_t = None, math.inf
     for scale in HALO_TARGET_SCALES:
-        kids = _halo_children_for(parent, ids, length_of, cluster, cost, scale * mean, lin)
+        kids = _halo_children_for(parent, ids, length_of, cluster, cost, scale * mean, tw)
         if kids is not None:
             t = priced(kids, min(best_t, own)) if bounded else priced(kids)
             if t < best_t:

@@ -38,15 +38,15 @@ class _BinFill:
     attention share, so keys go stale; they only grow, which the shared least-loaded fill
     (solver.fill) relies on: one heap per shape of bin (parent size, bin size, own layout)."""
 
-    def __init__(self, cluster: Cluster, cost: CostModel, linear: np.ndarray, full: np.ndarray, lengths: np.ndarray):
+    def __init__(self, cluster: Cluster, cost: CostModel, tokenwise: np.ndarray, full: np.ndarray, lengths: np.ndarray):
         self.cost, self.budget = cost, cluster.tokens_per_rank
         # plain lists: the fill reads one item at a time (numpy scalars would cost a conversion each)
-        self.linear, self.full, self.lengths = np.asarray(linear).tolist(), np.asarray(full).tolist(), np.asarray(lengths).tolist()
+        self.tokenwise, self.full, self.lengths = np.asarray(tokenwise).tolist(), np.asarray(full).tolist(), np.asarray(lengths).tolist()
         # per parent: size, full-attention seconds, its cost.shared_time, tokens per rank
         self.parent_size, self.parent_full, self.parent_shared, self.parent_rank_tokens = [], [], [], []
         self.parent_fixed = []  # cost.parent_fixed of each parent (shared_time = full / size + fixed)
-        # per bin: its parent, size, cost line, linear seconds, tokens, its cost.rank_time, tokens per rank
-        self.bin_parent, self.bin_size, self.bin_line, self.bin_linear, self.bin_tokens, self.bin_own = [], [], [], [], [], []
+        # per bin: its parent, size, cost line, tokenwise seconds, tokens, its cost.rank_time, tokens per rank
+        self.bin_parent, self.bin_size, self.bin_line, self.bin_tokenwise, self.bin_tokens, self.bin_own = [], [], [], [], [], []
         self.bin_rank_tokens = []
         # every placement, in order: the item and its bin (members() groups them)
         self.placed_items: list[int] = []
@@ -75,7 +75,7 @@ class _BinFill:
             self.bin_parent.append(p)
             self.bin_size.append(c)
             self.bin_line.append(line[0])
-            self.bin_linear.append(0.0)
+            self.bin_tokenwise.append(0.0)
             self.bin_tokens.append(0)
             self.bin_own.append(line[1])
             self.bin_rank_tokens.append(0)
@@ -98,7 +98,7 @@ class _BinFill:
         self.bin_parent += range(p0, p0 + count)
         self.bin_size += [size] * count
         self.bin_line += [line[0]] * count
-        self.bin_linear += [0.0] * count
+        self.bin_tokenwise += [0.0] * count
         self.bin_tokens += [0] * count
         self.bin_own += [line[1]] * count
         self.bin_rank_tokens += [0] * count
@@ -144,10 +144,10 @@ class _BinFill:
         full = self.parent_full[p] = self.parent_full[p] + self.full[i]
         self.parent_shared[p] = full / size + self.parent_fixed[p]  # cost.shared_time, inlined
         self.parent_rank_tokens[p] += -(-n // size)
-        linear = self.bin_linear[b] = self.bin_linear[b] + self.linear[i]
+        tokenwise = self.bin_tokenwise[b] = self.bin_tokenwise[b] + self.tokenwise[i]
         tokens = self.bin_tokens[b] = self.bin_tokens[b] + n
         a, fixed = self.bin_line[b]
-        self.bin_own[b] = (linear + a * tokens) / c + fixed  # cost.rank_time, inlined
+        self.bin_own[b] = (tokenwise + a * tokens) / c + fixed  # cost.rank_time, inlined
         self.bin_rank_tokens[b] += -(-n // c)
         self.placed_items.append(i)
         self.placed_bins.append(b)
@@ -196,7 +196,7 @@ class _BinFill:
         Most shapes cannot win, and a bound says so without looking at their bins: an open heap's
         top key is at most every open bin's time (keys only lag loads that grew), so no bin of a
         shape finishes before top key + the sample's own increment (its full-attention share on
-        the parent, its linear work and tokens on the bin), unless a parked bin may fit it (then
+        the parent, its tokenwise work and tokens on the bin), unless a parked bin may fit it (then
         the full query runs). The shape that won the last sample is looked at first, which makes
         the bound bite (at 4,096 ranks and fill 0.95, one shape in ten past the first is looked
         at); a shape is skipped only when its bound exceeds the best time so far by more than
@@ -207,16 +207,16 @@ class _BinFill:
             self.bin_parent,
             self.parent_rank_tokens,
         )
-        parent_full, parent_fixed, parent_shared, bin_linear, bin_tokens, bin_line, bin_own = (
+        parent_full, parent_fixed, parent_shared, bin_tokenwise, bin_tokens, bin_line, bin_own = (
             self.parent_full,
             self.parent_fixed,
             self.parent_shared,
-            self.bin_linear,
+            self.bin_tokenwise,
             self.bin_tokens,
             self.bin_line,
             self.bin_own,
         )
-        lengths, linears, fulls, least_loaded = self.lengths, self.linear, self.full, self.fill.least_loaded
+        lengths, tokenwise_of, fulls, least_loaded = self.lengths, self.tokenwise, self.full, self.fill.least_loaded
         parent_size, bin_size, chosen = self.parent_size, self.bin_size, self.placed_bins
         entries, orders = self._shapes()
         last, best = self._last if self._last < len(entries) else 0, -1
@@ -224,11 +224,11 @@ class _BinFill:
         done = len(chosen)
         heapreplace = heapq.heapreplace
         for i in items:
-            n, lin, full = lengths[i], linears[i], fulls[i]
+            n, tw, full = lengths[i], tokenwise_of[i], fulls[i]
             best, best_t, best_k, bound = -1, INF, -1, INF
             for k, heap, held, size, c, slope, own in orders[last]:
                 if heap:
-                    if heap[0][0] + full / size + (lin + slope * n) / c > bound and (not held or -held[0][0] < n):
+                    if heap[0][0] + full / size + (tw + slope * n) / c > bound and (not held or -held[0][0] < n):
                         continue  # no bin of the shape can beat the best so far, and no parked one may fit
                 elif not held or -held[0][0] < n:
                     continue  # nothing open, and no parked bin may fit
@@ -250,7 +250,7 @@ class _BinFill:
                     p = bin_parent[b]
                 # the bin's time with the sample: cost.shared_time + cost.rank_time, inlined (the fill's innermost loop)
                 a, fixed = bin_line[b]
-                t = ((parent_full[p] + full) / size + parent_fixed[p]) + ((bin_linear[b] + lin + a * (bin_tokens[b] + n)) / c + fixed)
+                t = ((parent_full[p] + full) / size + parent_fixed[p]) + ((bin_tokenwise[b] + tw + a * (bin_tokens[b] + n)) / c + fixed)
                 if t < best_t or (t == best_t and k < best_k):
                     best, best_t, best_k, bound, best_need, best_own = b, t, k, t * PRUNE_MARGIN, need, own
             if best < 0:
@@ -264,7 +264,7 @@ class _BinFill:
             pf = parent_full[p] = parent_full[p] + full
             parent_shared[p] = pf / size + parent_fixed[p]  # cost.shared_time
             parent_rank_tokens[p] += best_need if best_own else -(-n // size)
-            bl = bin_linear[best] = bin_linear[best] + lin
+            bl = bin_tokenwise[best] = bin_tokenwise[best] + tw
             bt = bin_tokens[best] = bin_tokens[best] + n
             a, fixed = bin_line[best]
             bin_own[best] = (bl + a * bt) / c + fixed  # cost.rank_time
@@ -284,24 +284,24 @@ INF = float("inf")
 PRUNE_MARGIN = 1 + 1e-9
 
 
-def _child_pays(n: int, linear: float, full: float, parent_size: int, node: int, cost: CostModel, target: float) -> bool:
+def _child_pays(n: int, tokenwise: float, full: float, parent_size: int, node: int, cost: CostModel, target: float) -> bool:
     """Should a wide parent's anchor run its sparse layers and token-wise work in a child of (at
     most) one node? Yes if that is no slower than spreading it over the whole parent (with
     inter-node exchanges at every layer), or if it stays within the per-rank target anyway (the
     parent's other ranks then take short samples free of inter-node sparse traffic). A long
-    sample may fail both: a child gives its linear work to at most `node` ranks."""
-    in_child = rank_time(linear, n, node, cost.child_line(node, parent_size))
-    in_parent = rank_time(linear, n, parent_size, cost.child_line(parent_size, parent_size))
+    sample may fail both: a child gives its tokenwise work to at most `node` ranks."""
+    in_child = rank_time(tokenwise, n, node, cost.child_line(node, parent_size))
+    in_parent = rank_time(tokenwise, n, parent_size, cost.child_line(parent_size, parent_size))
     return in_child <= max(in_parent, target - cost.shared_time(full, parent_size))
 
 
-def _anchor_child(n: int, linear: float, full: float, parent_size: int, cluster: Cluster, cost: CostModel, target: float) -> int:
+def _anchor_child(n: int, tokenwise: float, full: float, parent_size: int, cluster: Cluster, cost: CostModel, target: float) -> int:
     """The anchor's child: the fewest ranks (from its memory floor up to a node) on which its
     parent's time, counting only the anchor, stays within the per-rank target; else a node."""
     shared = cost.shared_time(full, parent_size)
     c = cluster.min_group_size(n)
     while c < cluster.gpus_per_node:
-        if shared + rank_time(linear, n, c, cost.child_line(c, parent_size)) <= target:
+        if shared + rank_time(tokenwise, n, c, cost.child_line(c, parent_size)) <= target:
             break
         c *= 2
     return c
@@ -313,7 +313,7 @@ def assign_with_children(
     """Parents and their children in one pass: the parent solver's start.
 
     Anchor groups as in assign_parents. A parent wider than a node whose anchor fits one node gets
-    a child for the anchor (sized by its memory floor and its linear share, within a node) and SP1
+    a child for the anchor (sized by its memory floor and its tokenwise share, within a node) and SP1
     children on its other ranks; the other samples then fill, longest first, whichever bin (a
     node-local group or a child) finishes earliest, priced as PlanEstimate prices it. So a
     wide parent takes the short samples its inter-node exchanges leave room for, no more.
@@ -323,7 +323,7 @@ def assign_with_children(
     cost = cost.for_cluster(cluster)
     samples = check_samples(samples, cluster)
     lengths, costs, anchors, groups, rest = anchor_groups(samples, cluster, cost)
-    linear = np.asarray(cost.linear_cost(lengths), dtype=np.float64)
+    tokenwise = np.asarray(cost.tokenwise_cost(lengths), dtype=np.float64)
     full = np.asarray(cost.full_cost(lengths), dtype=np.float64)
     g, node_cap = cluster.gpus_per_node, cluster.gpus_per_node * cluster.tokens_per_rank
     target = costs.sum() / cluster.world_size
@@ -332,8 +332,8 @@ def assign_with_children(
         kids = None
         if repack and w > g and lengths[anchors[k]] <= node_cap:
             i = anchors[k]
-            if _child_pays(int(lengths[i]), float(linear[i]), float(full[i]), w, g, cost, target):
-                c = _anchor_child(int(lengths[i]), float(linear[i]), float(full[i]), w, cluster, cost, target)
+            if _child_pays(int(lengths[i]), float(tokenwise[i]), float(full[i]), w, g, cost, target):
+                c = _anchor_child(int(lengths[i]), float(tokenwise[i]), float(full[i]), w, cluster, cost, target)
                 kids = (c,) + (1,) * (w - c)
         decisions.append(kids)
     # the fill depends on `repack` only through these decisions: where no parent gets children, the
@@ -343,7 +343,7 @@ def assign_with_children(
     kept = _JOINT.get(samples, key)
     if kept is not StepMemo.MISS:
         return kept
-    fill = _BinFill(cluster, cost, linear, full, lengths)
+    fill = _BinFill(cluster, cost, tokenwise, full, lengths)
     anchor_bins = []  # each anchor's parent's bins (the SP1 groups after the anchors hold one bin each)
     k, n_anchors = 0, len(anchors)
     while k < n_anchors:

@@ -27,19 +27,19 @@ from .plan import Kids
 class _Kid:
     """A child: size, members and the sums its time needs."""
 
-    __slots__ = ("size", "members", "linear", "tokens", "rank_tokens")
+    __slots__ = ("size", "members", "tokenwise", "tokens", "rank_tokens")
 
-    def __init__(self, size, members, linear, tokens, rank_tokens):
-        self.size, self.members, self.linear, self.tokens, self.rank_tokens = size, members, linear, tokens, rank_tokens
+    def __init__(self, size, members, tokenwise, tokens, rank_tokens):
+        self.size, self.members, self.tokenwise, self.tokens, self.rank_tokens = size, members, tokenwise, tokens, rank_tokens
 
 
 class _Membership:
     """Members of a parent with their sums, and its children (None: the parent's own layout)."""
 
-    __slots__ = ("ids", "tokens", "linear", "full", "rank_tokens", "kids")
+    __slots__ = ("ids", "tokens", "tokenwise", "full", "rank_tokens", "kids")
 
-    def __init__(self, ids, tokens, linear, full, rank_tokens, kids):
-        self.ids, self.tokens, self.linear, self.full, self.rank_tokens, self.kids = ids, tokens, linear, full, rank_tokens, kids
+    def __init__(self, ids, tokens, tokenwise, full, rank_tokens, kids):
+        self.ids, self.tokens, self.tokenwise, self.full, self.rank_tokens, self.kids = ids, tokens, tokenwise, full, rank_tokens, kids
 
 
 class _GroupState:
@@ -67,8 +67,8 @@ class _GroupState:
         kids = None
         if kids_members is not None:
             kids = [_Kid(kid_size, list(m), *c.sums(m, kid_size)[1:]) for kid_size, m in kids_members]
-        full, linear, tokens, rank_tokens = c.sums(ids, size)
-        return _Membership(list(ids), tokens, linear, full, rank_tokens, kids)
+        full, tokenwise, tokens, rank_tokens = c.sums(ids, size)
+        return _Membership(list(ids), tokens, tokenwise, full, rank_tokens, kids)
 
     def set(self, ids: list[int], hint: _Membership | None = None) -> None:
         """New members. A trial move's configuration (`hint`) is taken as it is: its children are
@@ -95,28 +95,28 @@ class _GroupState:
         if not cf.ids:
             return 0.0
         shared = self.prices.cost.shared_time(cf.full, self.size)
-        own = rank_time(cf.linear, cf.tokens, self.size, self.own_line)
+        own = rank_time(cf.tokenwise, cf.tokens, self.size, self.own_line)
         if cf.kids is not None:
-            return shared + min(own, max(self.children_problem.child_time(k.size, k.linear, k.tokens) for k in cf.kids))
+            return shared + min(own, max(self.children_problem.child_time(k.size, k.tokenwise, k.tokens) for k in cf.kids))
         return shared + own
 
     def removing(self, a: int, cf: _Membership | None = None) -> _Membership:
         """The configuration without sample `a` (it leaves its child)."""
         cf = cf or self.config
         c = self.prices
-        n, lin = c.length_of[a], c.linear[a]
+        n, tw = c.length_of[a], c.tokenwise[a]
         kids = None
         if cf.kids is not None:
             kids = [
                 k
                 if a not in k.members
-                else _Kid(k.size, [s for s in k.members if s != a], k.linear - lin, k.tokens - n, k.rank_tokens - ceil_div(n, k.size))
+                else _Kid(k.size, [s for s in k.members if s != a], k.tokenwise - tw, k.tokens - n, k.rank_tokens - ceil_div(n, k.size))
                 for k in cf.kids
             ]
         return _Membership(
             [s for s in cf.ids if s != a],
             cf.tokens - n,
-            cf.linear - lin,
+            cf.tokenwise - tw,
             cf.full - c.full[a],
             cf.rank_tokens - ceil_div(n, self.size),
             kids,
@@ -127,7 +127,7 @@ class _GroupState:
         the child where it finishes earliest."""
         cf = cf or self.config
         c = self.prices
-        budget, n, lin = c.cluster.tokens_per_rank, c.length_of[a], c.linear[a]
+        budget, n, tw = c.cluster.tokens_per_rank, c.length_of[a], c.tokenwise[a]
         if cf.rank_tokens + ceil_div(n, self.size) > budget:
             return None
         kids = None
@@ -136,14 +136,16 @@ class _GroupState:
             for i, k in enumerate(cf.kids):
                 if k.rank_tokens + ceil_div(n, k.size) > budget:
                     continue
-                t = self.children_problem.child_time(k.size, k.linear + lin, k.tokens + n)
+                t = self.children_problem.child_time(k.size, k.tokenwise + tw, k.tokens + n)
                 if t < best_t:
                     best, best_t = i, t
             if best >= 0:
                 k = cf.kids[best]
                 kids = list(cf.kids)
-                kids[best] = _Kid(k.size, k.members + [a], k.linear + lin, k.tokens + n, k.rank_tokens + ceil_div(n, k.size))
-        return _Membership(cf.ids + [a], cf.tokens + n, cf.linear + lin, cf.full + c.full[a], cf.rank_tokens + ceil_div(n, self.size), kids)
+                kids[best] = _Kid(k.size, k.members + [a], k.tokenwise + tw, k.tokens + n, k.rank_tokens + ceil_div(n, k.size))
+        return _Membership(
+            cf.ids + [a], cf.tokens + n, cf.tokenwise + tw, cf.full + c.full[a], cf.rank_tokens + ceil_div(n, self.size), kids
+        )
 
 
 class _OwnLayouts:
@@ -154,7 +156,7 @@ class _OwnLayouts:
 
     def __init__(self, ids: list[int], starts: list[int], counts: list[int], sizes: np.ndarray, sums: np.ndarray, toks: np.ndarray):
         self.ids, self.starts, self.counts, self.sizes = ids, starts, counts, sizes
-        self.full, self.linear = sums
+        self.full, self.tokenwise = sums
         self.tokens, self.rank_tokens = toks
 
     def members(self, j: int) -> list[int]:
@@ -164,19 +166,21 @@ class _OwnLayouts:
     def membership(self, j: int) -> _Membership:
         if not self.counts[j]:
             return _Membership([], 0, 0.0, 0.0, 0, None)
-        return _Membership(self.members(j), int(self.tokens[j]), float(self.linear[j]), float(self.full[j]), int(self.rank_tokens[j]), None)
+        return _Membership(
+            self.members(j), int(self.tokens[j]), float(self.tokenwise[j]), float(self.full[j]), int(self.rank_tokens[j]), None
+        )
 
     def times(self, cost: CostModel) -> np.ndarray:
         """_GroupState.price of every parent: cost.shared_time plus rank_time on its own line (0 when empty)."""
         widths, of = distinct(self.sizes)
         fixed = np.array([cost.parent_fixed(n) for n in widths.tolist()])[of]
         line = np.array([cost.child_line(n, n) for n in widths.tolist()]).reshape(len(widths), 2)[of]
-        t = (self.full / self.sizes + fixed) + ((self.linear + line[:, 0] * self.tokens) / self.sizes + line[:, 1])
+        t = (self.full / self.sizes + fixed) + ((self.tokenwise + line[:, 0] * self.tokens) / self.sizes + line[:, 1])
         return np.where(np.asarray(self.counts) > 0, t, 0.0)
 
 
 class _StepPrices:
-    """Per-sample prices of one step (linear and full-attention seconds: the step's PlanEstimate
+    """Per-sample prices of one step (tokenwise and full-attention seconds: the step's PlanEstimate
     holds them), its child problems by parent size, and the samples' longest-first order: what
     every _GroupState reads."""
 
@@ -186,13 +190,13 @@ class _StepPrices:
         if est is None or est.length_of is not length_of:
             est = PlanEstimate(length_of, cluster, cost)
         self.est = est
-        self.linear, self.full = est.linear, est.full
+        self.tokenwise, self.full = est.tokenwise, est.full
         self._children_problems: dict[int, ChildProblem] = {}
         self._rank = est.longest_first  # each sample's place in (longest first, then by id) order, by its row
 
     def sample_cost(self, s: int) -> float:
-        """A sample's seconds on one rank (cost.sample_cost: its linear plus its full-attention seconds)."""
-        return self.linear[s] + self.full[s]
+        """A sample's seconds on one rank (cost.sample_cost: its tokenwise plus its full-attention seconds)."""
+        return self.tokenwise[s] + self.full[s]
 
     def own_layouts(self, groups: Sequence[Sequence[int]], sizes: Sequence[int]) -> _OwnLayouts:
         """The configuration of parents in their own layout, each with its members sorted (longest
@@ -208,21 +212,21 @@ class _StepPrices:
         # each parent's members, longest first, then by id (one distinct key per member, one sort)
         rows = rows[np.argsort(owner * len(self._rank) + self._rank[rows])]
         starts = np.concatenate(([0], np.cumsum(counts)[:-1])).astype(np.int64)
-        full, linear, lens = est._full, est._lin, est._len.astype(np.int64)
+        full, tokenwise, lens = est._full, est._tokenwise, est._len.astype(np.int64)
         size_of = np.asarray(sizes, dtype=np.int64)
-        sums = np.zeros((2, len(groups)))  # full and linear seconds
+        sums = np.zeros((2, len(groups)))  # full and tokenwise seconds
         toks = np.zeros((2, len(groups)), dtype=np.int64)  # tokens, tokens per rank
         for m in distinct(counts)[0].tolist():
             if m == 0:
                 continue
             js = np.nonzero(counts == m)[0]
             pos = rows[starts[js][None, :] + np.arange(m)[:, None]]  # [m, parents]: row r is each parent's r-th member
-            f, lin = full[pos[0]].copy(), linear[pos[0]].copy()
+            f, tw = full[pos[0]].copy(), tokenwise[pos[0]].copy()
             for r in range(1, m):  # row by row: the order Python's sum adds in
                 f += full[pos[r]]
-                lin += linear[pos[r]]
+                tw += tokenwise[pos[r]]
             n = lens[pos]
-            sums[0, js], sums[1, js] = f, lin
+            sums[0, js], sums[1, js] = f, tw
             toks[0, js], toks[1, js] = n.sum(axis=0), (-(-n // size_of[js])).sum(axis=0)
         return _OwnLayouts(est._ids[rows].tolist(), starts.tolist(), counts.tolist(), size_of, sums, toks)
 
@@ -240,12 +244,12 @@ class _StepPrices:
         return layouts
 
     def sums(self, ids, size: int) -> tuple[float, float, int, int]:
-        """Full-attention and linear seconds, tokens, and tokens per rank (chunks of ceil(L / size))
+        """Full-attention and tokenwise seconds, tokens, and tokens per rank (chunks of ceil(L / size))
         of `ids` on `size` ranks, each summed in the order of `ids`."""
         lens = list(map(self.length_of.__getitem__, ids))
         tokens = sum(lens)
         rank_tokens = tokens if size == 1 else sum(-(-n // size) for n in lens)
-        return sum(map(self.full.__getitem__, ids)), sum(map(self.linear.__getitem__, ids)), tokens, rank_tokens
+        return sum(map(self.full.__getitem__, ids)), sum(map(self.tokenwise.__getitem__, ids)), tokens, rank_tokens
 
     def children_problem(self, parent_size: int) -> ChildProblem:
         """An empty child problem of a parent of `parent_size`: its child_time prices children."""

@@ -3,7 +3,7 @@ paths re-type for speed (PlanEstimate.parent_time and parent_times, the parent s
 _BinFill, the rebalance's trial moves _GroupState.price, the child solver's ChildProblem.child_time),
 and that tests/test_reference.py checks each of them against on random instances.
 
-It reads only the cost model's per-sample costs (CostModel.full_cost, linear_cost) and its
+It reads only the cost model's per-sample costs (CostModel.full_cost, tokenwise_cost) and its
 exchange timeline (CostModel.layer_exchange_time, what the simulator charges a rank), at the
 groups' real positions: none of the cached cost lines the fast paths use.
 
@@ -30,7 +30,7 @@ from .plan import ParentPlan
 
 
 def per_sample(costs, ids: Sequence[int], length_of: Mapping[int, int]) -> list[float]:
-    """A per-sample cost (CostModel.full_cost, linear_cost) of each of these samples, in order: one
+    """A per-sample cost (CostModel.full_cost, tokenwise_cost) of each of these samples, in order: one
     call over their lengths (each the float a call on that length alone gives)."""
     return costs(np.array([length_of[s] for s in ids], dtype=np.int64)).tolist()
 
@@ -130,14 +130,14 @@ def child_time(child: Group, parent: Group, length_of: Mapping[int, int], cost: 
     per token, its slowest rank's halo exchanges every pass (halo_pass) and the maps its slowest
     rank forms every attention pass (CostModel.halo_line)."""
     if child.halo:
-        lin = sum(per_sample(cost.linear_cost, child.samples, length_of))
+        tw = sum(per_sample(cost.tokenwise_cost, child.samples, length_of))
         tokens = sum(length_of[s] for s in child.samples)
         # the maps its slowest rank forms (a kind that passes no state forms none: the loop skipped)
         maps = float(state_load(child, length_of, cost)[1].max(initial=0.0)) if cost.state_bytes() else 0.0
-        return rank_time(lin, tokens, child.size, cost.halo_line(parent.size, halo_pass(child, length_of, cost), maps))
+        return rank_time(tw, tokens, child.size, cost.halo_line(parent.size, halo_pass(child, length_of, cost), maps))
     m = cost.model
     tokens_per_rank = sum(length_of[s] for s in child.samples) / child.size
-    work = sum(per_sample(cost.linear_cost, child.samples, length_of)) / child.size
+    work = sum(per_sample(cost.tokenwise_cost, child.samples, length_of)) / child.size
     rank = child.start
     sparse_exchanges = m.n_sparse * cost.layer_exchange_time(tokens_per_rank, child.start, child.size, rank, "S")
     full_bytes = cost.layer_exchange_time(tokens_per_rank, parent.start, parent.size, rank) - cost.layer_exchange_time(

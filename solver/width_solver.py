@@ -54,14 +54,14 @@ class _Search:
         ids = np.fromiter((s.id for s in samples), dtype=np.int64, count=len(samples))
         self._est_rows = est.cost is cost and np.array_equal(ids, est._ids)  # the planner's: the estimate's rows are the samples'
         if self._est_rows:  # its terms
-            lengths, self.linear, self.full = est._len.astype(np.int64), est._lin, est._full
+            lengths, self.tokenwise, self.full = est._len.astype(np.int64), est._tokenwise, est._full
         else:
             self._ids = ids.tolist()
             lengths = np.array([s.length for s in samples], dtype=np.int64)
-            self.linear = np.asarray(cost.linear_cost(lengths), dtype=np.float64)
+            self.tokenwise = np.asarray(cost.tokenwise_cost(lengths), dtype=np.float64)
             self.full = np.asarray(cost.full_cost(lengths), dtype=np.float64)
         self.lengths = lengths
-        self.sample_cost = self.linear + self.full  # cost.sample_cost
+        self.sample_cost = self.tokenwise + self.full  # cost.sample_cost
         self.target = float(self.sample_cost.sum()) / cluster.world_size  # the per-rank share the anchor rules use
 
     @functools.cached_property
@@ -99,7 +99,7 @@ class _Search:
         pool = list(pool)
         local = {s: k for k, s in enumerate(pool)}
         idx = np.array([self.index[s] for s in pool], dtype=np.int64)
-        fill = _BinFill(self.cluster, self.cost, self.linear[idx], self.full[idx], self.lengths[idx])
+        fill = _BinFill(self.cluster, self.cost, self.tokenwise[idx], self.full[idx], self.lengths[idx])
         node_cap = self.node * self.cluster.tokens_per_rank
         placed = set()
         for size, anch in zip(sizes, anchors):
@@ -108,9 +108,9 @@ class _Search:
                 cs = []
                 for s in anch:
                     i = self.index[s]
-                    n, lin, full = int(self.lengths[i]), float(self.linear[i]), float(self.full[i])
-                    pays = _child_pays(n, lin, full, size, self.node, self.cost, self.target)
-                    cs.append(_anchor_child(n, lin, full, size, self.cluster, self.cost, self.target) if pays else 0)
+                    n, tw, full = int(self.lengths[i]), float(self.tokenwise[i]), float(self.full[i])
+                    pays = _child_pays(n, tw, full, size, self.node, self.cost, self.target)
+                    cs.append(_anchor_child(n, tw, full, size, self.cluster, self.cost, self.target) if pays else 0)
                 if all(cs) and sum(cs) <= size:
                     kids = cs + [1] * (size - sum(cs))
             bins = fill.add_parent(size, kids)

@@ -186,7 +186,7 @@ def test_the_joint_fill_prices_a_bin_and_places_a_sample_as_the_reference(case, 
     cluster, cost, plan, length_of = case
     n = len(length_of)
     lengths = np.array([length_of[i] for i in range(n)])
-    fill = _BinFill(cluster, cost, cost.linear_cost(lengths), cost.full_cost(lengths), lengths)
+    fill = _BinFill(cluster, cost, cost.tokenwise_cost(lengths), cost.full_cost(lengths), lengths)
     g = plan.group
     other = Group(cluster.world_size // 2 - g.start, max(1, g.size // 2), ())
     bins = {0: fill.add_parent(g.size, [c.size for c in plan.children] if plan.repacked else None), 1: fill.add_parent(other.size, None)}
@@ -270,7 +270,7 @@ def test_the_child_problem_prices_a_child_as_the_reference(case):
     for c in plan.children:
         if c.size > cluster.gpus_per_node:
             continue  # the child problem's children are node-local
-        linear = sum(float(cost.linear_cost(length_of[s])) for s in c.samples)
+        linear = sum(float(cost.tokenwise_cost(length_of[s])) for s in c.samples)
         tokens = sum(length_of[s] for s in c.samples)
         assert p.child_time(c.size, linear, tokens) == pytest.approx(ref.child_time(c, g, length_of, cost), rel=REL)
 
