@@ -130,3 +130,20 @@ def test_the_way_of_a_child_round_trips_and_names_its_mark():
         assert Group.from_json(g.to_json()) == g and g.halo == (way is not Way.ULYSSES) and g.chain == (way is Way.CHAIN)
     assert Group(0, 1, (0,)).to_json() == [0, 1, [0]]  # a Ulysses group carries no mark, as every plan before
     assert Group(0, 2, (0,), Way.CHAIN).to_json()[3:] == ["halo:chain"]
+
+
+def test_the_cost_model_is_split_by_concern_into_parts_of_at_most_25_methods():
+    """CostModel joins its parts (solver.pricing: compute, exchanges, the kind's own costs, what
+    every mode pays); no part, and not CostModel's own body, defines more than 25 methods."""
+    import ast
+
+    from solver.cost import CostModel
+
+    parts = [c for c in CostModel.__mro__ if c.__module__.startswith("solver.")]
+    assert {c.__name__ for c in parts} == {"CostModel", "ComputeCosts", "ExchangeCosts", "KindCosts", "StepCosts"}
+    for cls in parts:
+        path = os.path.join(ROOT, *cls.__module__.split(".")) + ".py"
+        tree = ast.parse(open(path, encoding="utf-8").read())
+        node = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls.__name__)
+        methods = [n for n in node.body if isinstance(n, ast.FunctionDef)]
+        assert len(methods) <= 25, f"{cls.__name__}: {len(methods)} methods"

@@ -1,0 +1,2 @@
+"""The cost model's parts, one concern each (solver.cost.CostModel joins them): compute, the
+exchanges, the sparse kind's own costs, and what every mode pays."""
