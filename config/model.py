@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
-from .base import NON_EMPTY, Check, Section, SettingError, int_in, number_in, setting
+from .base import NON_EMPTY, Check, Section, SettingError, int_in, number_in, optional, setting
 
 LAYER_TYPES = ("F", "S")  # F: full causal attention; S: sparse attention of the model's sparse kind
 QWEN3 = "attention and MoE shapes of Qwen3-235B-A22B (2025)"
@@ -45,6 +45,13 @@ class ModelConfig(Section):
         8, "key/value heads (grouped-query attention when fewer than the query heads)", int_in(1, MAX_HEADS), source=QWEN3
     )
     head_dim: int = setting(128, "size of one attention head", int_in(1, MAX_HEAD_DIM), source=QWEN3)
+    v_head_dim: int = setting(
+        None,
+        "size of one value head and of the attention's output head, where it differs from head_dim (MLA's: 128 beside q/k "
+        "heads of 192); priced by the simulator, refused by the runtime, whose attention takes one head size",
+        optional(int_in(1, MAX_HEAD_DIM)),
+        type_=int,
+    )
     n_experts: int = setting(128, "routed experts per MoE layer", int_in(1, MAX_EXPERTS), source=QWEN3)
     top_k: int = setting(8, "experts each token is routed to", int_in(1, MAX_EXPERTS), source=QWEN3)
     expert_ffn: int = setting(1536, "hidden size of one expert's SwiGLU", int_in(1, MAX_FFN), source=QWEN3)
@@ -87,6 +94,11 @@ class ModelConfig(Section):
         return changes
 
     # cached: the solvers read these in their inner loops (the fields are frozen)
+    @property
+    def v_dim(self) -> int:
+        """The value (and attention output) head size: v_head_dim, or head_dim where unset."""
+        return self.head_dim if self.v_head_dim is None else self.v_head_dim
+
     @cached_property
     def layer_types(self) -> str:
         """The type of every layer, in order: layer_pattern tiled over n_layers."""
@@ -181,4 +193,31 @@ ModelConfig.PRESETS["tiny-kda"] = ModelConfig.PRESETS["tiny"].replace(
         "k_heads": 4, "v_heads": 8, "head_k_dim": 8, "head_v_dim": 8, "conv_kernel": 4, "block": 16, "gate_rank": 8,
         "state_dtype": "auto",
     },
+)  # fmt: skip
+# paper-kda: Kimi-Linear-48B-A3B's shapes (Moonshot AI, 2025; its public config.json): 27 layers,
+# KDA at layers 1-3, 5-7, ... 25-26 and MLA full attention at 4, 8, ..., 24 and 27 (1-based, as its
+# layer list places them); hidden size 2304; KDA of 32 heads of 128 and a convolution of 4; MLA's
+# 32 heads priced by their head sizes, q/k 192 (128 without rotary + 64 with) and v 128; 256
+# routed experts, 8 a token, each a SwiGLU of 1024; a vocabulary of 163,840. Its dense first layer
+# and its shared expert are left out, and MLA's low-rank key/value projection is priced as the
+# full-rank one of these head sizes (docs/cost-model.md)
+ModelConfig.PRESETS["paper-kda"] = ModelConfig(
+    name="paper-kda",
+    n_layers=27,
+    layer_pattern="SSSF" * 6 + "SSF",
+    hidden=2304,
+    n_heads=32,
+    n_kv_heads=32,
+    head_dim=192,
+    v_head_dim=128,
+    n_experts=256,
+    top_k=8,
+    expert_ffn=1024,
+    vocab=163840,
+    sparse_kind="kda",
+    sparse_params={
+        "k_heads": 32, "v_heads": 32, "head_k_dim": 128, "head_v_dim": 128, "conv_kernel": 4, "block": 64, "gate_rank": 128,
+        "state_dtype": "auto",
+    },
+    rope_theta=1e4,
 )  # fmt: skip

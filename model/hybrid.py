@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from config import RECOMPUTE, ModelConfig
+from config import RECOMPUTE, ModelConfig, SettingError
 from solver.cost import sparse_cost
 
 from .attention import KeySegments, chunked_key_inputs, kernel_inputs, sparse_kind, varlen_attention
@@ -168,6 +168,18 @@ class LinearBlock(nn.Module):
         return place.leave(x + m, layer_type), aux
 
 
+def check_runnable(cfg: ModelConfig) -> None:
+    """SettingError where the runtime cannot build the model the cost model prices: value heads of
+    another size than the q/k heads (MLA's), which its attention kernels and exchanges, taking one
+    head size, do not run yet."""
+    if cfg.v_dim != cfg.head_dim:
+        raise SettingError(
+            f"model {cfg.name}: model.v_head_dim (--v-head-dim)={cfg.v_head_dim} differs from model.head_dim (--head-dim)="
+            f"{cfg.head_dim}: the simulator prices it (the ablation, the sweep), but the runtime's attention and exchanges take "
+            f"one head size; leave --v-head-dim unset to train"
+        )
+
+
 class HybridMoE(nn.Module):
     """>>> from config import ModelConfig
     >>> cfg = ModelConfig.from_name("tiny")
@@ -182,6 +194,7 @@ class HybridMoE(nn.Module):
         exchanges included, in the backward and keeps only its input; "selective" re-runs the
         attention kernels only; "none" keeps every activation."""
         super().__init__()
+        check_runnable(cfg)
         if recompute not in RECOMPUTE:
             raise ValueError(f"recompute={recompute!r}; valid: {RECOMPUTE}")
         self.cfg, self.recompute = cfg, recompute

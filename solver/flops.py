@@ -29,5 +29,6 @@ def chunked_keys(length, chunk: int):
 
 
 def attention_flops(pairs, cfg: ModelConfig):
-    """Forward FLOPs of QK^T and PV (two matmuls) over `pairs` (query, key) pairs, all heads."""
-    return 2 * FLOPS_PER_MAC * cfg.n_heads * cfg.head_dim * np.asarray(pairs, dtype=np.float64)
+    """Forward FLOPs of QK^T (at the q/k head size) and PV (at the value head size) over `pairs`
+    (query, key) pairs, all heads."""
+    return FLOPS_PER_MAC * cfg.n_heads * (cfg.head_dim + cfg.v_dim) * np.asarray(pairs, dtype=np.float64)

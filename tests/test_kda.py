@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from config import Cluster, HardwareConfig, ModelConfig
+from config import Cluster, HardwareConfig, ModelConfig, SettingError
 from model import kda
 from solver import CostModel, make_plan, samples_from_lengths
 from solver.cost import sparse_cost, with_sparse_defaults
@@ -267,3 +267,47 @@ def test_the_kda_plans_cover_what_the_step_test_claims():
     assert {2, 3, 4} <= cuts, cuts
     assert any(c.chain for plan in plans for q in plan.parents for c in q.children), "a chain"
     assert any(c.halo and not c.chain and c.size > 1 for plan in plans for q in plan.parents for c in q.children), "one round"
+
+
+def test_paper_kda_places_its_layers_as_kimi_linears_config_lists_them():
+    """Kimi-Linear-48B-A3B's config.json: KDA at layers 1-3, 5-7, ..., 21-23 and 25-26, MLA at 4,
+    8, ..., 24 and 27 (1-based); its parameters as the cost model counts them, near the model
+    card's 48B total and 3B active (its shared expert and dense first layer left out, MLA's
+    low-rank key/value projection priced full-rank)."""
+    kda_layers = [1, 2, 3, 5, 6, 7, 9, 10, 11, 13, 14, 15, 17, 18, 19, 21, 22, 23, 25, 26]
+    full_layers = [4, 8, 12, 16, 20, 24, 27]
+    cfg = with_sparse_defaults(ModelConfig.from_name("paper-kda"))
+    assert [i + 1 for i, t in enumerate(cfg.layer_types) if t == "S"] == kda_layers
+    assert [i + 1 for i, t in enumerate(cfg.layer_types) if t == "F"] == full_layers
+    cost = CostModel(cfg, HardwareConfig())
+    assert 45e9 < cost.total_params() < 55e9 and 2.8e9 < cost.active_params() < 3.3e9
+
+
+def test_value_heads_of_another_size_are_priced_by_their_size():
+    """MLA's full layers (q/k heads of 192, v heads of 128): QK^T at 192 and PV at 128; the entry
+    moves q and k at 192 and v at 128 a head, each key/value head replicated over a group wider
+    than them; the exit the outputs at 128; the halo row keys at 192 and values at 128."""
+    from solver.flops import attention_flops
+
+    base = ModelConfig.from_name("tiny").replace(n_heads=8, n_kv_heads=2, head_dim=12, v_head_dim=4)
+    cost = CostModel(base, HardwareConfig()).for_cluster(Cluster(8, 8, 32))
+    b = cost.hw.bytes_per_element
+    assert attention_flops([10.0], base)[0] == 2 * 8 * (12 + 4) * 10
+    # a group of 4: the 2 key/value heads each go to 2 ranks, so 4 copies of k's and v's elements
+    assert cost.entry_row_bytes(4) == (8 * 12 + 4 * 12 + 4 * 4) * b
+    assert cost.entry_row_bytes(2) == (8 * 12 + 2 * 12 + 2 * 4) * b
+    assert cost.exit_row_bytes() == 8 * 4 * b and cost.kv_row_bytes() == 2 * (12 + 4) * b
+    same = base.replace(v_head_dim=None)
+    assert CostModel(same, HardwareConfig()).for_cluster(Cluster(8, 8, 32)).entry_row_bytes(4) == (8 + 4 + 4) * 12 * b
+
+
+def test_the_runtime_refuses_value_heads_of_another_size_in_one_line(tmp_path, capsys):
+    import experiments.train.__main__ as train
+    from model.hybrid import HybridMoE
+
+    with pytest.raises(SettingError, match=r"model.v_head_dim \(--v-head-dim\)=4 differs from model.head_dim \(--head-dim\)=8"):
+        HybridMoE(ModelConfig.from_name("tiny").replace(v_head_dim=4))
+    with pytest.raises(SystemExit):
+        train.main(["--v-head-dim", "4", "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "the runtime's attention and exchanges take one head size" in err

@@ -31,6 +31,7 @@ from experiments.common.workload import generate_steps, load_trace, longest_step
 from kernels.exchange import CommStats, ExchangeGroups
 from model import HybridMoE
 from model.distributed import run_step
+from model.hybrid import check_runnable
 from model.sharding import parameter_count, replicate_experts, shard_model
 from solver import CostModel, PlanError, check_setup, make_plan, samples_from_lengths
 from solver.modes import MODES
@@ -80,6 +81,7 @@ def check_options(settings: Settings) -> None:
     """The driver's own settings against each other and the folders it writes, before any process
     group or work: a SettingError or InputError naming the flag."""
     t = settings.train
+    check_runnable(settings.model)
     if t.repeats > 1 and t.mode != "all":
         raise SettingError(f"--repeats={t.repeats} needs --mode all (no optimizer step between repeats); got --mode {t.mode}")
     if t.tokens and not t.doc_offsets:

@@ -53,14 +53,18 @@ def resolve_state_dtype(state_dtype: str, activation_bytes: int) -> str:
 def attention_parts(model: ModelConfig) -> Parts:
     """Attention's Ulysses exchanges: its q, k, v heads in and its output heads back."""
     m = model
-    return ((m.n_heads, m.n_kv_heads, m.n_kv_heads), m.head_dim), ((m.n_heads,), m.head_dim)
+    if m.v_dim == m.head_dim:
+        return ((m.n_heads, m.n_kv_heads, m.n_kv_heads), m.head_dim), ((m.n_heads,), m.head_dim)
+    # value heads of another size (MLA's): one element a part, element j of every q, k and v head
+    # (a group wider than the key/value heads replicates each, as it does whole heads)
+    return ((*(m.n_heads,) * m.head_dim, *(m.n_kv_heads,) * m.head_dim, *(m.n_kv_heads,) * m.v_dim), 1), ((m.n_heads,), m.v_dim)
 
 
 def attention_projection_params(model: ModelConfig) -> int:
     """Parameters of an attention layer's projections: the fused q, k, v and the output."""
     m = model
     q, kv = m.n_heads * m.head_dim, m.n_kv_heads * m.head_dim
-    return m.hidden * (q + 2 * kv) + q * m.hidden
+    return m.hidden * (q + kv + m.n_kv_heads * m.v_dim) + m.n_heads * m.v_dim * m.hidden
 
 
 def attention_held_projections(model: ModelConfig, held: Callable[..., int]) -> int:
@@ -68,7 +72,7 @@ def attention_held_projections(model: ModelConfig, held: Callable[..., int]) -> 
     parameter's padded elements: the fused query/key/value and the output projections."""
     m = model
     q, kv = m.n_heads * m.head_dim, m.n_kv_heads * m.head_dim
-    return held(q + 2 * kv, m.hidden) + held(m.hidden, q)
+    return held(q + kv + m.n_kv_heads * m.v_dim, m.hidden) + held(m.hidden, m.n_heads * m.v_dim)
 
 
 def attention_token_split(cost) -> tuple[float, float, float]:
@@ -76,7 +80,7 @@ def attention_token_split(cost) -> tuple[float, float, float]:
     share before its entry: its q, k, v projections, the share after its exit: the output
     projection and the experts)."""
     m = cost.model
-    pre = m.hidden * (m.n_heads + 2 * m.n_kv_heads) * m.head_dim / cost.layer_params_active
+    pre = m.hidden * ((m.n_heads + m.n_kv_heads) * m.head_dim + m.n_kv_heads * m.v_dim) / cost.layer_params_active
     return cost.layer_token_time, pre, 1 - pre
 
 
@@ -158,7 +162,7 @@ class SparseKind:
 
     def halo_row_elements(self, model: ModelConfig) -> int:
         """Elements of one halo row: a token's keys and values, all key/value heads."""
-        return 2 * model.n_kv_heads * model.head_dim
+        return model.n_kv_heads * (model.head_dim + model.v_dim)
 
     # its calibration (experiments.calibrate): "attention", its S layers timed as attention (at
     # attention_efficiency, a call's cost per sample fitted as attention_sample_latency); or

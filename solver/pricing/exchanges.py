@@ -26,7 +26,7 @@ class ExchangeCosts:
     def kv_row_bytes(self) -> float:
         """Bytes of one token's keys and values (all key/value heads): a halo exchange's row."""
         m = self.model
-        return 2 * m.n_kv_heads * m.head_dim * self.hw.bytes_per_element * self.byte_share
+        return m.n_kv_heads * (m.head_dim + m.v_dim) * self.hw.bytes_per_element * self.byte_share
 
     def hidden_row_bytes(self) -> float:
         """Bytes of one token's hidden state: a redistribution's row."""
