@@ -16,6 +16,7 @@ from solver import CostModel, make_plan, samples_from_lengths
 from solver.cost import sparse_cost, with_sparse_defaults
 from solver.modes import MODES
 from tests.dist_utils import run_distributed
+from tests.test_linear_attention import _state
 
 F64 = torch.float64
 
@@ -30,10 +31,6 @@ def _inputs(t: int, h: int, dk: int, dv: int, seed: int, dtype=F64):
     g = -2 * torch.rand(t, h, dk, generator=gen, dtype=dtype)
     beta = torch.rand(t, h, generator=gen, dtype=dtype)
     return q, k, v, g, beta
-
-
-def _state(h, dk, dv, seed, dtype=F64):
-    return torch.randn(h, dk, dv, generator=torch.Generator().manual_seed(seed + 1), dtype=dtype)
 
 
 @settings(max_examples=25, deadline=None)
@@ -152,28 +149,10 @@ def test_the_layer_equals_its_written_out_form_with_grouped_values():
 def test_a_sample_cut_over_ranks_with_passed_states_and_halos_is_the_whole_sample():
     """Each sample cut into chunks, each run as a rank would, from the state and the convolution
     halo its previous chunk hands on: the same outputs, final states and gradients of every
-    parameter as one call over the whole batch."""
-    layer = _layer(kernel=4)
-    lengths = [11, 2]
-    cuts = [[0, 2, 2, 7, 11], [0, 1, 2]]  # a chunk shorter than the kernel's reach, and an empty one
-    x = torch.randn(sum(lengths), 12, dtype=F64, generator=torch.Generator().manual_seed(4))
-    whole, finals, _ = layer(x, [0, 11, 13])
-    (whole.square().sum() + finals.square().sum()).backward()
-    expected = {name: p.grad.clone() for name, p in layer.named_parameters()}
-    layer.zero_grad()
-    outs, loss, base = [], 0.0, 0
-    for n, c in zip(lengths, cuts):
-        state, halo = None, None
-        for lo, hi in zip(c, c[1:]):
-            o, state, halo = layer(x[base + lo : base + hi], [0, hi - lo], state, halo)
-            outs.append(o)
-        loss = loss + state.square().sum()
-        base += n
-    out = torch.cat(outs)
-    (out.square().sum() + loss).backward()
-    torch.testing.assert_close(out, whole, rtol=1e-10, atol=1e-12)
-    for name, p in layer.named_parameters():
-        torch.testing.assert_close(p.grad, expected[name], rtol=1e-9, atol=1e-11, msg=lambda m, n=name: f"gradient of {n}: {m}")
+    parameter as one call over the whole batch (the gated delta rule's test, on a KDA layer)."""
+    from tests.test_linear_attention import assert_cut_is_whole
+
+    assert_cut_is_whole(_layer(kernel=4))
 
 
 def test_the_cost_model_counts_a_kda_hybrids_parameters_as_the_model_has_them():

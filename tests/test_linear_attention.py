@@ -291,7 +291,12 @@ def test_a_sample_cut_over_ranks_with_passed_states_and_halos_is_the_whole_sampl
     """Each sample cut into chunks, each chunk run as a rank would (its own call), from the state
     and the convolution halo its previous chunk hands on: the same outputs, final states and
     gradients of every parameter as one call over the whole batch."""
-    layer = _layer(kernel=4)
+    assert_cut_is_whole(_layer(kernel=4))
+
+
+def assert_cut_is_whole(layer):
+    """A linear layer (hidden 12, kernel 4) over two samples cut into chunks, each run from the
+    state and halo its previous chunk hands on, against one call over the whole batch."""
     lengths = [11, 2]
     cuts = [[0, 2, 2, 7, 11], [0, 1, 2]]  # a chunk shorter than the kernel's reach, and an empty one
     x = torch.randn(sum(lengths), 12, dtype=F64, generator=torch.Generator().manual_seed(4))
