@@ -20,9 +20,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib
+import importlib.util
 import inspect
 import json
 import os
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,6 +34,46 @@ from .base import Section, SettingError, check_value, flag_of, load_json
 from .reads import UNREAD, Unread, check_read
 
 CONFIG_FLAG = "--config"
+PLUGIN_FLAG = "--plugin"
+_PLUGINS: dict[str, Any] = {}  # the plugins this process imported, by what named them
+
+
+def plugins_in(argv: Sequence[str]) -> list[str]:
+    """The --plugin values of a command line, in order (--plugin X, or --plugin=X)."""
+    out = []
+    for i, arg in enumerate(argv):
+        if arg == PLUGIN_FLAG and i + 1 < len(argv):
+            out.append(argv[i + 1])
+        elif arg.startswith(PLUGIN_FLAG + "="):
+            out.append(arg.split("=", 1)[1])
+    return out
+
+
+def load_plugin(spec: str):
+    """Import a user's module once, before the command line is read, so that what it registers (a
+    sparse kind, with its mask, FLOPs and parameters) is valid on it: `spec` is a module path
+    (pkg.my_kinds, importable from here) or a Python file (my_kinds.py). Every process that reads
+    the command line imports it (each torchrun rank reads its own). SettingError naming the plugin
+    where it cannot be found or fails as it is imported."""
+    if spec in _PLUGINS:
+        return _PLUGINS[spec]
+    try:
+        if spec.endswith(".py") or os.sep in spec:
+            if not os.path.isfile(spec):
+                raise SettingError(f"{PLUGIN_FLAG} {spec!r}: no such file (give a module path, pkg.my_kinds, or a .py file)")
+            name = "repack_plugin_" + "".join(c if c.isalnum() else "_" for c in os.path.abspath(spec))
+            loader = importlib.util.spec_from_file_location(name, spec)
+            module = importlib.util.module_from_spec(loader)
+            sys.modules[name] = module
+            loader.loader.exec_module(module)
+        else:
+            module = importlib.import_module(spec)
+    except SettingError:
+        raise
+    except Exception as e:  # noqa: BLE001 - the user's module may raise anything as it is imported: one line naming it
+        raise SettingError(f"{PLUGIN_FLAG} {spec!r} cannot be imported: {type(e).__name__}: {e}") from None
+    _PLUGINS[spec] = module
+    return module
 
 
 @dataclass(frozen=True)
@@ -57,6 +100,7 @@ class Settings:
         self.routes: dict[str, str] = {}
         self.given: set[str] = set()
         self.from_presets: set[str] = set()  # the settings a named preset set: their flag is what to change, not the preset
+        self.plugins: list[str] = []  # the --plugin modules imported before the settings were read
 
     def reroute(self, message: str) -> str:
         """A check's message with each setting it names by its flag ('costs.ep_degree (--ep)', as
@@ -93,6 +137,7 @@ class Settings:
         out = Settings(self.command)
         out.sections = {**self.sections, **sections}
         out.routes, out.given, out.from_presets = dict(self.routes), set(self.given), set(self.from_presets)
+        out.plugins = list(self.plugins)
         return out
 
     def to_dict(self) -> dict[str, dict]:
@@ -153,6 +198,7 @@ class Command:
     choices: dict[str, Any] = field(default_factory=dict)
     only: dict[str, tuple[str, ...]] = field(default_factory=dict)  # section -> the only settings of it this command takes
     unread: tuple[Unread, ...] = ()  # this command's own cases of a setting it does not read, beyond config.reads.UNREAD
+    epilog: str = ""  # what --help prints after the settings (the modes an entry point runs)
 
     def __post_init__(self):
         for name, keep in self.only.items():
@@ -186,9 +232,18 @@ class Command:
             prog=f"python -m {self.prog}",
             description=self.description,
             formatter_class=argparse.RawDescriptionHelpFormatter,
+            epilog=self.epilog or None,
             allow_abbrev=False,  # --mode is not --model: a flag is spelt whole, or refused naming it
         )
         ap.add_argument(CONFIG_FLAG, metavar="FILE", default=argparse.SUPPRESS, help="JSON file of settings by section (flags win over it)")
+        ap.add_argument(
+            PLUGIN_FLAG,
+            metavar="MODULE",
+            action="append",
+            default=argparse.SUPPRESS,
+            help="a module path or a .py file imported before the settings are read (repeatable): a sparse kind it registers is "
+            "then a valid --sparse-kind here and in every torchrun rank",
+        )
         for cls in self.sections:
             name = cls.SECTION
             group = ap.add_argument_group(f"{name} settings", inspect.cleandoc(cls.__doc__ or "").split("\n\n")[0] or None)
@@ -236,7 +291,7 @@ class Command:
 
     def options(self) -> list[str]:
         """Every option of this command line with the setting it sets: what tests/cli_options.txt freezes."""
-        out = [f"{self.prog} {CONFIG_FLAG} FILE"]
+        out = [f"{self.prog} {CONFIG_FLAG} FILE", f"{self.prog} {PLUGIN_FLAG} MODULE"]
         for cls in self.sections:
             if cls.PRESETS:
                 out.append(f"{self.prog} --{cls.SECTION} {cls.SECTION}.preset")
@@ -247,13 +302,20 @@ class Command:
     def parse(self, argv: Sequence[str] | None = None) -> Settings:
         """The settings of a command line (sys.argv when None), every value checked; SettingError
         names a bad one by the route it came by."""
+        argv = sys.argv[1:] if argv is None else list(argv)
+        plugins = plugins_in(argv)
+        for spec in plugins:  # first: what they register is what the parser and the checks accept
+            load_plugin(spec)
         ns = vars(self.parser().parse_args(argv))
+        ns.pop("plugin", None)
         path = ns.pop("config", None)
         flags: dict[str, dict[str, Any]] = {}
         for key, value in ns.items():
             section, _, name = key.partition(".")
             flags.setdefault(section, {})[name or "preset"] = value
-        return self.resolve(read_config_file(path, self) if path else {}, flags, path)
+        settings = self.resolve(read_config_file(path, self) if path else {}, flags, path)
+        settings.plugins = plugins
+        return settings
 
     def resolve(self, file: dict[str, dict], flags: dict[str, dict], path: str | None = None) -> Settings:
         """Precedence (the module's docstring) over every section, in order."""

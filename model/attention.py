@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from solver.cost import register_sparse_cost, sparse_cost
+from solver.cost import attention_flops, register_sparse_cost, sparse_cost
 
 BACKENDS = ("auto", "torch", "flash", "varlen", "kernel")  # kernel: a sparse kind's own fn where it has one, else torch
 
@@ -67,6 +67,35 @@ def register_sparse_attention(
     else:
         register_sparse_cost(name, flops, params, overwrite=True, first_key=first_key)
     _SPARSE[name] = SparseKind(name, mask, flash_window, split_chunks, fn)
+
+
+def mask_pairs(name: str, length: int, params: dict) -> int:
+    """(query, key) pairs a sample of `length` tokens keeps under a kind's mask and causality,
+    counted from the mask itself, position by position (a yardstick for its FLOPs: small lengths).
+
+    >>> mask_pairs("sliding_window", 5, {"window": 2})
+    9
+    """
+    q = torch.arange(length)[:, None]
+    k = torch.arange(length)[None, :]
+    return int(((k <= q) & sparse_kind(name).mask(q, k, params)).sum())
+
+
+def check_sparse_flops(name: str, cfg, lengths=(1, 2, 3, 7, 31, 64, 97, 200)) -> None:
+    """Hold a registered kind's FLOPs (what the solvers and the simulator price it by) to its mask:
+    for each length, its flops must be attention_flops of the pairs mask_pairs counts (the kind's
+    parameters: cfg's, its defaults filling in). ValueError naming the first length where they
+    differ, with both counts."""
+    cfg = cfg.replace(sparse_kind=name, sparse_params=sparse_cost(name).resolve(cfg.sparse_params if cfg.sparse_kind == name else {}))
+    got = sparse_cost(name).flops(np.asarray(lengths, dtype=np.float64), cfg)
+    per_pair = float(attention_flops([1.0], cfg)[0])
+    for n, flops in zip(lengths, np.asarray(got, dtype=np.float64).tolist()):
+        pairs = mask_pairs(name, n, cfg.sparse_params)
+        if not math.isclose(flops, pairs * per_pair, rel_tol=1e-9):
+            raise ValueError(
+                f"sparse kind {name!r}: its flops count {flops / per_pair:g} (query, key) pairs for a sample of {n} tokens, "
+                f"its mask keeps {pairs} (params {cfg.sparse_params}): the solvers would price another pattern than it runs"
+            )
 
 
 def sparse_kind(name: str) -> SparseKind:

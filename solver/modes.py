@@ -147,6 +147,18 @@ REFERENCE: str = MODE_TABLE[0].name  # the mode every change is measured against
 _BY_NAME = {m.name: m for m in MODE_TABLE}
 
 
+def modes_for(kind) -> list[str]:
+    """Every mode a sparse kind's layers can run: all but the halo modes for a kind without a reach
+    (SparseKind.first_key: no halo exchange can serve it; choose then runs without halo children)."""
+    return [m.name for m in MODE_TABLE if kind.first_key is not None or not m.needs_reach]
+
+
+def modes_help() -> str:
+    """The modes for an entry point's --help, from the table: one line each, its name and what it does."""
+    width = max(len(m.name) for m in MODE_TABLE)
+    return "modes (solver.modes.MODE_TABLE):\n" + "\n".join(f"  {m.name:<{width}}  {m.description}" for m in MODE_TABLE)
+
+
 def mode_of(name: str) -> Mode:
     """The declared mode of that name; SettingError naming the valid ones."""
     if name not in _BY_NAME:
@@ -192,6 +204,8 @@ __all__ = [
     "REFERENCE",
     "STARTS",
     "mode_of",
+    "modes_for",
+    "modes_help",
     "modes_where",
     "paper_figures",
     "twin",

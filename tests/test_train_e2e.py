@@ -79,6 +79,7 @@ def _resume_matches(root, ranks, layout, resumed_layout=None):
     (ck / "latest").write_text("step_0000002")
     p = forked_driver(ranks, *budget, *layout, "--ckpt-dir", str(ck), "--resume", "--out", str(root / "resumed"))
     assert p.returncode == 0, p.stderr[-3000:]
+    assert f"resumed from step 2 ({ck / 'step_0000002'})" in p.stdout, p.stdout[-2000:]  # the log names its step and checkpoint
     assert losses(root / "resumed") == full
     if resumed_layout is not None:
         p = forked_driver(ranks, *budget, *resumed_layout, "--ckpt-dir", str(ck), "--resume", "--out", str(root / "relaid"))

@@ -25,12 +25,11 @@ from experiments.common.results import PAPER, summarize, summarize_seeds
 from experiments.common.settings import MODEL_CHOICES, cost_model
 from experiments.common.workload import check_generation, workload_steps
 from solver import CostModel, PlanError, make_plan, samples_from_lengths
-from solver.modes import CHILDREN, MODE_TABLE, MODES, OWN, REFERENCE, twin
+from solver.modes import CHILDREN, MODE_TABLE, MODES, OWN, REFERENCE, modes_for, modes_help, twin
 from solver.simulator import simulate
 
-DESCRIPTION = """The paper's ablation on the embedded simulator: baseline, repack, repack+solver, the control
-baseline+solver (the parent solver without repacking), and repack+widths (the width-choosing
-parent solver, beyond the paper: parents change width and share).
+DESCRIPTION = """The paper's ablation on the embedded simulator: every mode (listed below, from the mode table)
+on the same steps, the paper's three (baseline, repack, repack+solver) and the others beside them.
 
     python -m experiments.ablation                 # 5 seeds x 200 steps, the steps with SP16/32 parents
     python -m experiments.ablation --seeds 1       # one seed (a mean without its range is not a result)
@@ -44,7 +43,7 @@ breakdown (with the costs every mode pays) and both MFU conventions, and writes
 Every input is checked before any work: a bad value is a one-line error that names it.
 """
 SECTIONS = (ModelConfig, HardwareConfig, Cluster, CostsConfig, WorkloadConfig, PlannerConfig)
-COMMAND = Command("experiments.ablation", DESCRIPTION, (*SECTIONS, AblationOptions), choices=MODEL_CHOICES)
+COMMAND = Command("experiments.ablation", DESCRIPTION, (*SECTIONS, AblationOptions), choices=MODEL_CHOICES, epilog=modes_help())
 
 
 def select_wide_steps(steps, cluster: Cluster, cost: CostModel, progress=True, pricing: str = "compute", where: str = "") -> list[int]:
@@ -180,6 +179,7 @@ def run_ablation(settings: Settings, seeds: list[int], progress: bool = True) ->
         "provenance": provenance(),
         "config": {
             **settings.to_dict(),
+            "plugins": list(settings.plugins),  # the --plugin modules the run imported (its kinds' code)
             "fill": wl.tokens_per_step / (cluster.world_size * cluster.tokens_per_rank),
             "seeds": seeds,
             "group_rate_ratios": group_rate_ratios(cost, cluster),
@@ -195,9 +195,8 @@ def run_ablation(settings: Settings, seeds: list[int], progress: bool = True) ->
 
 
 def ablation_modes(cost: CostModel) -> list[str]:
-    """Every mode, but the halo modes for a sparse kind without a reach (choose then runs without
-    halo children)."""
-    return [m.name for m in MODE_TABLE if cost.sparse.first_key is not None or not m.needs_reach]
+    """Every mode the model's sparse kind can run (solver.modes.modes_for)."""
+    return modes_for(cost.sparse)
 
 
 def folding_pair() -> tuple[str, str] | None:

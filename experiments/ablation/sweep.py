@@ -36,9 +36,16 @@ from experiments.common.files import check_output_dir, lock_folder
 from experiments.common.provenance import provenance
 from experiments.common.settings import MODEL_CHOICES, prepare
 from solver.cost import sparse_cost
-from solver.modes import modes_where
+from solver.modes import modes_help, modes_where
 
-COMMAND = Command("experiments.ablation.sweep", __doc__, (*SECTIONS, SweepOptions), defaults={"workload.steps": 100}, choices=MODEL_CHOICES)
+COMMAND = Command(
+    "experiments.ablation.sweep",
+    __doc__,
+    (*SECTIONS, SweepOptions),
+    defaults={"workload.steps": 100},
+    choices=MODEL_CHOICES,
+    epilog=modes_help(),
+)
 
 
 def point(base: Settings, factor: str, value, pricing: str, reading: str | None) -> Settings:

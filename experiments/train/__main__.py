@@ -34,7 +34,7 @@ from kernels.permute import PACK_BACKENDS
 from model.attention import BACKENDS
 from model.sharding import SHARDINGS
 from solver.cluster import InternalError
-from solver.modes import MODES
+from solver.modes import MODES, modes_help
 
 
 def _tiny(s) -> bool:
@@ -56,6 +56,7 @@ COMMAND = Command(
         "workload.steps": 20,
     },
     exclude=frozenset({"cluster.world_size"}),
+    epilog=modes_help() + "\n  all       every mode the sparse kind can run, each step in each, without optimizer steps",
     choices={
         "train.mode": (*MODES, "all"),
         "train.dtype": DTYPES,

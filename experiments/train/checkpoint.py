@@ -487,7 +487,7 @@ def load(ckpt_dir: str, model, opt, expect: dict, step: int | None = None) -> di
         err = _agree(err) or _agree(_load_shards(folder, model, opt))
         if err is None:
             set_rng_state(rng)
-            return meta
+            return {**meta, "path": folder}
         errors.append(err)
         if step is None and dist.get_rank() == 0:
             warnings.warn(f"checkpoint {name} is unusable ({err}); trying the one before", stacklevel=2)

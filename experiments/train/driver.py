@@ -34,7 +34,7 @@ from model.distributed import run_step
 from model.hybrid import check_runnable
 from model.sharding import parameter_count, replicate_experts, shard_model
 from solver import CostModel, PlanError, check_setup, make_plan, samples_from_lengths
-from solver.modes import MODES
+from solver.modes import MODES, modes_for
 from solver.sites import EVERY_SITE, Family, Site, sites_of
 
 from . import checkpoint
@@ -316,7 +316,11 @@ def set_up(settings: Settings, rank: int, device: torch.device) -> Run:
     opt = torch.optim.AdamW(model.parameters(), lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay)
     total = settings.workload.steps
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: o.lr_factor(step, total))
-    modes = list(MODES) if t.mode == "all" else [t.mode]
+    modes = modes_for(cost.sparse) if t.mode == "all" else [t.mode]  # all: every mode its sparse kind can run
+    if rank == 0 and t.mode == "all" and len(modes) < len(MODES):
+        left = [m for m in MODES if m not in modes]
+        kind = settings.model.sparse_kind
+        print(f"--mode all: sparse kind {kind!r} declares no reach, so {left} are left out (docs/extending.md)", flush=True)
     run = Run(settings, rank, world, device, cost, source, step_ids, modes, model, opt, sched, ExchangeGroups(world, timeout), fp)
     if resume:
         meta = checkpoint.load(t.ckpt_dir, model, opt, expect, t.resume_step)
@@ -329,6 +333,8 @@ def set_up(settings: Settings, rank: int, device: torch.device) -> Run:
             )
         sched.load_state_dict(meta["scheduler"])
         run.start, run.rows = meta["step"], meta["rows"]
+        if rank == 0:
+            print(f"resumed from step {meta['step']} ({meta['path']})", flush=True)
     return run
 
 
