@@ -129,7 +129,10 @@ def test_the_headline_counts_its_seeds_and_a_floored_fit_is_said(tmp_path, capsy
 
     ablation.main(["--seeds", "2", "--steps", "30", "--out", str(tmp_path / "a"), "--no-progress"])
     text, _ = headline(str(tmp_path / "a"))
-    assert "(mean over 2 seeds)" in text and "5 seeds" not in text
+    assert "mean over 2 seeds)" in text and "5 seeds" not in text
+    summary = json.load(open(tmp_path / "a" / "summary.json"))
+    counts = ", ".join(str(len(v)) for v in summary["selected_steps"].values())
+    assert f"over the steps with SP16/32 parents ({counts} of 30 steps, per seed" in text  # how many steps the figures cover
     # a calibration that fitted the halo call's latency at 0: the ablation's header says it is priced free
     profile = {"hardware": {**HardwareConfig().to_dict(), "halo_latency": 0.0, "floored": ["halo_latency"]}}
     path = tmp_path / "profile.json"
