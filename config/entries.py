@@ -91,6 +91,11 @@ class AblationOptions(Section):
     SECTION = "ablation"
 
     seeds: int = setting(5, "workload seeds, from --seed on (a mean without its range over seeds is not a result)", int_in(1, MAX_REPEATS))
+    whole_run: bool = setting(
+        False,
+        "also plan and price every other step of the run in every mode (the parent solver rebalances steps without a wide "
+        "parent too) and give each mode's change over the whole run beside the selected steps' (several times the time)",
+    )
     out: str = out("results/ablation")
     progress: bool = progress()
 

@@ -520,3 +520,31 @@ def test_fsdp2_gathers_a_paper_expert_slot_once_on_any_cluster(world):
     m = ModelConfig.from_name("paper")
     experts = CostModel(m, HardwareConfig(), 8, costs=CostsConfig(ep_degree=8)).sharded_params(world)[2]
     assert experts == m.n_layers * 3 * (m.n_experts // 8) * m.hidden * m.expert_ffn
+
+
+def test_the_whole_runs_change_is_every_steps_time_in_every_mode(tmp_path):
+    """--whole-run: each mode's change over every step of the run against a yardstick computed
+    here step by step (every step planned and simulated in every mode, summed per mode, against
+    the baseline's sum), and the selected steps' figures as without it."""
+    import experiments.ablation.__main__ as ablation
+    from experiments.common.settings import cost_model
+    from experiments.common.workload import workload_steps
+
+    args = ["--model", "tiny", "--workload", "tiny", "--world-size", "8", "--gpus-per-node", "2", "--tokens-per-rank", "32"]
+    args += ["--seeds", "1", "--steps", "25", "--no-progress"]
+    _, summary = ablation.main([*args, "--whole-run", "--out", str(tmp_path / "w")])
+    _, plain = ablation.main([*args, "--out", str(tmp_path / "p")])
+    assert plain["over_seeds"] == summary["over_seeds"] and "whole_run" not in plain
+    from experiments.ablation.run import COMMAND
+    from experiments.common import entry
+
+    s = entry.parse(COMMAND, args)
+    cost = cost_model(s)
+    totals = {m: 0.0 for m in summary["whole_run"]["per_seed"]["0"]}
+    for _, lengths in workload_steps(s.workload):
+        for m in totals:
+            totals[m] += simulate(make_plan(samples_from_lengths(lengths), s.cluster, cost, m), cost).step_time
+    want = {m: 100 * (t / totals["baseline"] - 1) for m, t in totals.items()}
+    got = summary["whole_run"]["per_seed"]["0"]
+    assert got.keys() == want.keys() and all(got[m] == pytest.approx(want[m], rel=1e-9, abs=1e-9) for m in want)
+    assert summary["whole_run"]["steps"] == {"0": 25} and any(abs(v) > 0.01 for v in got.values())

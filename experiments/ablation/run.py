@@ -126,8 +126,9 @@ def simulate_row(row: dict, plan, cost: CostModel) -> dict:
     return row
 
 
-def _seed_rows(job: tuple[Settings, int, bool]) -> tuple[list[dict], list[int]]:
-    """One seed of the ablation: (its rows per selected step and mode, the selected steps' numbers)."""
+def _seed_rows(job: tuple[Settings, int, bool]) -> tuple[list[dict], list[int], dict]:
+    """One seed of the ablation: (its rows per selected step and mode, the selected steps' numbers,
+    and with --whole-run every mode's seconds over the other steps and how many they are)."""
     settings, seed, progress = job
     cluster, wl, pricing = settings.cluster, settings.workload, settings.planner.assignment_pricing
     cost = cost_model(settings)
@@ -140,7 +141,15 @@ def _seed_rows(job: tuple[Settings, int, bool]) -> tuple[list[dict], list[int]]:
         for mode in modes:
             row, plan = plan_row(number, lengths, cluster, cost, mode, pricing=pricing)
             rows.append({"seed": seed, **simulate_row(row, plan, cost)})
-    return rows, [steps[i][0] for i in chosen]
+    rest = {}
+    if "ablation" in settings.sections and settings.ablation.whole_run:
+        others = [steps[i][1] for i in sorted(set(range(len(steps))) - set(chosen))]
+        rest = {"steps": len(steps), "seconds": {m: 0.0 for m in modes}}
+        for lengths in tqdm(others, desc=f"seed {seed}: the other steps", disable=not progress, file=sys.stderr, leave=False):
+            for mode in modes:
+                plan = make_plan(samples_from_lengths(lengths), cluster, cost, mode, pricing)
+                rest["seconds"][mode] += simulate(plan, cost).step_time
+    return rows, [steps[i][0] for i in chosen], rest
 
 
 def seed_workloads(settings: Settings, seeds: list[int]) -> list[WorkloadConfig]:
@@ -160,18 +169,20 @@ def run_ablation(settings: Settings, seeds: list[int], progress: bool = True) ->
     cluster, wl = settings.cluster, settings.workload
     cost = cost_model(settings)
     seeds = [w.seed for w in seed_workloads(settings, seeds)]
-    rows, selected = [], {}
+    rows, selected, others = [], {}, {}
     workers = min(len(seeds), os.cpu_count() or 1)
     if workers > 1:  # the seeds are independent: one process each, as many at once as there are cores (forked, so
         # sparse kinds registered at run time come along); rows in seed order, as one process writes them
         with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
             done = pool.map(_seed_rows, [(settings, seed, False) for seed in seeds])
-            for seed, (seed_rows, chosen) in tqdm(zip(seeds, done), total=len(seeds), desc="seeds", disable=not progress, file=sys.stderr):
+            for seed, (seed_rows, chosen, rest) in tqdm(
+                zip(seeds, done), total=len(seeds), desc="seeds", disable=not progress, file=sys.stderr
+            ):
                 rows += seed_rows
-                selected[str(seed)] = chosen
+                selected[str(seed)], others[str(seed)] = chosen, rest
     else:
         for seed in seeds:
-            seed_rows, selected[str(seed)] = _seed_rows((settings, seed, progress))
+            seed_rows, selected[str(seed)], others[str(seed)] = _seed_rows((settings, seed, progress))
             rows += seed_rows
     per_seed, over_seeds = summarize_seeds(rows) if rows else ({}, {})
     summary = {
@@ -191,7 +202,25 @@ def run_ablation(settings: Settings, seeds: list[int], progress: bool = True) ->
         "folding_saving_pct": folding_saving(per_seed),
         "paper": PAPER,
     }
+    if any(others.values()):
+        summary["whole_run"] = whole_run(rows, others)
     return rows, summary
+
+
+def whole_run(rows: list[dict], others: dict) -> dict:
+    """Each mode's change of the whole run's time vs baseline, per seed and over seeds: its
+    selected steps' seconds (the rows) plus its seconds over every other step (--whole-run),
+    against the baseline's same sum; every step of the run in the denominator."""
+    per_seed = {}
+    for seed, rest in others.items():
+        mine = [r for r in rows if str(r["seed"]) == seed]
+        total = {m: rest["seconds"][m] + sum(r["step_time_s"] for r in mine if r["mode"] == m) for m in rest["seconds"]}
+        per_seed[seed] = {m: 100 * (t / total[REFERENCE] - 1) for m, t in total.items()}
+    over = {}
+    for m in next(iter(per_seed.values())):
+        vals = [v[m] for v in per_seed.values()]
+        over[m] = {"mean": float(np.mean(vals)), "min": float(np.min(vals)), "max": float(np.max(vals))}
+    return {"steps": {s: r["steps"] for s, r in others.items()}, "per_seed": per_seed, "over_seeds": over}
 
 
 def ablation_modes(cost: CostModel) -> list[str]:
@@ -342,6 +371,13 @@ def print_tables(rows, summary, out=None):
             f"{m:>15} | {_range(e, 'time_change_pct'):>24} {_range(e, 'mfu_change_pp'):>24} {_range(e, 'mfu_noncausal_change_pp'):>24} "
             f"{_range(e, 'captured_gain_frac', 100, '.1f'):>22} | {pap_s}"
         )
+    if "whole_run" in summary:
+        w = summary["whole_run"]
+        steps = ", ".join(str(n) for n in w["steps"].values())
+        p(f"\nthe whole run ({steps} steps per seed, every one planned in every mode): step time vs baseline, mean [min, max] over seeds")
+        for m, r in w["over_seeds"].items():
+            if m != REFERENCE:
+                p(f"  {m:>15}  {r['mean']:+.2f}% [{r['min']:+.2f}, {r['max']:+.2f}]")
     b = over[REFERENCE]
     p(
         f"\nbaseline MFU: ours {_range(b, 'mean_mfu', 100, '.1f')} % (causal), {_range(b, 'mean_mfu_noncausal', 100, '.1f')} % "
