@@ -548,3 +548,8 @@ def test_the_whole_runs_change_is_every_steps_time_in_every_mode(tmp_path):
     got = summary["whole_run"]["per_seed"]["0"]
     assert got.keys() == want.keys() and all(got[m] == pytest.approx(want[m], rel=1e-9, abs=1e-9) for m in want)
     assert summary["whole_run"]["steps"] == {"0": 25} and any(abs(v) > 0.01 for v in got.values())
+    from experiments.report.tables import headline
+
+    text, _ = headline(str(tmp_path / "w"))  # the headline shows both, each labelled
+    assert "over the steps with SP16/32 parents" in text and "over the whole run (every step of 25)" in text
+    assert f"{got['repack']:+.1f}%" in text and "whole run" not in headline(str(tmp_path / "p"))[0]

@@ -109,14 +109,18 @@ def headline(folder: str) -> tuple[str, list[dict]]:
         paper = mode_of(m).paper
         theirs = f"{paper[0]:+.2f}%, {paper[1]:+.2f} pp" if paper else "(not in the paper)"
         ours = f"{over[m]['time_change_pct']['mean']:+.1f}%, {over[m]['mfu_change_pp']['mean']:+.1f} pp"
-        out.append([mode_of(m).shown, ours, theirs])
+        whole = [f"{s['whole_run']['over_seeds'][m]['mean']:+.1f}%"] if "whole_run" in s else []  # ablation --whole-run
+        out.append([mode_of(m).shown, ours, *whole, theirs])
     seeds = len(over[REFERENCE]["seeds"])
     counts = ", ".join(str(len(v)) for v in s["selected_steps"].values())
     ours = (
         f"ours: step time, MFU vs baseline over the steps with SP16/32 parents ({counts} of {s['config']['workload']['steps']} "
         f"steps, per seed; mean over {seeds} seed{'s' if seeds > 1 else ''})"
     )
-    text = table(["mode", ours, "the paper (its 22 such steps of 200)"], out)
+    whole = (
+        [f"ours: step time vs baseline over the whole run (every step of {s['config']['workload']['steps']})"] if "whole_run" in s else []
+    )
+    text = table(["mode", ours, *whole, "the paper (its 22 such steps of 200)"], out)
     return text, [run_provenance(s, folder)]
 
 
