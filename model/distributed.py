@@ -362,7 +362,7 @@ class RankPlacement:
         on forms its map (A, B) from a zero state and sends it to every later rank holding the
         sample (Site.SPARSE_STATES), where a chunk composes the maps of its sample's earlier chunks,
         in rank order, into its incoming state; or, where the child passes states by the chain
-        (Group.chain), sends the next chunk only its outgoing state once it has its own
+        (Way.CHAIN), sends the next chunk only its outgoing state once it has its own
         (_StateChain). Backward, each halo's, map's and state's gradient goes back to its owner."""
         mixed, z, a, b = mixer._project(x)
         n, ch, reach = mixed.shape[0], mixed.shape[1], mixer.kernel - 1

@@ -45,7 +45,7 @@ class Group:
     power-of-two range whose attention runs by Ulysses' head exchange; a *halo* group (a halo
     child, any Way but ULYSSES) is any contiguous range inside its parent whose sparse layers run
     on its own token layout (the kind's reach; a linear kind's states passed as its way says:
-    solver.cost.StatePassing)."""
+    solver.kinds.StatePassing)."""
 
     start: int
     size: int
@@ -543,7 +543,7 @@ def state_transfers(layout: TokenLayout, group: Group) -> list[HaloTransfer]:
 
 
 def state_hops(layout: TokenLayout, group: Group) -> list[HaloTransfer]:
-    """Every state a chain-passing group's linear layers move (Group.chain): for each sample of
+    """Every state a chain-passing group's linear layers move (Way.CHAIN): for each sample of
     the group, from each of its non-empty chunks to the next one (one state each: lo, hi = 0, 1).
     Ordered by destination, source, then sample."""
     out = []

@@ -497,7 +497,7 @@ def _linear_plans(name):
 
 
 def chained(plan):
-    """`plan` with every halo child passing its states by the chain (Group.chain)."""
+    """`plan` with every halo child passing its states by the chain (Way.CHAIN)."""
     from dataclasses import replace
 
     from solver import StepPlan, Way
