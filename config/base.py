@@ -178,8 +178,8 @@ def _object(pairs: list[tuple[str, Any]]) -> _Object:
 
 
 def _plain(obj, path: str = ""):
-    """`obj` with plain dicts for the _Objects read, or DuplicateKey naming the first key given
-    twice, by its path from the top (workload.lengths)."""
+    """`obj` with plain dicts for the _Objects read, or a SettingError naming the first key given
+    twice, by its path from the top (model.sparse_params.'window')."""
     if isinstance(obj, dict):
         if getattr(obj, "duplicate", None) is not None:
             raise SettingError(f"key {path}{obj.duplicate!r} is given twice in one object; give it once (JSON would keep only the last)")

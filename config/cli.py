@@ -57,10 +57,11 @@ def load_plugin(spec: str):
     where it cannot be found or fails as it is imported."""
     if spec in _PLUGINS:
         return _PLUGINS[spec]
+    is_file = spec.endswith(".py") or os.sep in spec
+    if is_file and not os.path.isfile(spec):
+        raise SettingError(f"{PLUGIN_FLAG} {spec!r}: no such file (give a module path, pkg.my_kinds, or a .py file)")
     try:
-        if spec.endswith(".py") or os.sep in spec:
-            if not os.path.isfile(spec):
-                raise SettingError(f"{PLUGIN_FLAG} {spec!r}: no such file (give a module path, pkg.my_kinds, or a .py file)")
+        if is_file:
             name = "repack_plugin_" + "".join(c if c.isalnum() else "_" for c in os.path.abspath(spec))
             loader = importlib.util.spec_from_file_location(name, spec)
             module = importlib.util.module_from_spec(loader)
@@ -68,8 +69,6 @@ def load_plugin(spec: str):
             loader.loader.exec_module(module)
         else:
             module = importlib.import_module(spec)
-    except SettingError:
-        raise
     except Exception as e:  # noqa: BLE001 - the user's module may raise anything as it is imported: one line naming it
         raise SettingError(f"{PLUGIN_FLAG} {spec!r} cannot be imported: {type(e).__name__}: {e}") from None
     _PLUGINS[spec] = module
@@ -107,12 +106,10 @@ class Settings:
         Section.spelt writes it) named by the route its value came by instead, where that was not
         the flag: a config file's key, a preset, a profile, a replay."""
         for key, route in self.routes.items():
-            if key in self.from_presets:
+            found = self._setting(key)
+            if found is None or key in self.from_presets:
                 continue
-            section, _, name = key.partition(".")
-            cls = type(self.sections[section]) if section in self.sections else None
-            if cls is None or name not in cls.settings():
-                continue
+            cls, name = found
             spelt = cls.spelt(name)
             if spelt in message and route != flag_of(cls.settings()[name]):
                 message = message.replace(spelt, f"{key} ({route})")
@@ -122,9 +119,15 @@ class Settings:
         """How a setting's value came: its route, or 'section.setting (--flag)' for a field default."""
         if key in self.routes:
             return self.routes[key]
+        found = self._setting(key)
+        return found[0].spelt(found[1]) if found is not None else key
+
+    def _setting(self, key: str) -> tuple[type[Section], str] | None:
+        """(its section's class, its name) of 'section.setting', or None where it names no setting
+        of these sections ('section.preset')."""
         section, _, name = key.partition(".")
         cls = type(self.sections[section]) if section in self.sections else None
-        return cls.spelt(name) if cls is not None and name in cls.settings() else key
+        return (cls, name) if cls is not None and name in cls.settings() else None
 
     def __getattr__(self, name: str):
         sections = self.__dict__.get("sections", {})
@@ -383,8 +386,9 @@ class Command:
         elif route == f"--{name}":
             route = f"--{name} {preset}"
         profile = isinstance(preset, str) and preset.endswith(".json")
+        default = cls()
         for f in dataclasses.fields(cls):
-            if f.name == "name" or (not profile and getattr(base, f.name) == getattr(cls(), f.name)):
+            if f.name == "name" or (not profile and getattr(base, f.name) == getattr(default, f.name)):
                 continue
             key = f"{name}.{f.name}"
             out.routes[key] = f"{name} profile {preset!r}: {key}" if profile else f"{route}'s {key}"

@@ -93,12 +93,12 @@ class ModelConfig(Section):
             return {**changes, "sparse_params": {**self.sparse_params, **changes["sparse_params"]}}
         return changes
 
-    # cached: the solvers read these in their inner loops (the fields are frozen)
     @property
     def v_dim(self) -> int:
         """The value (and attention output) head size: v_head_dim, or head_dim where unset."""
         return self.head_dim if self.v_head_dim is None else self.v_head_dim
 
+    # cached: the solvers read these in their inner loops (the fields are frozen)
     @cached_property
     def layer_types(self) -> str:
         """The type of every layer, in order: layer_pattern tiled over n_layers."""
@@ -184,16 +184,11 @@ ModelConfig.PRESETS["tiny-gdn"] = ModelConfig.PRESETS["tiny"].replace(
     sparse_kind="gated_delta",
     sparse_params={"k_heads": 4, "v_heads": 8, "head_k_dim": 8, "head_v_dim": 8, "conv_kernel": 4, "block": 16, "state_dtype": "auto"},
 )
-# Kimi Delta Attention hybrids (the linear kind `kda`): tiny-kda, tiny's shapes with small KDA layers
-ModelConfig.PRESETS["tiny-kda"] = ModelConfig.PRESETS["tiny"].replace(
-    name="tiny-kda",
-    layer_pattern="SSSF",
-    sparse_kind="kda",
-    sparse_params={
-        "k_heads": 4, "v_heads": 8, "head_k_dim": 8, "head_v_dim": 8, "conv_kernel": 4, "block": 16, "gate_rank": 8,
-        "state_dtype": "auto",
-    },
-)  # fmt: skip
+# Kimi Delta Attention hybrids (the linear kind `kda`): tiny-kda, tiny-gdn with KDA layers of the
+# same heads, their gates' bottleneck one head wide
+ModelConfig.PRESETS["tiny-kda"] = ModelConfig.PRESETS["tiny-gdn"].replace(
+    name="tiny-kda", sparse_kind="kda", sparse_params={**ModelConfig.PRESETS["tiny-gdn"].sparse_params, "gate_rank": 8}
+)
 # paper-kda: Kimi-Linear-48B-A3B's shapes (Moonshot AI, 2025; its public config.json): 27 layers,
 # KDA at layers 1-3, 5-7, ... 25-26 and MLA full attention at 4, 8, ..., 24 and 27 (1-based, as its
 # layer list places them); hidden size 2304; KDA of 32 heads of 128 and a convolution of 4; MLA's

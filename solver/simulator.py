@@ -94,7 +94,7 @@ class _Layout(Groups):
         # an attention call's cost per sample: a Ulysses group's ranks hold every sample (their
         # heads), a halo group's their pieces; the S layers' as their kind prices its calls
         lat, lat_s = cost.hw.attention_sample_latency, cost.sparse_sample_latency
-        calls = np.repeat(counts, self.sizes).astype(np.float64)
+        calls = np.repeat(counts, self.sizes).astype(np.float64) if lat or lat_s else None
         if lat:
             self.full_attn = self.full_attn + lat * calls
         if lat_s:

@@ -134,17 +134,18 @@ def main(argv=None):
     todo = list(points(opts.factors.split(",")))
     with entry.user_errors():
         check_factors(base)
-        for factor, value, pricing, reading in todo:  # every point's settings checked before the first runs
+        prepared = []  # every point's settings checked before the first runs, and run as checked
+        for factor, value, pricing, reading in todo:
             with entry.user_errors(f"at {factor}={value}: "):
-                prepare(point(base, factor, value, pricing, reading))
+                prepared.append(prepare(point(base, factor, value, pricing, reading)))
         check_output_dir(opts.out)
         lock_folder(opts.out)
     prov = provenance()
     seeds = list(range(base.workload.seed, base.workload.seed + opts.seeds))
     rows = []
-    for factor, value, pricing, reading in tqdm(todo, desc="sweep", file=sys.stderr):
+    for (factor, value, pricing, _reading), settings in tqdm(list(zip(todo, prepared)), desc="sweep", file=sys.stderr):
         with entry.user_errors(f"at {factor}={value}: "):
-            _, summary = run_ablation(prepare(point(base, factor, value, pricing, reading)), seeds, progress=False)
+            _, summary = run_ablation(settings, seeds, progress=False)
         used_reading = summary["config"]["hardware"]["ratio_reading"]
         for seed, modes in summary["seeds"].items():
             for mode, e in modes.items():
