@@ -85,6 +85,7 @@ def test_a_lengths_file_that_is_a_folder_is_called_a_folder(tmp_path):
     assert f"--lengths: lengths file '{tmp_path}' is a folder: give a file of lengths" in _ablation(tmp_path, "--lengths", str(tmp_path))
 
 
+@pytest.mark.slow
 def test_a_length_distribution_too_long_for_the_cluster_names_its_route_not_the_mixture(tmp_path, capsys):
     import experiments.train.__main__ as train
     from tests.dist_utils import forked_driver
@@ -134,6 +135,7 @@ def test_mode_is_not_read_as_an_abbreviation_of_model(module, capsys):
     assert "model preset" not in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_a_replay_of_an_ep4_ablation_on_one_rank_names_the_replay_not_the_ep_flag(tmp_path):
     from tests.dist_utils import forked_driver
 

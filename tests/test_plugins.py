@@ -62,6 +62,7 @@ def _run(*args, timeout=300):
     return subprocess.run([*args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.mark.slow
 def test_the_ablation_runs_a_kind_of_a_plugin_file_in_a_fresh_process(tmp_path):
     """A fresh interpreter has never imported the plugin: without --plugin the kind is refused
     in one line, with it the ablation plans and prices every mode it can (a kind without a reach

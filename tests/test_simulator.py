@@ -522,6 +522,7 @@ def test_fsdp2_gathers_a_paper_expert_slot_once_on_any_cluster(world):
     assert experts == m.n_layers * 3 * (m.n_experts // 8) * m.hidden * m.expert_ffn
 
 
+@pytest.mark.slow
 def test_the_whole_runs_change_is_every_steps_time_in_every_mode(tmp_path):
     """--whole-run: each mode's change over every step of the run against a yardstick computed
     here step by step (every step planned and simulated in every mode, summed per mode, against
