@@ -53,6 +53,14 @@ def out(default: str):
     return setting(default, "the folder the results are written to", NON_EMPTY)
 
 
+def whole_run(default: bool):
+    return setting(
+        default,
+        "also plan and price every other step of the run in every mode (the parent solver rebalances steps without a wide "
+        "parent too) and give each mode's change over the whole run beside the selected steps' (about six times the time)",
+    )
+
+
 def quick():
     return setting(False, "small sizes: a smoke run in seconds")
 
@@ -91,11 +99,7 @@ class AblationOptions(Section):
     SECTION = "ablation"
 
     seeds: int = setting(5, "workload seeds, from --seed on (a mean without its range over seeds is not a result)", int_in(1, MAX_REPEATS))
-    whole_run: bool = setting(
-        False,
-        "also plan and price every other step of the run in every mode (the parent solver rebalances steps without a wide "
-        "parent too) and give each mode's change over the whole run beside the selected steps' (several times the time)",
-    )
+    whole_run: bool = whole_run(True)
     out: str = out("results/ablation")
     progress: bool = progress()
 
@@ -113,6 +117,7 @@ class SweepOptions(Section):
         list_from(SWEEP_FACTORS),
     )
     seeds: int = setting(3, "workload seeds, from --seed on (a mean without its range over seeds is not a result)", int_in(1, MAX_REPEATS))
+    whole_run: bool = whole_run(False)
     out: str = out("results/sweep")
 
 
@@ -220,6 +225,46 @@ class ReportOptions(Section):
     progress: bool = progress()
 
 
+def _fills_ok(v) -> bool:
+    try:
+        return isinstance(v, str) and all(0 < float(x) <= 1 for x in v.split(","))
+    except ValueError:
+        return False
+
+
+def _ratios_ok(v) -> bool:
+    try:
+        return isinstance(v, str) and all(0 < float(x) <= 1e6 for x in v.split(","))
+    except ValueError:
+        return False
+
+
+@dataclass(frozen=True)
+class AdviseOptions(Section):
+    """The decision: which mode pays for this model, workload and cluster, over the whole run."""
+
+    SECTION = "advise"
+
+    seeds: int = setting(3, "workload seeds, from --seed on (a mean without its range over seeds is not a result)", int_in(1, MAX_REPEATS))
+    vary_ratio: str = setting(
+        "1,14", "inter/intra ratios the answer is priced at beside the hardware's own, comma-separated (1: equal link rates)",
+        Check("a comma-separated list of ratios in (0, 1e6]", _ratios_ok),
+    )  # fmt: skip
+    vary_fill: str = setting(
+        "0.5,0.75", "fills the answer is priced at beside the workload's own, comma-separated (0.5: half-empty steps)",
+        Check("a comma-separated list of fills in (0, 1]", _fills_ok),
+    )  # fmt: skip
+    sensitivity_seeds: int = setting(1, "workload seeds of each ratio's and fill's point, from --seed on", int_in(1, MAX_REPEATS))
+    min_gain: float = setting(
+        1.0,
+        "the least gain over the whole run, in percent of the baseline's time on every seed, that counts as paying (below it: "
+        "no mode pays, run the baseline)",
+        number_in(0, 100),
+    )
+    out: str = out("results/advise")
+    progress: bool = progress()
+
+
 @dataclass(frozen=True)
 class GpuCheckOptions(Section):
     """The GPU check: the GPU tests and the kernel bench on a device."""
@@ -274,13 +319,6 @@ class ContentionBenchOptions(Section):
     rounds: int = setting(9, "rounds the steps are timed in, every step once a round; each figure the median", int_in(1, MAX_REPEATS))
     out: str = out("results")
     timeout: float = timeout(300.0)
-
-
-def _fills_ok(v) -> bool:
-    try:
-        return isinstance(v, str) and all(0 < float(x) <= 1 for x in v.split(","))
-    except ValueError:
-        return False
 
 
 def _ranks_ok(v) -> bool:

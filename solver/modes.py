@@ -53,6 +53,7 @@ class Mode:
     paper: tuple[float, float] | None = None  # the paper's (step time change %, MFU change pp), for its three modes
     label: str = ""  # the report's name for it, where more than the name
     headline: bool = False  # in the README's headline table
+    control: bool = False  # a study's control or a naive form, not a way to run a job (experiments.advise leaves it out)
 
     def __post_init__(self):
         if self.start not in STARTS:
@@ -103,6 +104,7 @@ MODE_TABLE: tuple[Mode, ...] = (
         OWN,
         solver=True,
         label="baseline+solver (control)",
+        control=True,
     ),  # fmt: skip
     Mode(
         "repack+widths",
@@ -120,6 +122,7 @@ MODE_TABLE: tuple[Mode, ...] = (
         solver=True,
         folded=False,
         label="redistribute (the pass the paper avoids)",
+        control=True,
         headline=True,
     ),  # fmt: skip
     Mode("halo", "the assigned wide parents get halo children", HALO_CHILDREN, label="halo (halo children)"),
@@ -128,6 +131,7 @@ MODE_TABLE: tuple[Mode, ...] = (
         "the naive halo: wide parents keep their own layout, with halo attention",
         OWN_HALO,
         label="parent+halo (naive halo)",
+        control=True,
     ),  # fmt: skip
     Mode(
         "choose",

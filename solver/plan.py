@@ -177,6 +177,15 @@ class StepPlan:
         """Stable across processes and machines: sha256 of the canonical JSON."""
         return hashlib.sha256(self.dumps().encode()).hexdigest()[:16]
 
+    @cached_property
+    def layout_hash(self) -> str:
+        """The hash of what runs and is priced, without the free label: two modes' plans of one
+        step with the same layout_hash run and simulate alike (a step without a wide parent often
+        gets one plan in several modes)."""
+        obj = self.to_json()
+        del obj["mode"]
+        return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
+
     def summary(self) -> str:
         rows = []
         for p in self.parents:

@@ -69,7 +69,22 @@ def test_a_quick_calibration_writes_a_profile_the_planners_accept(tmp_path, caps
     assert costs.param_bytes == hw.bytes_per_element == 4
     assert 0 <= costs.grad_sync_overlap <= 1 and costs.grad_sync_overlap == step["grad_sync_overlap"]
     # the planners take it where they take a preset
-    ablation.main(["--hardware", path, "--costs", path, "--steps", "10", "--seeds", "1", "--out", str(tmp_path / "abl"), "--no-progress"])
+    ablation.main(
+        [
+            "--hardware",
+            path,
+            "--costs",
+            path,
+            "--steps",
+            "10",
+            "--seeds",
+            "1",
+            "--out",
+            str(tmp_path / "abl"),
+            "--no-progress",
+            "--no-whole-run",
+        ]
+    )
     assert "commit" in capsys.readouterr().out
     with pytest.raises(SettingError, match="has no 'hardware' object"):
         (tmp_path / "bad.json").write_text("{}")

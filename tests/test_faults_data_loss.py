@@ -108,11 +108,11 @@ def test_a_second_run_into_a_folder_in_use_is_refused_and_the_first_keeps_its_fi
     holder = _Holder(out)
     try:
         with pytest.raises(SystemExit, match=r"--out '.*o' is in use by another run \(process \d+ holds its lock"):
-            ablation.main(["--seeds", "1", "--steps", "3", "--out", str(out), "--no-progress"])
+            ablation.main(["--seeds", "1", "--steps", "3", "--out", str(out), "--no-progress", "--no-whole-run"])
         assert os.listdir(out) == []
     finally:
         holder.close()
-    ablation.main(["--seeds", "1", "--steps", "3", "--out", str(out), "--no-progress"])  # the lock went with its process
+    ablation.main(["--seeds", "1", "--steps", "3", "--out", str(out), "--no-progress", "--no-whole-run"])  # the lock went with its process
     assert {"steps.csv", "summary.json"} <= set(os.listdir(out))
 
 

@@ -67,7 +67,7 @@ def test_a_latency_that_would_make_the_solver_spin_is_refused(tmp_path):
     path.write_text(json.dumps({"hardware": {"a2a_latency": 1e308}}))
     t0 = time.monotonic()
     with pytest.raises(SystemExit, match=r"hardware.a2a_latency=1e\+308 is invalid: it must be a finite number in \[0, 60\]"):
-        ablation.main(["--config", str(path), "--out", str(tmp_path / "o"), "--no-progress"])
+        ablation.main(["--config", str(path), "--out", str(tmp_path / "o"), "--no-progress", "--no-whole-run"])
     assert time.monotonic() - t0 < 10
 
 
@@ -97,6 +97,6 @@ def test_a_workload_too_big_to_generate_is_refused_before_generating(tmp_path, a
     minutes is refused before any document is drawn."""
     t0 = time.monotonic()
     with pytest.raises(SystemExit) as e:
-        ablation.main([*args, "--out", str(tmp_path / "o"), "--no-progress"])
+        ablation.main([*args, "--out", str(tmp_path / "o"), "--no-progress", "--no-whole-run"])
     assert "documents" in str(e.value) and "more than the 20,000,000 the generator draws in minutes" in str(e.value), str(e.value)
     assert time.monotonic() - t0 < 20  # the generation of these would take hours

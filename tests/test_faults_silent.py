@@ -21,7 +21,7 @@ from tests.dist_utils import forked_driver
 
 def _ablation(tmp_path, *args) -> str:
     with pytest.raises(SystemExit) as e:
-        ablation.main(["--seeds", "1", "--steps", "5", *args, "--out", str(tmp_path / "o"), "--no-progress"])
+        ablation.main(["--seeds", "1", "--steps", "5", *args, "--out", str(tmp_path / "o"), "--no-progress", "--no-whole-run"])
     assert not (tmp_path / "o").exists(), "a rejected run writes nothing"
     return str(e.value)
 
@@ -127,7 +127,7 @@ def test_the_headline_counts_its_seeds_and_a_floored_fit_is_said(tmp_path, capsy
 
     from experiments.report.tables import headline
 
-    ablation.main(["--seeds", "2", "--steps", "30", "--out", str(tmp_path / "a"), "--no-progress"])
+    ablation.main(["--seeds", "2", "--steps", "30", "--out", str(tmp_path / "a"), "--no-progress", "--no-whole-run"])
     text, _ = headline(str(tmp_path / "a"))
     assert "mean over 2 seeds)" in text and "5 seeds" not in text
     summary = json.load(open(tmp_path / "a" / "summary.json"))
@@ -138,7 +138,9 @@ def test_the_headline_counts_its_seeds_and_a_floored_fit_is_said(tmp_path, capsy
     path = tmp_path / "profile.json"
     path.write_text(json.dumps(profile))
     capsys.readouterr()
-    ablation.main(["--hardware", str(path), "--seeds", "1", "--steps", "3", "--out", str(tmp_path / "b"), "--no-progress"])
+    ablation.main(
+        ["--hardware", str(path), "--seeds", "1", "--steps", "3", "--out", str(tmp_path / "b"), "--no-progress", "--no-whole-run"]
+    )
     out = capsys.readouterr().out
     assert "the calibration fitted halo_latency at the floor of its range (0)" in out and "priced free" in out
     assert os.path.exists(tmp_path / "b" / "summary.json")

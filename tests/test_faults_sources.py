@@ -12,8 +12,8 @@ import pytest
 import experiments.ablation.__main__ as ablation
 import experiments.ablation.sweep as sweep
 import experiments.train.__main__ as train
-from experiments.ablation.run import seed_workloads
 from experiments.common import entry
+from experiments.common.ablation import seed_workloads
 from experiments.common.errors import USER_ERRORS
 from experiments.common.workload import workload_steps
 from experiments.train.driver import check_options, run_data
@@ -36,7 +36,23 @@ def files(tmp_path_factory):
         np.save(offsets, np.concatenate([[0], np.sort(rng.choice(np.arange(1, 400), 60 + 10 * i, replace=False)), [400]]).astype(np.int64))
         replay = d / f"replay{i}"  # an ablation whose steps the driver replays: seeds 0 and 1 select other steps
         common = ["--model", "tiny", "--workload", "tiny", "--world-size", "8", "--gpus-per-node", "2", "--tokens-per-rank", "32"]
-        ablation.main([*common, "--ep", "1", "--seeds", "1", "--seed", str(i), "--steps", "20", "--out", str(replay), "--no-progress"])
+        ablation.main(
+            [
+                *common,
+                "--ep",
+                "1",
+                "--seeds",
+                "1",
+                "--seed",
+                str(i),
+                "--steps",
+                "20",
+                "--out",
+                str(replay),
+                "--no-progress",
+                "--no-whole-run",
+            ]
+        )
         out.update(
             {
                 ("--lengths", i): [str(lengths)],

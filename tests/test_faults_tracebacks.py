@@ -22,7 +22,9 @@ from tests.test_checkpoints import CFG, Boom, _model_and_opt, _nothing, _rewrite
 def test_a_valid_world_size_in_a_config_file_is_taken(tmp_path):
     path = tmp_path / "c.json"
     path.write_text(json.dumps({"cluster": {"world_size": 32}}))
-    _, summary = ablation.main(["--config", str(path), "--seeds", "1", "--steps", "5", "--out", str(tmp_path / "o"), "--no-progress"])
+    _, summary = ablation.main(
+        ["--config", str(path), "--seeds", "1", "--steps", "5", "--out", str(tmp_path / "o"), "--no-progress", "--no-whole-run"]
+    )
     assert summary["config"]["cluster"]["world_size"] == 32
 
 
@@ -47,7 +49,7 @@ def test_a_config_with_no_key_value_heads_is_one_line(tmp_path):
     path = tmp_path / "c.json"
     path.write_text(json.dumps({"model": {"n_kv_heads": 0}}))
     with pytest.raises(SystemExit, match=r"config file .*: model.n_kv_heads=0 is invalid: it must be an integer in \[1, 4096\]"):
-        ablation.main(["--config", str(path), "--out", str(tmp_path / "o"), "--no-progress"])
+        ablation.main(["--config", str(path), "--out", str(tmp_path / "o"), "--no-progress", "--no-whole-run"])
 
 
 def test_an_unwritable_output_is_refused_before_any_measurement(tmp_path):
@@ -155,7 +157,7 @@ def test_config_values_of_the_wrong_type_or_beyond_int64_are_one_line(tmp_path, 
     path = tmp_path / "c.json"
     path.write_text(json.dumps(config))
     with pytest.raises(SystemExit) as e:
-        ablation.main(["--config", str(path), "--out", str(tmp_path / "o"), "--no-progress"])
+        ablation.main(["--config", str(path), "--out", str(tmp_path / "o"), "--no-progress", "--no-whole-run"])
     assert message in str(e.value) and "\n" not in str(e.value), str(e.value)
 
 
@@ -175,7 +177,7 @@ def test_report_over_results_it_cannot_render_is_one_line_and_writes_no_doc(tmp_
     from experiments.report.plots import load_or_run_ablation
 
     results = tmp_path / "results"
-    ablation.main(["--seeds", "1", "--steps", "2", "--out", str(results / "none"), "--no-progress"])  # selects no step
+    ablation.main(["--seeds", "1", "--steps", "2", "--out", str(results / "none"), "--no-progress", "--no-whole-run"])  # selects no step
     write_run(str(results / "train"), [{"engine": "torch", "mode": "baseline", "step": 0}], {"engine": "torch"})
     write_run(str(results / "list"), [], {})
     (results / "list" / "summary.json").write_text("[1, 2]")
@@ -213,7 +215,7 @@ def test_results_and_checkpoints_on_a_full_disk_are_one_line_and_keep_what_was_t
     from experiments.common.results import read_run, write_run
 
     with pytest.raises(SystemExit, match=r"--out .* has 0.\d MiB free on its disk, and the run writes about 8.8 MiB there"):
-        ablation.main(["--steps", "200", "--out", str(small_disk / "o"), "--no-progress"])
+        ablation.main(["--steps", "200", "--out", str(small_disk / "o"), "--no-progress", "--no-whole-run"])
     rows = [{"engine": "sim", "mode": "baseline", "step": s, "step_time_s": 1.0, "mfu": 0.1} for s in range(3)]
     write_run(str(small_disk / "r"), rows, {"engine": "sim"})
     with pytest.raises(InputError, match=r"cannot be written to .* \(No space left on device\); what was there is unchanged"):

@@ -14,7 +14,7 @@ from tests.dist_utils import ROOT
 
 def _ablation(tmp_path, *args) -> str:
     with pytest.raises(SystemExit) as e:
-        ablation.main(["--seeds", "1", "--steps", "5", *args, "--out", str(tmp_path / "o"), "--no-progress"])
+        ablation.main(["--seeds", "1", "--steps", "5", *args, "--out", str(tmp_path / "o"), "--no-progress", "--no-whole-run"])
     return str(e.value)
 
 
@@ -102,7 +102,7 @@ def test_a_huge_length_in_a_csv_trace_is_shown_as_given_with_the_trace_named(tmp
     trace = tmp_path / "t.csv"
     trace.write_text(f"step,length\n0,{length}\n")
     with pytest.raises(SystemExit) as e:
-        ablation.main(["--trace", str(trace), "--out", str(tmp_path / "o"), "--no-progress"])
+        ablation.main(["--trace", str(trace), "--out", str(tmp_path / "o"), "--no-progress", "--no-whole-run"])
     message = str(e.value)
     assert length in message, message  # exactly as written, not through a float
     assert f"'{trace}'" in message  # the trace named: at its line, or as the run's source of the step
@@ -119,7 +119,7 @@ def test_a_folder_lock_names_the_process_that_holds_it_and_its_command(tmp_path)
     holder = _Holder(out)
     try:
         with pytest.raises(SystemExit) as e:
-            ablation.main(["--seeds", "1", "--steps", "3", "--out", str(out), "--no-progress"])
+            ablation.main(["--seeds", "1", "--steps", "3", "--out", str(out), "--no-progress", "--no-whole-run"])
     finally:
         holder.close()
     assert f"is in use by another run (process {holder.p.pid} holds its lock: {sys.executable} -c " in str(e.value)
@@ -140,7 +140,7 @@ def test_a_replay_of_an_ep4_ablation_on_one_rank_names_the_replay_not_the_ep_fla
     from tests.dist_utils import forked_driver
 
     abl = tmp_path / "abl"
-    ablation.main(["--ep", "4", "--seeds", "1", "--steps", "40", "--out", str(abl), "--no-progress"])
+    ablation.main(["--ep", "4", "--seeds", "1", "--steps", "40", "--out", str(abl), "--no-progress", "--no-whole-run"])
     p = forked_driver(1, "--replay", str(abl), "--mode", "all", "--model", "paper", "--out", str(tmp_path / "o"))
     assert p.returncode != 0
     assert f"costs.ep_degree (--replay '{abl}': the ablation's costs.ep_degree)=4 is wider than a node of 1 ranks" in p.stderr

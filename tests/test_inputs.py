@@ -21,7 +21,7 @@ from solver import PlanError
 def run_ablation_cli(tmp_path, *args):
     out = tmp_path / "out"
     with pytest.raises(SystemExit) as e:
-        ablation.main(["--seeds", "1", "--steps", "5", *args, "--out", str(out), "--no-progress"])
+        ablation.main(["--seeds", "1", "--steps", "5", *args, "--out", str(out), "--no-progress", "--no-whole-run"])
     assert not out.exists(), "a rejected run must write nothing"
     return str(e.value)
 
@@ -90,7 +90,7 @@ def test_bad_config_files_are_one_line_errors(tmp_path, content, message):
 def test_a_config_file_sets_the_workload_seed_and_steps(tmp_path):
     path = tmp_path / "cfg.json"
     path.write_text(json.dumps({"workload": {"seed": 3, "steps": 7}}))
-    _, summary = ablation.main(["--config", str(path), "--seeds", "1", "--out", str(tmp_path / "o"), "--no-progress"])
+    _, summary = ablation.main(["--config", str(path), "--seeds", "1", "--out", str(tmp_path / "o"), "--no-progress", "--no-whole-run"])
     assert summary["config"]["seeds"] == [3] and summary["config"]["workload"]["steps"] == 7
 
 
@@ -128,7 +128,7 @@ def test_a_trace_keeps_its_step_numbers(tmp_path):
     trace = tmp_path / "t.csv"
     trace.write_text("step,length\n100,300000\n100,5000\n" + "200,7000\n" * 20)
     assert load_trace(str(trace)) == [(100, [300000, 5000]), (200, [7000] * 20)]
-    _, summary = ablation.main(["--trace", str(trace), "--out", str(tmp_path / "o"), "--no-progress"])
+    _, summary = ablation.main(["--trace", str(trace), "--out", str(tmp_path / "o"), "--no-progress", "--no-whole-run"])
     assert summary["selected_steps"] == {"0": [100]}
 
 
@@ -147,7 +147,7 @@ def test_a_read_only_output_folder_is_refused(tmp_path):
     ro.mkdir()
     ro.chmod(0o555)
     with pytest.raises(SystemExit, match="cannot be written"):
-        ablation.main(["--out", str(ro / "x"), "--no-progress"])
+        ablation.main(["--out", str(ro / "x"), "--no-progress", "--no-whole-run"])
 
 
 def test_a_batch_that_fits_is_placed():
@@ -174,7 +174,9 @@ def test_the_results_reader_keeps_non_finite_values(tmp_path):
 
 
 def test_every_registered_sparse_kind_runs_with_its_declared_defaults(tmp_path):
-    _, summary = ablation.main(["--sparse-kind", "chunked", "--seeds", "1", "--steps", "5", "--out", str(tmp_path / "o"), "--no-progress"])
+    _, summary = ablation.main(
+        ["--sparse-kind", "chunked", "--seeds", "1", "--steps", "5", "--out", str(tmp_path / "o"), "--no-progress", "--no-whole-run"]
+    )
     assert summary["config"]["model"]["sparse_params"] == {"chunk": 8192}
 
 

@@ -25,10 +25,11 @@ def test_notebook_runs(name, tmp_path, monkeypatch):
     results = tmp_path / "results"
     monkeypatch.setenv("REPACK_RESULTS", str(results))
     monkeypatch.setenv("MPLBACKEND", "Agg")
-    monkeypatch.setenv("REPACK_NOTEBOOK_STEPS", "30")  # the sparse kinds' ablations: a smoke run
+    monkeypatch.setenv("REPACK_NOTEBOOK_STEPS", "30")  # the sparse kinds' ablations and the decision: a smoke run
+    monkeypatch.setenv("REPACK_NOTEBOOK_SEEDS", "1")
     if name == "ablation.ipynb":
         # a short ablation for the notebook to read (with none it runs the default one: ~1 minute)
-        ablation.main(["--seeds", "2", "--steps", "30", "--out", str(results / "ablation"), "--no-progress"])
+        ablation.main(["--seeds", "2", "--steps", "30", "--out", str(results / "ablation"), "--no-progress", "--no-whole-run"])
         sweep.main(["--factors", "fill,ratio", "--seeds", "1", "--steps", "8", "--out", str(results / "sweep")])
     nb = nbformat.read(os.path.join(NB_DIR, name), as_version=4)
     NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": NB_DIR}}).execute()

@@ -134,7 +134,7 @@ def test_report_rerun_runs_each_command_where_results_lands_and_stops_at_the_fir
     docs.mkdir()
     blocks = []
     for name, extra in (("first", ""), ("bad", " --steps 0"), ("never", "")):
-        cmd = f"python -m experiments.ablation --no-progress --steps 30 --seeds 1{extra} --out results/{name}"
+        cmd = f"python -m experiments.ablation --no-progress --no-whole-run --steps 30 --seeds 1{extra} --out results/{name}"
         prov = f"<sub>Rendered by `python -m experiments.report` from results/{name}: `{cmd}`.</sub>"
         blocks.append(f"<!-- report:ablation {name} -->\nold\n\n{prov}\n<!-- /report -->\n")
     (docs / "a.md").write_text("\n".join(blocks))
@@ -154,13 +154,13 @@ def test_report_rerun_runs_each_command_where_results_lands_and_stops_at_the_fir
         failed = rerun(str(docs), str(results), BLOCK, out=out, commit="1234567")
     assert (
         "already cite commit 1234567" in log.read_text()
-        and "[1/2] python -m experiments.ablation --no-progress --steps 30 --seeds 1 --steps 0" in log.read_text()
+        and "[1/2] python -m experiments.ablation --no-progress --no-whole-run --steps 30 --seeds 1 --steps 0" in log.read_text()
     )
     assert json.loads(summary.read_text()) == kept and len(failed) == 1 and "--steps 0" in failed[0]
     # a block of several runs, one still to come, is read run by run: the first's results are cited
     from experiments.report.rerun import cited
 
-    both = "`python -m experiments.ablation --no-progress --steps 30 --seeds 1 --out results/{}`"
+    both = "`python -m experiments.ablation --no-progress --no-whole-run --steps 30 --seeds 1 --out results/{}`"
     (tmp_path / "two").mkdir()
     (tmp_path / "two" / "b.md").write_text(
         "<!-- report:ablation-variants first never -->\nold\n\n"
@@ -175,7 +175,7 @@ def test_report_rerun_runs_each_command_where_results_lands_and_stops_at_the_fir
         rerun(str(docs), str(results), BLOCK, out=io.StringIO(), commit="0899376-dirty")
     with pytest.raises(InputError, match="name it results"):
         rerun(str(docs), str(tmp_path / "elsewhere"), BLOCK, out=io.StringIO(), commit="0899376")
-    first = "python -m experiments.ablation --no-progress --steps 30 --seeds 1 --out results/first"
+    first = "python -m experiments.ablation --no-progress --no-whole-run --steps 30 --seeds 1 --out results/first"
     node = "torchrun --nnodes=2 --nproc-per-node=2 -m experiments.bench.groups --out results/emulated/groups-4"
     (docs / "a.md").write_text(blocks[0].replace(first, node))
     with pytest.raises(InputError, match="rerun into .*results, not"):  # its nodes write under the project's results/

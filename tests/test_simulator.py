@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 import experiments.ablation.__main__ as ablation
 from config import Cluster, CostsConfig, HardwareConfig, ModelConfig, SettingError
-from experiments.ablation.run import anchor_load_ratio
+from experiments.common.ablation import anchor_load_ratio
 from experiments.common.results import read_run
 from solver import CostModel, Group, Way, make_plan, samples_from_lengths
 from solver.estimate import PlanEstimate
@@ -115,7 +115,7 @@ def test_node_local_plan_matches_across_modes():
 
 def test_ablation_end_to_end_short_run(tmp_path, capsys):
     out = tmp_path / "abl"
-    rows, summary = ablation.main(["--steps", "30", "--seeds", "2", "--out", str(out), "--no-progress"])
+    rows, summary = ablation.main(["--steps", "30", "--seeds", "2", "--out", str(out), "--no-progress", "--no-whole-run"])
     text = capsys.readouterr().out
     assert "the paper" in text and "-5.95" in text and "-7.61" in text and "baseline+solver" in text
     assert "MFU pp (non-causal)" in text and "experts' a2a" in text and "SP8/SP16" in text
@@ -156,7 +156,7 @@ def test_ablation_rejects_a_malformed_trace(tmp_path):
     bad = tmp_path / "t.csv"
     bad.write_text("step,length\n0,100\n1,abc\n")
     with pytest.raises(SystemExit, match="'abc' is not an integer"):
-        ablation.main(["--trace", str(bad), "--out", str(tmp_path / "o"), "--no-progress"])
+        ablation.main(["--trace", str(bad), "--out", str(tmp_path / "o"), "--no-progress", "--no-whole-run"])
 
 
 @pytest.mark.parametrize("gpus_per_node", [2, 4, 8])
@@ -534,7 +534,7 @@ def test_the_whole_runs_change_is_every_steps_time_in_every_mode(tmp_path):
     args = ["--model", "tiny", "--workload", "tiny", "--world-size", "8", "--gpus-per-node", "2", "--tokens-per-rank", "32"]
     args += ["--seeds", "1", "--steps", "25", "--no-progress"]
     _, summary = ablation.main([*args, "--whole-run", "--out", str(tmp_path / "w")])
-    _, plain = ablation.main([*args, "--out", str(tmp_path / "p")])
+    _, plain = ablation.main([*args, "--no-whole-run", "--out", str(tmp_path / "p")])
     assert plain["over_seeds"] == summary["over_seeds"] and "whole_run" not in plain
     from experiments.ablation.run import COMMAND
     from experiments.common import entry

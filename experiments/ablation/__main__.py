@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import time
 
-from experiments.ablation.run import COMMAND, print_tables, run_ablation
+from experiments.ablation.run import COMMAND, print_tables
 from experiments.common import entry
+from experiments.common.ablation import run_ablation
 from experiments.common.files import check_output_dir, lock_folder
 from experiments.common.results import ROW_BYTES, write_run
 from solver.modes import MODES

@@ -14,8 +14,9 @@ the state's size (`state`: both head dims of its linear layers; not in the defau
 is the windowed model's); the exchanges pipelined with attention in head blocks (`overlap`, a priced
 what-if the runtime does not run; not in the default list). Every point runs every mode, the other
 ways to run the sparse layers among them (redistribute, halo, parent+halo, choose), under both
-assignment pricings, for every seed. Writes one CSV (results/sweep/sweep.csv) with a row per
-(factor, value, pricing, reading, seed, mode).
+assignment pricings, for every seed; with --whole-run, every other step of each point's run too,
+for each mode's change over the whole run (column whole_run_change_pct, empty without it). Writes
+one CSV (results/sweep/sweep.csv) with a row per (factor, value, pricing, reading, seed, mode).
 """
 
 from __future__ import annotations
@@ -30,8 +31,9 @@ from config import PRICINGS, RATIO_READINGS, SettingError
 from config.cli import Command, Settings
 from config.entries import SWEEP_FACTORS, SweepOptions
 from config.reads import unread_reason
-from experiments.ablation.run import SECTIONS, run_ablation
+from experiments.ablation.run import SECTIONS
 from experiments.common import entry
+from experiments.common.ablation import run_ablation
 from experiments.common.files import check_output_dir, lock_folder
 from experiments.common.provenance import provenance
 from experiments.common.settings import MODEL_CHOICES, prepare
@@ -85,6 +87,7 @@ COLUMNS = [
     "mfu_change_pp",
     "mfu_noncausal_change_pp",
     "captured_gain_frac",
+    "whole_run_change_pct",
     "mean_inter_comm_s",
     "mean_imbalance_wait_s",
     "commit",
@@ -145,7 +148,7 @@ def main(argv=None):
     rows = []
     for (factor, value, pricing, _reading), settings in tqdm(list(zip(todo, prepared)), desc="sweep", file=sys.stderr):
         with entry.user_errors(f"at {factor}={value}: "):
-            _, summary = run_ablation(settings, seeds, progress=False)
+            _, summary = run_ablation(settings, seeds, progress=False, whole=opts.whole_run)
         used_reading = summary["config"]["hardware"]["ratio_reading"]
         for seed, modes in summary["seeds"].items():
             for mode, e in modes.items():
@@ -159,12 +162,18 @@ def main(argv=None):
                         "mode": mode,
                         "selected_steps": e["steps"],
                         **{k: e.get(k) for k in COLUMNS if k in e},
+                        "whole_run_change_pct": summary["whole_run"]["per_seed"][seed][mode] if opts.whole_run else "",
                         **{k: prov[k] for k in ("commit", "tree", "device", "time_utc", "command")},
                     }
                 )
         over = summary["over_seeds"]
         if over:
-            shown = ", ".join(f"{m} {over[m]['time_change_pct']['mean']:+.2f}%" for m in modes_where(headline=True) if m in over)
+            whole = summary.get("whole_run", {}).get("over_seeds", {})
+            shown = ", ".join(
+                f"{m} {over[m]['time_change_pct']['mean']:+.2f}%" + (f" (whole run {whole[m]['mean']:+.2f}%)" if m in whole else "")
+                for m in modes_where(headline=True)
+                if m in over
+            )
             tqdm.write(f"{factor}={value} {pricing} {used_reading}: {shown}", file=sys.stderr)
     path = os.path.join(opts.out, "sweep.csv")
     with open(path, "w", newline="") as f:

@@ -1,0 +1,1 @@
+"""python -m experiments.advise: which mode to run for a model, a workload and a cluster."""
