@@ -68,20 +68,24 @@ def ablation(folder: str) -> tuple[str, list[dict]]:
     rows, s = _read(folder)
     over, cfg = s["over_seeds"], s["config"]
     n = {k: len(v) for k, v in s["selected_steps"].items()}
+    whole = s.get("whole_run", {}).get("over_seeds")  # absent from a run with --no-whole-run
     out = [
         [
             f"**{m.shown}**" if m.in_paper else m.shown,
             _range(over[m.name]["time_change_pct"], fmt="+.1f", unit="%"),
             _range(over[m.name]["mfu_change_pp"], fmt="+.1f", unit=" pp"),
             _range(over[m.name]["mfu_noncausal_change_pp"], fmt="+.1f", unit=" pp"),
+            *([_range(whole[m.name], fmt="+.1f", unit="%")] if whole else []),
         ]
         for m in COMPARED
         if m.name in over
     ]
     for m in (m for m in COMPARED if m.in_paper):
-        out.append([f"the paper: {m.name}", f"{m.paper[0]:+.2f}%", f"{m.paper[1]:+.2f} pp", "(not given)"])
+        given = [f"{m.paper[0]:+.2f}%", f"{m.paper[1]:+.2f} pp", "(not given)"]
+        out.append([f"the paper: {m.name}", *given, *(["(not given)"] if whole else [])])
     base = over[REFERENCE]
-    text = table(["mode", "step time vs baseline", "MFU (causal)", "MFU (non-causal)"], out)
+    head = ["mode", "step time vs baseline", "MFU (causal)", "MFU (non-causal)"]
+    text = table(head + (["the whole run's time vs baseline (every step)"] if whole else []), out)
     text += (
         f"\n\nBaseline MFU: {_range(base['mean_mfu'], 100, '.1f', '%')} (causal), "
         f"{_range(base['mean_mfu_noncausal'], 100, '.1f', '%')} (non-causal); the paper's ~{PAPER['derived_baseline_mfu_pct']:.0f}% "
@@ -122,6 +126,43 @@ def headline(folder: str) -> tuple[str, list[dict]]:
     )
     text = table(["mode", ours, *whole, "the paper (its 22 such steps of 200)"], out)
     return text, [run_provenance(s, folder)]
+
+
+def advise(folder: str) -> tuple[str, list[dict]]:
+    """The decision (python -m experiments.advise): each candidate's whole-run and selected steps'
+    change, its planning time against the baseline planner's and the pieces that never ran on a
+    GPU; then each mode's whole-run change at the other ratios and fills."""
+    path = os.path.join(folder, "advise.json")
+    if not os.path.exists(path):
+        raise FileNotFoundError(path)
+    with open(path) as f:
+        r = json.load(f)
+    cfg, modes = r["config"], r["modes"]
+    rows = []
+    for m, e in modes.items():
+        mark = " (recommended)" if m == r["recommended"] else (" (runner-up)" if m == r["runner_up"] and r["pays"] else "")
+        rows.append([
+            f"{mode_of(m).shown}{mark}", _range(e["whole_run_pct"], unit="%"), _range(e["selected_steps_pct"], unit="%"),
+            f"{e['plan_ms_per_step']:.1f} ms ({e['plan_vs_baseline']:.1f}x)", ", ".join(e["gpu_never"]) or "none",
+        ])  # fmt: skip
+    wide = sum(len(v) for v in r["selected_steps"].values())
+    steps = sum(r["steps"].values())
+    head = ["mode", "whole run vs baseline", "steps with SP16/32 parents", "planning a step (x baseline)", "never ran on a GPU"]
+    text = table(head, rows)
+    verdict = (
+        f"Recommended: {r['recommended']}, runner-up {r['runner_up']}"
+        if r["pays"]
+        else f"No mode saves {r['min_gain_pct']:g}% of the whole run on every seed: run the baseline"
+    )
+    text += (
+        f"\n\n{verdict}. {cfg['model']['name']} on {cfg['cluster']['world_size']} ranks ({cfg['cluster']['gpus_per_node']} a node), "
+        f"seeds {r['seeds']}: {wide} of {steps} steps have parents wider than a node. Changes: mean over seeds [min, max]."
+    )
+    sens = r["sensitivity"]
+    head = ["mode"] + [f"{p['factor']} {p['value']:g}{' (its own)' if p.get('own') else ''}" for p in sens]
+    srows = [[mode_of(m).shown] + [f"{p['whole_run'][m]:+.1f}%" for p in sens] for m in modes if m != REFERENCE]
+    text += f"\n\nThe whole run vs baseline at other ratios and fills (seeds {r['sensitivity_seeds']}):\n\n" + table(head, srows)
+    return text, [run_provenance(r, folder)]
 
 
 def variant_label(cfg: dict) -> str:
@@ -706,6 +747,7 @@ NAMED = {"settings"}  # renderers whose arguments are names (sections), not path
 RENDERERS: dict[str, Callable[..., tuple[str, list[dict]]]] = {
     "ablation": ablation,
     "headline": headline,
+    "advise": advise,
     "ablation-variants": ablation_variants,
     "workloads": workloads,
     "models": workloads,  # the same table: runs that differ in their model
