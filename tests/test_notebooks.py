@@ -27,6 +27,7 @@ def test_notebook_runs(name, tmp_path, monkeypatch):
     monkeypatch.setenv("MPLBACKEND", "Agg")
     monkeypatch.setenv("REPACK_NOTEBOOK_STEPS", "30")  # the sparse kinds' ablations and the decision: a smoke run
     monkeypatch.setenv("REPACK_NOTEBOOK_SEEDS", "1")
+    monkeypatch.setenv("REPACK_NOTEBOOK_RANKS", "32")
     if name == "ablation.ipynb":
         # a short ablation for the notebook to read (with none it runs the default one: ~1 minute)
         ablation.main(["--seeds", "2", "--steps", "30", "--out", str(results / "ablation"), "--no-progress", "--no-whole-run"])

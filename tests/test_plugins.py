@@ -69,7 +69,19 @@ def test_the_ablation_runs_a_kind_of_a_plugin_file_in_a_fresh_process(tmp_path):
     runs no halo mode), and its summary records the plugin."""
     import json
 
-    args = ["--sparse-kind", "strided", "--sparse-params", "local=1024", "stride=256", "--seeds", "1", "--steps", "30", "--no-progress"]
+    args = [
+        "--sparse-kind",
+        "strided",
+        "--sparse-params",
+        "local=1024",
+        "stride=256",
+        "--seeds",
+        "1",
+        "--steps",
+        "30",
+        "--no-progress",
+        "--no-whole-run",
+    ]
     refused = _run(sys.executable, "-m", "experiments.ablation", *args, "--out", str(tmp_path / "a"))
     assert refused.returncode == 2 and "'strided'" in refused.stderr and refused.stderr.strip().count("\n") == 0, refused.stderr
     p = _run(sys.executable, "-m", "experiments.ablation", "--plugin", PLUGIN, *args, "--out", str(tmp_path / "b"))

@@ -9,6 +9,12 @@ compares each such block with the committed one, its provenance line aside. A bl
 figures differ is named with the first line that differs; nothing in the project is written.
 Blocks from longer runs (the sweep, the benchmarks, the emulated cluster: timings or tens of
 minutes) are listed as not checked, with their command.
+
+Before any rerun it holds the prose to its rule (check_prose): outside the blocks and code fences,
+README.md and docs/*.md hold at most MAX_PROSE_FIGURES figures with a unit and no commit hash (a
+line that names a source or the paper may), no page runs over MAX_PAGE_LINES lines and the README
+over MAX_README_LINES. A figure worth keeping goes into a block, with the command behind it;
+history goes to CHANGELOG.md.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ import tempfile
 from experiments.report.tables import NAMED
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-QUICK = ("experiments.ablation",)  # modules whose runs take under two minutes here (the ablation: ~40 s)
+QUICK = ("experiments.ablation",)  # modules whose runs take about two minutes here at most (the ablation with its whole run)
 PROVENANCE = re.compile(r"^<sub>Rendered by .*</sub>$", re.M)
 COMMAND = re.compile(r"`((?:python|torchrun) [^`]+)`")  # a provenance line's commands, each in backticks
 
@@ -72,9 +78,53 @@ def _checkable(name: str, args: list[str], prov: str) -> bool:
     return bool(cmds) and all(_quick(c) for c in cmds)
 
 
+# the prose rule (docs/README of the docs): outside the rendered blocks and code fences, figures with a
+# unit and commit hashes belong in a block (with the command behind them) or in CHANGELOG.md; a line
+# that names a source (a paper's figure, a datasheet's) may hold them
+MAX_PROSE_FIGURES = 60
+MAX_PAGE_LINES = 350
+MAX_README_LINES = 150
+FIGURE = re.compile(r"(?<![\w.])[-+]?\d[\d,]*(?:\.\d+)?\s?(?:%|pp|ms|us|s|x|GB/s|GB|MB|KB|GiB|MiB|KiB|Gbit|Mbit|TFLOP)(?![\w/])")
+HASH = re.compile(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)[0-9a-f]{7,12}\b")
+FENCE = re.compile(r"^```.*?^```", re.S | re.M)
+
+
+def prose_lines(text: str, block: re.Pattern) -> list[tuple[int, str]]:
+    """(line number, text) of every line outside the marked blocks and the code fences that names
+    no source (no "source" or "paper" in it)."""
+    blank = lambda m: "\n" * m.group(0).count("\n")  # noqa: E731 (keeps the line numbers)
+    kept = FENCE.sub(blank, block.sub(blank, text))
+    return [(i, line) for i, line in enumerate(kept.splitlines(), 1) if "source" not in line.lower() and "paper" not in line.lower()]
+
+
+def check_prose(docs: str, block: re.Pattern) -> list[str]:
+    """The prose rule and the pages' lengths over README.md and docs/*.md: at most MAX_PROSE_FIGURES
+    figures with a unit in all, no commit hash, no page over MAX_PAGE_LINES lines (the README over
+    MAX_README_LINES). Each problem names the file and, for a hash, its line."""
+    problems, figures = [], []
+    for path in doc_paths(docs):
+        text = open(path, encoding="utf-8").read()
+        name = os.path.basename(path)
+        limit = MAX_README_LINES if path == readme_path(docs) else MAX_PAGE_LINES
+        if len(text.splitlines()) > limit:
+            problems.append(f"{name} has {len(text.splitlines())} lines, over {limit}: split it by topic")
+        for i, line in prose_lines(text, block):
+            figures += [f"{name}:{i} {f!r}" for f in FIGURE.findall(line)]
+            problems += [f"{name}:{i}: commit {h} outside a block's provenance (history goes to CHANGELOG.md)" for h in HASH.findall(line)]
+    if len(figures) > MAX_PROSE_FIGURES:
+        problems.append(
+            f"{len(figures)} figures with a unit outside the rendered blocks, over {MAX_PROSE_FIGURES} (put them in a block with "
+            f"their command, or name their source): {', '.join(figures[:8])}, ..."
+        )
+    return problems
+
+
 def check(docs: str, render_doc, block: re.Pattern, timeout: float = 900.0, out=sys.stdout) -> list[str]:
     """The blocks whose committed figures differ from a fresh run's (empty: the docs hold).
     render_doc(path, results, docs) and `block` are the report's (experiments.report.__main__)."""
+    prose = check_prose(docs, block)
+    if prose:
+        return prose
     readme = readme_path(docs)
     committed = {p: list(_blocks(open(p, encoding="utf-8").read(), block)) for p in doc_paths(docs)}
     todo, skipped = [], []

@@ -16,6 +16,7 @@ import config
 from config import Section
 from config.base import flag_of, profile_section
 from experiments.common.errors import InputError
+from experiments.common.gpu_pieces import PIECES
 from experiments.common.memory import GIB, estimate
 from experiments.common.results import GAP_PARTS, PAPER, exchanges_paid, gap_by_part, paired_steps, read_ablation, rest_paid
 from experiments.common.settings import cost_model, default_settings
@@ -539,6 +540,17 @@ def sparse_traffic() -> tuple[str, list[dict]]:
     ]
 
 
+def gpu_pieces() -> tuple[str, list[dict]]:
+    """What has run on a GPU, piece by piece (experiments.common.gpu_pieces), with the GPU tests
+    that check each."""
+    rows = [
+        [n, p.what, "host only" if p.host else (p.ran or "**never**"), ", ".join(f"`{t.split('::')[1]}`" for t in p.tests) or "none"]
+        for n, p in PIECES.items()
+    ]
+    text = table(["piece", "what it is", "run on a GPU", "its GPU tests (pytest -m gpu)"], rows)
+    return text, [{"command": "python -m experiments.report", "where": "the table of GPU runs (experiments/common/gpu_pieces.py)"}]
+
+
 def memory() -> tuple[str, list[dict]]:
     """The memory estimate per rank (FSDP2 without and with expert parallelism, full recompute, bf16,
     16384 tokens per rank)."""
@@ -763,6 +775,7 @@ RENDERERS: dict[str, Callable[..., tuple[str, list[dict]]]] = {
     "contention-bench": contention_bench,
     "groups-summary": groups_summary,
     "memory": memory,
+    "gpu-pieces": gpu_pieces,
     "sparse-traffic": sparse_traffic,
     "emulated": emulated,
     "emulated-runs": emulated_runs,
