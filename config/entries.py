@@ -232,6 +232,9 @@ def _fills_ok(v) -> bool:
         return False
 
 
+FILLS = Check("a comma-separated list of fills in (0, 1]", _fills_ok)
+
+
 def _ratios_ok(v) -> bool:
     try:
         return isinstance(v, str) and all(0 < float(x) <= 1e6 for x in v.split(","))
@@ -252,7 +255,7 @@ class AdviseOptions(Section):
     )  # fmt: skip
     vary_fill: str = setting(
         "0.5,0.75", "fills the answer is priced at beside the workload's own, comma-separated (0.5: half-empty steps)",
-        Check("a comma-separated list of fills in (0, 1]", _fills_ok),
+        FILLS,
     )  # fmt: skip
     sensitivity_seeds: int = setting(1, "workload seeds of each ratio's and fill's point, from --seed on", int_in(1, MAX_REPEATS))
     min_gain: float = setting(
@@ -338,7 +341,7 @@ class SolverBenchOptions(Section):
     repeats: int = repeats(3)
     fills: str = setting(
         "0.5,0.95", "the fills of the cluster's tokens its steps are planned at, comma-separated (0.95: the ablation's)",
-        Check("a comma-separated list of fills in (0, 1]", _fills_ok),
+        FILLS,
     )  # fmt: skip
     ranks: str = setting(
         "64,256,1024,4096,16384", "the cluster sizes planned, comma-separated (above 4,096 ranks: one step); --quick plans 64 and 256",
