@@ -554,3 +554,25 @@ def test_the_whole_runs_change_is_every_steps_time_in_every_mode(tmp_path):
     text, _ = headline(str(tmp_path / "w"))  # the headline shows both, each labelled
     assert "over the steps with SP16/32 parents" in text and "over the whole run (every step of 25)" in text
     assert f"{got['repack']:+.1f}%" in text and "whole run" not in headline(str(tmp_path / "p"))[0]
+
+
+@pytest.mark.slow
+def test_the_sweeps_whole_run_column_is_the_ablations_whole_run_at_that_point(tmp_path):
+    """sweep --whole-run records each mode's change over every step of each point's run: at one
+    point, the ablation run alone at that fill and pricing gives the same figures, seed by seed."""
+    import csv
+
+    import experiments.ablation.__main__ as ablation
+    from experiments.ablation import sweep
+
+    small = ["--model", "tiny", "--workload", "tiny", "--world-size", "8", "--gpus-per-node", "2", "--tokens-per-rank", "32"]
+    small += ["--steps", "20", "--seeds", "1"]
+    sweep.main([*small, "--factors", "fill", "--whole-run", "--out", str(tmp_path / "s")])
+    with open(tmp_path / "s" / "sweep.csv") as f:
+        rows = [r for r in csv.DictReader(f) if r["value"] == "0.5" and r["assignment_pricing"] == "compute"]
+    _, summary = ablation.main([*small, "--fill", "0.5", "--assignment-pricing", "compute", "--whole-run", "--no-progress",
+                                "--out", str(tmp_path / "a")])  # fmt: skip
+    want = summary["whole_run"]["per_seed"]["0"]
+    assert rows and {r["mode"] for r in rows} == set(want)
+    for r in rows:
+        assert float(r["whole_run_change_pct"]) == pytest.approx(want[r["mode"]]), r["mode"]

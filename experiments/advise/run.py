@@ -34,8 +34,9 @@ a GPU, and each mode's whole-run change at other inter/intra-node ratios and fil
 
 Every way to run a job is a candidate (the controls of the ablation are not: baseline+solver,
 redistribute, parent+halo); a mode pays when it saves at least --min-gain percent of the whole
-run on every seed. Writes <out>/advise.json (every figure, with the settings and provenance) and
-<out>/advise.png. The ablation (python -m experiments.ablation) has the detail behind each figure.
+run on every seed, and of modes that tie (the same plans) the one that plans faster is named.
+Writes <out>/advise.json (every figure, with the settings and provenance) and <out>/advise.png.
+The ablation (python -m experiments.ablation) has the detail behind each figure.
 """
 SECTIONS = (ModelConfig, HardwareConfig, Cluster, CostsConfig, WorkloadConfig, PlannerConfig)
 COMMAND = Command("experiments.advise", DESCRIPTION, (*SECTIONS, AdviseOptions), choices=MODEL_CHOICES, epilog=modes_help())
@@ -97,7 +98,8 @@ def advise(settings: Settings, progress: bool = True) -> dict:
         {"factor": "fill", "value": cfg["fill"], "whole_run": own, "own": True} if not cfg["workload"].get("trace") else None,
     ]
     sensitivity = sorted((p for p in sensitivity if p), key=lambda p: (p["factor"], p["value"]))
-    ranked = sorted((m for m in modes if m != REFERENCE), key=lambda m: whole["over_seeds"][m]["mean"])
+    # the least whole-run time first; of modes that tie (the same plans), the one that plans faster
+    ranked = sorted((m for m in modes if m != REFERENCE), key=lambda m: (whole["over_seeds"][m]["mean"], whole["plan_ms_per_step"][m]))
     best = ranked[0] if ranked else REFERENCE
     pays = bool(ranked) and whole["over_seeds"][best]["max"] <= -opts.min_gain
     recommended = best if pays else REFERENCE
