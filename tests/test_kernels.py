@@ -235,3 +235,30 @@ def test_triton_halo_packing_bit_exact_with_reference():
             got, want = permute_rows(ext, rows, inverse, "triton"), permute_rows(ext, rows, inverse, "torch")
             assert not torch.isnan(got).any() and torch.equal(got, want) and torch.equal(want, ext[rows])
             assert int(keys.cu[-1]) == len(ext)  # every received and local row in one segment
+
+
+def test_gpu_check_reports_each_pieces_tests_from_pytests_junit_xml(tmp_path):
+    """gpu_check records, for each piece of the table of GPU runs, which of its tests passed,
+    failed or were skipped: read from pytest's JUnit XML, a parametrized test's cases each under
+    its piece (a hand-written report of each outcome)."""
+    from experiments.common.gpu_pieces import PIECES
+    from experiments.gpu_check.__main__ import piece_results
+
+    xml = tmp_path / "r.xml"
+    xml.write_text(
+        '<testsuites><testsuite name="pytest">'
+        '<testcase classname="tests.test_gpu" name="test_triton_pack_unpack_bit_exact_on_the_gpu[baseline]"/>'
+        '<testcase classname="tests.test_gpu" name="test_triton_pack_unpack_bit_exact_on_the_gpu[halo]"><failure message="x"/></testcase>'
+        '<testcase classname="tests.test_gpu" name="test_grouped_gemm_error_at_most_twice_the_expert_loops"><skipped/></testcase>'
+        '<testcase classname="tests.test_other" name="test_unrelated"/>'
+        "</testsuite></testsuites>"
+    )
+    r = piece_results(str(xml))
+    assert set(r) == {n for n, p in PIECES.items() if p.tests}
+    assert r["exchange kernels"] == {
+        "passed": ["tests/test_gpu.py::test_triton_pack_unpack_bit_exact_on_the_gpu[baseline]"],
+        "failed": ["tests/test_gpu.py::test_triton_pack_unpack_bit_exact_on_the_gpu[halo]"],
+        "skipped": [],
+    }
+    assert r["experts"]["skipped"] == ["tests/test_gpu.py::test_grouped_gemm_error_at_most_twice_the_expert_loops"]
+    assert not any("test_unrelated" in k for v in r.values() for ks in v.values() for k in ks)

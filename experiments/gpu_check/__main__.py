@@ -12,7 +12,9 @@
    Triton at least 80% of the device-copy bandwidth and faster than the torch path; its table
    of static bounds says what the machine code allows on this GPU.
 
-Writes <out>/gpu_check.json (figures, device, commit) and exits 1 if any check fails; without
+Writes <out>/gpu_check.json (figures, device, commit, and for each piece of the table of GPU
+runs, experiments/common/gpu_pieces.py, which of its tests passed, failed or were skipped here:
+what to copy into that table after a run on a new device) and exits 1 if any check fails; without
 CUDA it says so and exits 2 (the GPU tests are collected and skipped in every CPU run).
 """
 
@@ -23,12 +25,14 @@ import json
 import os
 import subprocess
 import sys
+import xml.etree.ElementTree as ET
 
 import torch
 
 from config.cli import Command
 from config.entries import GpuCheckOptions
 from experiments.common import entry
+from experiments.common.gpu_pieces import PIECES
 from experiments.common.provenance import provenance
 
 TARGET_COPY_FRACTION = 0.8
@@ -81,15 +85,39 @@ def gpu_test_files(folder: str = "tests") -> list[str]:
     return out
 
 
-def check_gpu_tests() -> dict:
+def piece_results(junit_xml: str) -> dict[str, dict[str, list[str]]]:
+    """For each piece of the table of GPU runs that names GPU tests: its tests' cases (a
+    parametrized test's each) that passed, failed or were skipped, from pytest's JUnit XML."""
+    outcome: dict[str, str] = {}
+    for case in ET.parse(junit_xml).getroot().iter("testcase"):
+        path = case.get("classname", "").replace(".", "/") + ".py"
+        name = case.get("name", "")
+        kinds = {child.tag for child in case}
+        outcome[f"{path}::{name}"] = "failed" if kinds & {"failure", "error"} else ("skipped" if "skipped" in kinds else "passed")
+    out = {}
+    for piece, p in PIECES.items():
+        if not p.tests:
+            continue
+        mine = {k: v for k, v in outcome.items() if k.split("[")[0] in p.tests}
+        out[piece] = {state: sorted(k for k, v in mine.items() if v == state) for state in ("passed", "failed", "skipped")}
+    return out
+
+
+def check_gpu_tests(out: str) -> dict:
     """pytest -m gpu over the modules that hold GPU tests, alone in its process (Triton compiled
-    for the device, not interpreted)."""
-    rc, log = _run([sys.executable, "-m", "pytest", "-q", "-rs", "-m", "gpu", *gpu_test_files()], 1800)
+    for the device, not interpreted), with each piece's tests' outcomes (piece_results)."""
+    xml = os.path.join(out, "gpu_tests.xml")
+    rc, log = _run([sys.executable, "-m", "pytest", "-q", "-rs", "-m", "gpu", f"--junitxml={xml}", *gpu_test_files()], 1800)
     summary = log.strip().splitlines()[-1] if log.strip() else ""
     print(f"[1] pytest -m gpu: {summary} -> {'PASS' if rc == 0 else 'FAIL'}")
     if rc:
         print(log[-3000:])
-    return {"ok": rc == 0, "summary": summary, "log_tail": log[-3000:]}
+    pieces = piece_results(xml) if os.path.exists(xml) else {}
+    for piece, r in pieces.items():
+        print(f"    {piece}: {len(r['passed'])} passed, {len(r['failed'])} failed, {len(r['skipped'])} skipped")
+    if pieces:
+        print("    (a new device: record each piece's result in experiments/common/gpu_pieces.py)")
+    return {"ok": rc == 0, "summary": summary, "log_tail": log[-3000:], "pieces": pieces}
 
 
 COMMAND = Command("experiments.gpu_check", __doc__, (GpuCheckOptions,))
@@ -103,7 +131,7 @@ def main(argv=None) -> int:
     os.makedirs(args.out, exist_ok=True)
     ctx = provenance()
     print(f"device: {ctx['device']}  commit {ctx['commit']} (files: tree {ctx['tree'][:12] or 'unknown'})  torch {torch.__version__}")
-    results = {"context": ctx, "gpu_tests": check_gpu_tests(), "bandwidth": check_bandwidth(args.out)}
+    results = {"context": ctx, "gpu_tests": check_gpu_tests(args.out), "bandwidth": check_bandwidth(args.out)}
     failed = [k for k, v in results.items() if k != "context" and not v["ok"]]
     path = os.path.join(args.out, "gpu_check.json")
     with open(path, "w") as f:
