@@ -18,10 +18,10 @@ def main(argv=None) -> dict:
     settings = entry.parse(COMMAND, argv, resolve_workload=False)  # each point resolves its workload
     opts = settings.advise
     with entry.user_errors():
-        points(settings)  # every point's settings checked before any work
+        prepared = points(settings)  # every point's settings checked before any work, and run as checked
         check_output_dir(opts.out)
         lock_folder(opts.out)
-        result = advise(settings, progress=opts.progress)
+        result = advise(settings, progress=opts.progress, prepared=prepared)
     print(render(result))
     json_path, png_path = os.path.join(opts.out, "advise.json"), os.path.join(opts.out, "advise.png")
     with entry.user_errors():

@@ -46,10 +46,11 @@ def _values(text: str) -> list[float]:
     return [float(x) for x in text.split(",")]
 
 
-def points(settings: Settings) -> list[tuple[str, float, Settings]]:
-    """(factor, value, prepared settings) of each sensitivity point: the hardware's ratio replaced
-    by each of --vary-ratio, the workload's fill by each of --vary-fill (not for a trace, whose steps are
-    fixed), a value equal to the run's own left out (the main run has it)."""
+def points(settings: Settings) -> tuple[Settings, list[tuple[str, float, Settings]]]:
+    """The run's prepared settings, and (factor, value, prepared settings) of each sensitivity
+    point: the hardware's ratio replaced by each of --vary-ratio, the workload's fill by each of
+    --vary-fill (not for a trace, whose steps are fixed), a value equal to the run's own left out
+    (the main run has it). SettingError, naming the point, before any work."""
     base = prepare(settings)
     opts, out = settings.advise, []
     own_ratio = base.hardware.inter_intra_ratio
@@ -61,26 +62,27 @@ def points(settings: Settings) -> list[tuple[str, float, Settings]]:
         for f in _values(opts.vary_fill):
             if not math.isclose(f, own_fill, rel_tol=1e-3):
                 out.append(("fill", f, prepare(settings.replace(workload=settings.workload.replace(fill=f, tokens_per_step=None)))))
-    return out
+    return base, out
 
 
-def candidates(settings: Settings) -> list[str]:
-    """The modes the advice weighs: every mode the model's sparse kind can run that is a way to run
-    a job, not a study's control (Mode.control), the baseline first."""
-    return [m for m in modes_for(cost_model(settings).sparse) if not mode_of(m).control]
+def candidates(kind) -> list[str]:
+    """The modes the advice weighs: every mode the sparse kind can run that is a way to run a job,
+    not a study's control (Mode.control), the baseline first."""
+    return [m for m in modes_for(kind) if not mode_of(m).control]
 
 
-def advise(settings: Settings, progress: bool = True) -> dict:
+def advise(settings: Settings, progress: bool = True, prepared=None) -> dict:
     """The decision for `settings` (parsed with resolve_workload=False; its advise section read):
     every candidate mode over the whole run for --seeds seeds, and at each sensitivity point for
-    --sensitivity-seeds seeds, all on as many processes as there are cores. Returns what advise.json
-    holds."""
+    --sensitivity-seeds seeds, all on as many processes as there are cores. `prepared`: what
+    points(settings) gave, where the caller checked them already. Returns what advise.json holds."""
     opts = settings.advise
-    base = prepare(settings)
-    modes = candidates(base)
+    base, pts = prepared if prepared is not None else points(settings)
+    kind = cost_model(base).sparse
+    modes = candidates(kind)
     seed0 = base.workload.seed
     main_jobs = ablation_jobs(base, list(range(seed0, seed0 + opts.seeds)), modes, whole=True)
-    side = [(f, v, ablation_jobs(s, list(range(seed0, seed0 + opts.sensitivity_seeds)), modes, whole=True)) for f, v, s in points(settings)]
+    side = [(f, v, ablation_jobs(s, list(range(seed0, seed0 + opts.sensitivity_seeds)), modes, whole=True)) for f, v, s in pts]
     jobs: list[SeedJob] = main_jobs + [j for _, _, js in side for j in js]
     results = run_jobs(jobs, progress, desc=f"{len(jobs)} runs ({len(modes)} modes, every step)")
     rows, summary = summarize_ablation(base, main_jobs, results[: len(main_jobs)])
@@ -104,7 +106,6 @@ def advise(settings: Settings, progress: bool = True) -> dict:
     pays = bool(ranked) and whole["over_seeds"][best]["max"] <= -opts.min_gain
     recommended = best if pays else REFERENCE
     runner_up = ranked[1] if pays and len(ranked) > 1 else best
-    kind = cost_model(base).sparse
     over = summary["over_seeds"]
     per_mode = {}
     for m in modes:
