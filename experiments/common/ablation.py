@@ -132,7 +132,7 @@ class SeedResult:
 
 
 def seed_rows(job: SeedJob, progress: bool = False) -> SeedResult:
-    """Run one SeedJob. A step's plans with the same layout (SteplPlan.layout_hash) are simulated
+    """Run one SeedJob. A step's plans with the same layout (StepPlan.layout_hash) are simulated
     once: they run alike."""
     settings, seed = job.settings, job.seed
     cluster, wl, pricing = settings.cluster, settings.workload, settings.planner.assignment_pricing
