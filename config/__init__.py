@@ -14,6 +14,7 @@ from .base import Check, Section, SettingError, setting
 from .cluster import Cluster, ceil_pow2
 from .costs import EP_PLACEMENTS, RECOMPUTE, CostsConfig
 from .hardware import GPU_DEVICES, MEMORY_LATENCY_S, RATIO_READINGS, GpuDevice, HardwareConfig
+from .hf import read_hf_config  # noqa: I001 (after the model: it registers hf:DIR and the shipped models' presets)
 from .model import LAYER_TYPES, ModelConfig
 from .optim import OptimConfig
 from .planner import PRICINGS, PlannerConfig
@@ -40,5 +41,6 @@ __all__ = [
     "TINY_TOKENS_PER_RANK",
     "WorkloadConfig",
     "ceil_pow2",
+    "read_hf_config",
     "setting",
 ]

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
+from typing import ClassVar
 
 from .base import NON_EMPTY, Check, Section, SettingError, int_in, number_in, optional, setting
 
@@ -65,6 +67,43 @@ class ModelConfig(Section):
         Check("an object of parameter names and numbers", lambda v: isinstance(v, dict) and all(isinstance(k, str) for k in v)),
         source="Mistral 7B's window of 4096",
     )
+    shared_expert_ffn: int = setting(
+        0,
+        "hidden size of the shared experts' SwiGLU, which every token runs beside its routed experts (several shared experts: "
+        "their widths summed); 0: none",
+        int_in(0, MAX_FFN),
+    )
+    shared_expert_gate: bool = setting(False, "a sigmoid gate of one output scales the shared experts' output (Qwen3-Next's)")
+    first_dense_layers: int = setting(
+        0, "the first blocks whose feed-forward is one dense SwiGLU instead of the experts (Kimi Linear's first)", int_in(0, 100_000)
+    )
+    dense_ffn: int = setting(0, "hidden size of those dense blocks' SwiGLU", int_in(0, MAX_FFN))
+    attn_output_gate: bool = setting(
+        False,
+        "full attention's output is scaled by a sigmoid gate projected from the hidden state, one per query element "
+        "(Qwen3-Next's gated attention): the query projection is twice as wide",
+    )
+    kv_lora_rank: int = setting(
+        None,
+        "MLA's latent: keys and values are projected down to this width (beside qk_rope_dim rotary key elements every head "
+        "shares), then up to each head; unset: full-rank key/value projections",
+        optional(int_in(1, MAX_HIDDEN)),
+        type_=int,
+    )
+    q_lora_rank: int = setting(
+        None, "MLA's query latent (queries projected down to this width, then up); unset: a full-rank query projection",
+        optional(int_in(1, MAX_HIDDEN)), type_=int,
+    )  # fmt: skip
+    qk_rope_dim: int = setting(
+        0, "MLA: the rotary elements of each q/k head (part of head_dim), the key's shared by every head", int_in(0, MAX_HEAD_DIM)
+    )
+    architecture: str = setting(
+        "hybrid",
+        "the family whose blocks these are: hybrid (the project's own) or a Hugging Face model_type read by --model hf:DIR "
+        "(config.hf); the runtime builds the project's own",
+        NON_EMPTY,
+        cli=False,
+    )
     tie_embeddings: bool = setting(False, "the LM head shares the embedding's weights")
     rope_theta: float = setting(1e6, "rotary base", number_in(0, 1e12, lo_open=True), source=QWEN3)
     norm_eps: float = setting(1e-6, "RMSNorm epsilon", number_in(0, 1, lo_open=True))
@@ -82,6 +121,44 @@ class ModelConfig(Section):
             raise SettingError(f"{self.spelt('n_heads')}={self.n_heads} is not a multiple of {self.spelt('n_kv_heads')}={self.n_kv_heads}")
         if self.top_k > self.n_experts:
             raise SettingError(f"{self.spelt('top_k')}={self.top_k} exceeds {self.spelt('n_experts')}={self.n_experts}")
+        if self.first_dense_layers > self.n_layers:
+            raise SettingError(
+                f"{self.spelt('first_dense_layers')}={self.first_dense_layers} exceeds {self.spelt('n_layers')}={self.n_layers}"
+            )
+        if self.first_dense_layers and not self.dense_ffn:
+            raise SettingError(
+                f"{self.spelt('first_dense_layers')}={self.first_dense_layers} needs {self.spelt('dense_ffn')}, the dense "
+                f"SwiGLU's hidden size (it is 0)"
+            )
+        if self.shared_expert_gate and not self.shared_expert_ffn:
+            raise SettingError(f"{self.spelt('shared_expert_gate')} gates shared experts, but {self.spelt('shared_expert_ffn')} is 0")
+        if self.kv_lora_rank is None:
+            for name in ("q_lora_rank", "qk_rope_dim"):
+                if getattr(self, name):
+                    raise SettingError(f"{self.spelt(name)}={getattr(self, name)} is MLA's; set {self.spelt('kv_lora_rank')} with it")
+        else:
+            if self.n_kv_heads != self.n_heads:
+                raise SettingError(
+                    f"{self.spelt('kv_lora_rank')} (MLA) projects a key and a value for every query head: "
+                    f"{self.spelt('n_kv_heads')}={self.n_kv_heads} must equal {self.spelt('n_heads')}={self.n_heads}"
+                )
+            if self.qk_rope_dim >= self.head_dim:
+                raise SettingError(
+                    f"{self.spelt('qk_rope_dim')}={self.qk_rope_dim} must be less than {self.spelt('head_dim')}={self.head_dim}, "
+                    f"of which it is the rotary part"
+                )
+
+    # readers of a model named by a prefix (config.hf registers "hf:", a Hugging Face config.json)
+    READERS: ClassVar[dict[str, Callable[[str], ModelConfig]]] = {}
+
+    @classmethod
+    def from_name(cls, name: str, **overrides) -> ModelConfig:
+        """A preset by name, or a model a reader reads (hf:DIR: a Hugging Face config, config.hf)."""
+        for prefix, reader in cls.READERS.items():
+            if name.startswith(prefix):
+                model = reader(name)
+                return model.replace(**overrides) if overrides else model
+        return super().from_name(name, **overrides)
 
     def merge(self, changes: dict) -> dict:
         """A new sparse kind starts from that kind's parameters (its declared defaults, unless
@@ -92,6 +169,25 @@ class ModelConfig(Section):
         if "sparse_params" in changes:
             return {**changes, "sparse_params": {**self.sparse_params, **changes["sparse_params"]}}
         return changes
+
+    def describe(self) -> str:
+        """Its shapes in one line, each that moves a priced figure (what a run prints beside its model)."""
+        heads = f"{self.n_heads} q / {self.n_kv_heads} kv heads of {self.head_dim}" + (
+            f" (v {self.v_dim})" if self.v_dim != self.head_dim else ""
+        )
+        parts = [f"{self.n_layers} layers {self.layer_pattern}", f"hidden {self.hidden}", f"attention {heads}"]
+        if self.attn_output_gate:
+            parts.append("gated attention output")
+        if self.kv_lora_rank is not None:
+            q = "" if self.q_lora_rank is None else f", q latent {self.q_lora_rank}"
+            parts.append(f"MLA kv latent {self.kv_lora_rank} + rope {self.qk_rope_dim}{q}")
+        parts.append(f"{self.n_experts} experts of {self.expert_ffn}, top-{self.top_k}")
+        if self.shared_expert_ffn:
+            parts.append(f"shared expert {self.shared_expert_ffn}" + (" (gated)" if self.shared_expert_gate else ""))
+        if self.first_dense_layers:
+            parts.append(f"first {self.first_dense_layers} block(s) dense of {self.dense_ffn}")
+        parts.append(f"vocab {self.vocab}")
+        return ", ".join(parts)
 
     @property
     def v_dim(self) -> int:
@@ -111,6 +207,15 @@ class ModelConfig(Section):
     @cached_property
     def n_sparse(self) -> int:
         return self.layer_types.count("S")
+
+    @cached_property
+    def n_moe(self) -> int:
+        """Blocks whose feed-forward is the experts (all but the first dense ones)."""
+        return self.n_layers - self.first_dense_layers
+
+    def n_dense_of(self, layer_type: str) -> int:
+        """The dense blocks among the layers of `layer_type`."""
+        return self.layer_types[: self.first_dense_layers].count(layer_type)
 
 
 ModelConfig.PRESETS = {
@@ -150,34 +255,8 @@ ModelConfig.PRESETS = {
 # each key/value head over 2 and 4 ranks
 ModelConfig.PRESETS["tiny-gqa"] = ModelConfig.PRESETS["tiny"].replace(name="tiny-gqa", n_kv_heads=2)
 
-# Gated DeltaNet hybrids: three linear layers, then one full-attention layer (SSSF, as Qwen3-Next
-# orders them). paper-gdn: Qwen3-Next-80B-A3B's shapes (docs/cost-model.md lists each with its
-# source; its shared expert and partial rotary are left out, as the paper preset leaves out what
-# the hybrid MoE here does not model); tiny-gdn: tiny's shapes with small linear layers
-ModelConfig.PRESETS["paper-gdn"] = ModelConfig(
-    name="paper-gdn",
-    n_layers=48,
-    layer_pattern="SSSF",
-    hidden=2048,
-    n_heads=16,
-    n_kv_heads=2,
-    head_dim=256,
-    n_experts=512,
-    top_k=10,
-    expert_ffn=512,
-    vocab=151936,
-    sparse_kind="gated_delta",
-    sparse_params={
-        "k_heads": 16,
-        "v_heads": 32,
-        "head_k_dim": 128,
-        "head_v_dim": 128,
-        "conv_kernel": 4,
-        "block": 64,
-        "state_dtype": "auto",
-    },
-    rope_theta=1e7,
-)
+# Gated DeltaNet hybrids the runtime trains: tiny-gdn, tiny's shapes with small linear layers in
+# Qwen3-Next's order (three linear layers, then one full-attention layer)
 ModelConfig.PRESETS["tiny-gdn"] = ModelConfig.PRESETS["tiny"].replace(
     name="tiny-gdn",
     layer_pattern="SSSF",
@@ -189,30 +268,3 @@ ModelConfig.PRESETS["tiny-gdn"] = ModelConfig.PRESETS["tiny"].replace(
 ModelConfig.PRESETS["tiny-kda"] = ModelConfig.PRESETS["tiny-gdn"].replace(
     name="tiny-kda", sparse_kind="kda", sparse_params={**ModelConfig.PRESETS["tiny-gdn"].sparse_params, "gate_rank": 8}
 )
-# paper-kda: Kimi-Linear-48B-A3B's shapes (Moonshot AI, 2025; its public config.json): 27 layers,
-# KDA at layers 1-3, 5-7, ... 25-26 and MLA full attention at 4, 8, ..., 24 and 27 (1-based, as its
-# layer list places them); hidden size 2304; KDA of 32 heads of 128 and a convolution of 4; MLA's
-# 32 heads priced by their head sizes, q/k 192 (128 without rotary + 64 with) and v 128; 256
-# routed experts, 8 a token, each a SwiGLU of 1024; a vocabulary of 163,840. Its dense first layer
-# and its shared expert are left out, and MLA's low-rank key/value projection is priced as the
-# full-rank one of these head sizes (docs/cost-model.md)
-ModelConfig.PRESETS["paper-kda"] = ModelConfig(
-    name="paper-kda",
-    n_layers=27,
-    layer_pattern="SSSF" * 6 + "SSF",
-    hidden=2304,
-    n_heads=32,
-    n_kv_heads=32,
-    head_dim=192,
-    v_head_dim=128,
-    n_experts=256,
-    top_k=8,
-    expert_ffn=1024,
-    vocab=163840,
-    sparse_kind="kda",
-    sparse_params={
-        "k_heads": 32, "v_heads": 32, "head_k_dim": 128, "head_v_dim": 128, "conv_kernel": 4, "block": 64, "gate_rank": 128,
-        "state_dtype": "auto",
-    },
-    rope_theta=1e4,
-)  # fmt: skip

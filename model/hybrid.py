@@ -168,10 +168,34 @@ class LinearBlock(nn.Module):
         return place.leave(x + m, layer_type), aux
 
 
+# what the cost model prices and the runtime does not build yet: (setting, the feature, in words)
+NOT_BUILT = (
+    ("shared_expert_ffn", "shared experts"),
+    ("shared_expert_gate", "the shared experts' gate"),
+    ("first_dense_layers", "dense first blocks"),
+    ("attn_output_gate", "gated attention's output gate"),
+    ("kv_lora_rank", "MLA's low-rank key/value projections"),
+    ("q_lora_rank", "MLA's low-rank query projection"),
+)
+
+
 def check_runnable(cfg: ModelConfig) -> None:
-    """SettingError where the runtime cannot build the model the cost model prices: value heads of
-    another size than the q/k heads (MLA's), which its attention kernels and exchanges, taking one
-    head size, do not run yet."""
+    """SettingError where the runtime cannot build the model the cost model prices: a Hugging Face
+    family's blocks (model.architecture), what NOT_BUILT lists, and value heads of another size than
+    the q/k heads (MLA's), which its attention kernels and exchanges, taking one head size, do not
+    run yet. The simulator prices each of them (the ablation, the sweep, the decision)."""
+    if cfg.architecture != "hybrid":
+        raise SettingError(
+            f"model {cfg.name}: the runtime does not build {cfg.architecture}'s blocks yet (model.architecture="
+            f"{cfg.architecture!r}); the simulator prices them (the ablation, the sweep, experiments.advise), and training "
+            f"takes the project's own presets: {', '.join(p for p, m in ModelConfig.PRESETS.items() if m.architecture == 'hybrid')}"
+        )
+    for name, feature in NOT_BUILT:
+        if getattr(cfg, name):
+            raise SettingError(
+                f"model {cfg.name}: {cfg.spelt(name)}={getattr(cfg, name)}: the runtime does not build {feature} yet; the "
+                f"simulator prices it (the ablation, the sweep, experiments.advise); leave it unset to train"
+            )
     if cfg.v_dim != cfg.head_dim:
         raise SettingError(
             f"model {cfg.name}: model.v_head_dim (--v-head-dim)={cfg.v_head_dim} differs from model.head_dim (--head-dim)="

@@ -75,11 +75,16 @@ class CostModel(ComputeCosts, ExchangeCosts, KindCosts, StepCosts):
             )
         m = model
         self.attn_proj_params = attention_projection_params(m)
-        self.moe_active_params = m.top_k * 3 * m.hidden * m.expert_ffn + m.hidden * m.n_experts
-        self.layer_params_active = self.attn_proj_params + self.moe_active_params
+        # a block's feed-forward: a MoE block's active experts, router and shared experts, or a dense
+        # block's SwiGLU; per layer type, its blocks' mean (a token runs every block: exact in sum)
+        self.shared_mlp_params = 3 * m.hidden * m.shared_expert_ffn + (m.hidden if m.shared_expert_gate else 0)
+        self.moe_active_params = m.top_k * 3 * m.hidden * m.expert_ffn + m.hidden * m.n_experts + self.shared_mlp_params
+        self.dense_mlp_params = 3 * m.hidden * m.dense_ffn
+        self.mlp_active_params = {t: self._mean_mlp(t) for t in ("F", "S")}
+        self.layer_params_active = self.attn_proj_params + self.mlp_active_params["F"]
         # the S layers' projections: the kind's (an attention kind's are the attention's)
         self.sparse_proj_params = self.sparse.projection_params(m)
-        self.sparse_layer_params_active = self.sparse_proj_params + self.moe_active_params
+        self.sparse_layer_params_active = self.sparse_proj_params + self.mlp_active_params["S"]
         self.lm_head_params = m.vocab * m.hidden
         gemm_rate = hw.peak_flops * hw.gemm_efficiency
         self.attn_rate = hw.peak_flops * hw.attention_efficiency
@@ -105,6 +110,15 @@ class CostModel(ComputeCosts, ExchangeCosts, KindCosts, StepCosts):
         self._parent_fixed: dict[int, float] = {}  # parent_fixed per parent size
         self.byte_share = 1.0  # of each exchanged row's bytes a call moves (head_block's 1 / overlap_blocks)
         self._block: CostModel | None = None
+
+    def _mean_mlp(self, layer_type: str):
+        """Active feed-forward parameters of a layer of `layer_type`, its blocks' mean: the MoE's
+        (an integer) where none of them is dense."""
+        m = self.model
+        n, dense = m.layer_types.count(layer_type), m.n_dense_of(layer_type)
+        if not dense:
+            return self.moe_active_params
+        return ((n - dense) * self.moe_active_params + dense * self.dense_mlp_params) / n
 
     def for_cluster(self, cluster) -> CostModel:
         """This cost model with the exchanges priced for `cluster`'s nodes (Cluster.gpus_per_node)."""

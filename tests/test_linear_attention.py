@@ -374,8 +374,17 @@ def test_the_cost_model_counts_a_gdn_hybrids_parameters_as_the_model_has_them():
     from model.hybrid import HybridMoE, LinearBlock
     from solver import CostModel
 
-    paper = ModelConfig.from_name("paper-gdn")
-    small_paper = paper.replace(n_layers=4, n_experts=8, top_k=2, vocab=1000)
+    paper = ModelConfig.from_name("paper-gdn")  # without what the runtime does not build (tests/test_hf.py prices those)
+    small_paper = paper.replace(
+        n_layers=4,
+        n_experts=8,
+        top_k=2,
+        vocab=1000,
+        architecture="hybrid",
+        shared_expert_ffn=0,
+        shared_expert_gate=False,
+        attn_output_gate=False,
+    )
     for cfg in (ModelConfig.from_name("tiny-gdn"), small_paper):
         model = HybridMoE(cfg)
         left_out = sum(p.numel() for n, p in model.named_parameters() if "norm" in n or n.endswith(("conv", "A_log", "dt_bias")))

@@ -72,6 +72,7 @@ def print_tables(rows, summary, out=None):
         f"{cfg['fill']:.2f}, model {cfg['model']['name']} ({cfg['model']['sparse_kind']} {cfg['model']['sparse_params']}), "
         f"assignment pricing {cfg['planner']['assignment_pricing']}"
     )
+    p(f"model shapes: {ModelConfig.from_dict(cfg['model']).describe()}")
     wl = cfg["workload"]
     if wl.get("trace"):
         source = f"the steps of the trace {wl['trace']}"

@@ -23,9 +23,18 @@ def saved_elements_per_token(cfg: ModelConfig) -> float:
     """Elements one layer keeps for the backward per token: norms and residuals (6 x hidden), the
     QKV projection, its rotary and exchanged copies (3 x QKV), the attention output before and
     after its exit exchange (2 x H x D), router probabilities, and the MoE's per-slot copies
-    (input, three ffn-wide products and the output with its weighting: top_k x (3 hidden + 4 ffn))."""
+    (input, three ffn-wide products and the output with its weighting: top_k x (3 hidden + 4 ffn)),
+    and the shared experts' likewise where the model has them."""
     qkv = (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim
-    return 6 * cfg.hidden + 3 * qkv + 2 * cfg.n_heads * cfg.head_dim + cfg.n_experts + cfg.top_k * (3 * cfg.hidden + 4 * cfg.expert_ffn)
+    shared = 3 * cfg.hidden + 4 * cfg.shared_expert_ffn if cfg.shared_expert_ffn else 0
+    return (
+        6 * cfg.hidden
+        + 3 * qkv
+        + 2 * cfg.n_heads * cfg.head_dim
+        + cfg.n_experts
+        + cfg.top_k * (3 * cfg.hidden + 4 * cfg.expert_ffn)
+        + shared
+    )
 
 
 def estimate(
@@ -45,10 +54,10 @@ def estimate(
     them at a time."""
     cost = CostModel(cfg, HardwareConfig())
     params = cost.total_params() + (2 * cfg.n_layers + 1) * cfg.hidden  # + the RMSNorm weights the cost model leaves out
-    experts = cost.expert_params() / cfg.n_layers  # one block's
+    experts = cost.expert_params() / max(cfg.n_moe, 1)  # one MoE block's
     block = (params - cost.lm_head_params - (0 if cfg.tie_embeddings else cfg.vocab * cfg.hidden)) / cfg.n_layers
     root = params - cfg.n_layers * block
-    params -= cfg.n_layers * experts * (1 - 1 / ep) * (shard != "fsdp")  # replicated: a rank holds its experts only
+    params -= cost.expert_params() * (1 - 1 / ep) * (shard != "fsdp")  # replicated: a rank holds its experts only
     block -= experts * (1 - 1 / ep)  # what a rank gathers of a block
     act_bytes = 2 if mixed_precision else 4
     out = {}

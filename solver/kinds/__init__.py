@@ -60,28 +60,41 @@ def attention_parts(model: ModelConfig) -> Parts:
     return ((*(m.n_heads,) * m.head_dim, *(m.n_kv_heads,) * m.head_dim, *(m.n_kv_heads,) * m.v_dim), 1), ((m.n_heads,), m.v_dim)
 
 
-def attention_projection_params(model: ModelConfig) -> int:
-    """Parameters of an attention layer's projections: the fused q, k, v and the output."""
+def attention_projection_shapes(model: ModelConfig) -> list[tuple[int, int]]:
+    """An attention layer's projections as (rows, columns) matrices, the output projection last:
+    the fused query (with its output gate where attn_output_gate), key and value, or MLA's
+    (kv_lora_rank set): the query (full-rank, or down to q_lora_rank and up), the key/value down
+    projection to the latent and the shared rotary key elements, and the latent's up projection to
+    every head's key (without its rotary part) and value."""
     m = model
-    q, kv = m.n_heads * m.head_dim, m.n_kv_heads * m.head_dim
-    return m.hidden * (q + kv + m.n_kv_heads * m.v_dim) + m.n_heads * m.v_dim * m.hidden
+    q = m.n_heads * m.head_dim * (2 if m.attn_output_gate else 1)
+    out = (m.hidden, m.n_heads * m.v_dim)
+    if m.kv_lora_rank is None:
+        return [(q + m.n_kv_heads * (m.head_dim + m.v_dim), m.hidden), out]
+    query = [(q, m.hidden)] if m.q_lora_rank is None else [(m.q_lora_rank, m.hidden), (q, m.q_lora_rank)]
+    up = (m.n_heads * (m.head_dim - m.qk_rope_dim + m.v_dim), m.kv_lora_rank)
+    return [*query, (m.kv_lora_rank + m.qk_rope_dim, m.hidden), up, out]
+
+
+def attention_projection_params(model: ModelConfig) -> int:
+    """Parameters of an attention layer's projections (attention_projection_shapes)."""
+    return sum(r * c for r, c in attention_projection_shapes(model))
 
 
 def attention_held_projections(model: ModelConfig, held: Callable[..., int]) -> int:
     """Elements of an attention layer's projections as FSDP2 holds them, held(*shape) a
-    parameter's padded elements: the fused query/key/value and the output projections."""
-    m = model
-    q, kv = m.n_heads * m.head_dim, m.n_kv_heads * m.head_dim
-    return held(q + kv + m.n_kv_heads * m.v_dim, m.hidden) + held(m.hidden, m.n_heads * m.v_dim)
+    parameter's padded elements (attention_projection_shapes)."""
+    return sum(held(*shape) for shape in attention_projection_shapes(model))
 
 
-def attention_token_split(cost) -> tuple[float, float, float]:
+def attention_token_split(cost, layer_type: str = "F") -> tuple[float, float, float]:
     """An attention layer's token-wise work around its exchanges: (forward seconds a token, the
-    share before its entry: its q, k, v projections, the share after its exit: the output
-    projection and the experts)."""
-    m = cost.model
-    pre = m.hidden * ((m.n_heads + m.n_kv_heads) * m.head_dim + m.n_kv_heads * m.v_dim) / cost.layer_params_active
-    return cost.layer_token_time, pre, 1 - pre
+    share before its entry: every projection but the output, the share after its exit: the output
+    projection and the feed-forward)."""
+    rows, cols = attention_projection_shapes(cost.model)[-1]
+    active = cost.layer_params_active if layer_type == "F" else cost.sparse_layer_params_active
+    pre = (cost.attn_proj_params - rows * cols) / active
+    return cost.layer_time_of(layer_type), pre, 1 - pre
 
 
 @dataclass(frozen=True)
@@ -141,15 +154,10 @@ class SparseKind:
         """Seconds an attention call pays per sample it loops over (HardwareConfig.attention_sample_latency)."""
         return hw.attention_sample_latency
 
-    def layer_token_seconds(self, model: ModelConfig, full: float, sparse: float) -> float:
-        """Forward seconds per token of every layer's token-wise work, given an F layer's (`full`)
-        and an S layer's (`sparse`): the same for an attention kind, summed as one."""
-        return model.n_layers * full
-
     def token_split(self, cost) -> tuple[float, float, float]:
         """An S layer's token-wise work around its exchanges: (forward seconds a token, the share
         before its entry exchange, the share after its exit): attention_token_split."""
-        return attention_token_split(cost)
+        return attention_token_split(cost, "S")
 
     def heads_text(self, model: ModelConfig) -> str:
         """What else a group splits beyond the attention's heads, for messages ('' for attention)."""
@@ -263,9 +271,6 @@ class LinearKind(SparseKind):
 
     def sample_call_latency(self, hw: HardwareConfig) -> float:
         return 0.0  # its recurrence is priced by its blocks, not by the samples a call loops over
-
-    def layer_token_seconds(self, model: ModelConfig, full: float, sparse: float) -> float:
-        return model.n_full * full + model.n_sparse * sparse
 
     def token_split(self, cost) -> tuple[float, float, float]:
         """Its in-projection before the entry; its out-projection and the experts after."""

@@ -26,7 +26,7 @@ class ComputeCosts:
         """A linear kind's S-layer output projection plus the MoE (what runs after its exit
         exchange): the exit's elements per token times the hidden size, and the active experts."""
         _, (parts, width) = ulysses_parts(self.model, "S")
-        return sum(parts) * width * self.model.hidden + self.moe_active_params
+        return sum(parts) * width * self.model.hidden + self.mlp_active_params["S"]
 
     def layer_time_of(self, layer_type: str) -> float:
         """Forward seconds per token of one layer of `layer_type`'s token-wise work."""
@@ -43,15 +43,18 @@ class ComputeCosts:
         return float(FLOPS_PER_MAC * FWD_BWD_COMPUTE * self.active_params() * n.sum() + FWD_BWD_COMPUTE * attn.sum())
 
     def expert_params(self) -> float:
+        """The routed experts' parameters, every MoE block's."""
         m = self.model
-        return m.n_layers * m.n_experts * 3 * m.hidden * m.expert_ffn
+        return m.n_moe * m.n_experts * 3 * m.hidden * m.expert_ffn
 
     def total_params(self) -> float:
+        """Every projection's and embedding's parameters (the norms, a linear kind's convolution and
+        decay, biases and attention sinks left out: under 1% of a layer's)."""
         m = self.model
         embed = 0 if m.tie_embeddings else m.vocab * m.hidden
         proj = m.n_full * self.attn_proj_params + m.n_sparse * self.sparse_proj_params  # integers: exact either way
-        dense = proj + m.n_layers * m.hidden * m.n_experts + self.lm_head_params + embed
-        return dense + self.expert_params()
+        mlp = m.n_moe * (m.hidden * m.n_experts + self.shared_mlp_params) + m.first_dense_layers * self.dense_mlp_params
+        return proj + mlp + self.lm_head_params + embed + self.expert_params()
 
     def full_attn_time(self, lengths):
         return attention_flops(causal_keys(lengths), self.model) / self.attn_rate
@@ -63,8 +66,9 @@ class ComputeCosts:
         """Training seconds of all token-wise work for `tokens` tokens on one rank: every layer's
         projections and experts (with recompute) and their expert all-to-all, and the LM head."""
         m = self.model
-        layers = self.layer_compute_passes * self.sparse.layer_token_seconds(m, self.layer_token_time, self.sparse_layer_token_time)
-        per_token = layers + FWD_BWD_COMPUTE * self.head_token_time + m.n_layers * self.moe_token_time
+        full, sparse = self.layer_token_time, self.sparse_layer_token_time
+        layers = m.n_layers * full if sparse == full else m.n_full * full + m.n_sparse * sparse
+        per_token = self.layer_compute_passes * layers + FWD_BWD_COMPUTE * self.head_token_time + m.n_moe * self.moe_token_time
         return np.asarray(tokens, dtype=np.float64) * per_token
 
     def sample_cost(self, lengths):

@@ -37,9 +37,12 @@ class StepCosts:
         root = (1 if m.tie_embeddings else 2) * held(m.vocab, h) + held(h)
         attention = attention_held_projections(m, held)  # an F layer's
         sparse = self.sparse.held_projections(m, held)
-        blocks = m.n_full * attention + m.n_sparse * sparse + m.n_layers * (held(m.n_experts, h) + 2 * held(h))
+        blocks = m.n_full * attention + m.n_sparse * sparse + m.n_layers * 2 * held(h)
+        swiglu = lambda width: 2 * held(width, h) + held(h, width) if width else 0  # noqa: E731 (w1, w3; w2)
+        shared = swiglu(m.shared_expert_ffn) + (held(1, h) if m.shared_expert_gate else 0)
+        blocks += m.n_moe * (held(m.n_experts, h) + shared) + m.first_dense_layers * swiglu(m.dense_ffn)
         slot, replicas = m.n_experts // ep, w // ep  # w1 and w3 [slot, hidden, ffn], w2 [slot, ffn, hidden]
-        experts = m.n_layers * (2 * held(slot, h, ffn, ranks=replicas) + held(slot, ffn, h, ranks=replicas))
+        experts = m.n_moe * (2 * held(slot, h, ffn, ranks=replicas) + held(slot, ffn, h, ranks=replicas))
         return root, blocks, experts
 
     def grad_sync_volume(self, world_size: int) -> tuple[float, float, int]:
@@ -56,8 +59,8 @@ class StepCosts:
         gather = tr.param_bytes * (dense + BLOCK_GATHERS * experts * ring(replicas))
         reduce = tr.grad_bytes * ((root + blocks) * ring(world_size) + experts * ring(replicas))
         calls = ROOT_GATHERS + 1 + m.n_layers * (BLOCK_GATHERS + 1)  # the root and the blocks, over every rank
-        if ep > 1 and replicas > 1:  # the experts: a module of their own in each block, over their replicas
-            calls += m.n_layers * (BLOCK_GATHERS + 1)
+        if ep > 1 and replicas > 1:  # the experts: a module of their own in each MoE block, over their replicas
+            calls += m.n_moe * (BLOCK_GATHERS + 1)
         return gather, reduce, calls
 
     def grad_sync_time(self, world_size: int) -> float:
@@ -148,8 +151,8 @@ class StepCosts:
         return (1 - self.costs.moe_overlap) * seconds
 
     def moe_fixed_time(self) -> float:
-        """Seconds every rank pays for its expert all-to-all calls' latencies over a step (every layer)."""
-        return self.model.n_layers * self.moe_layer_fixed()
+        """Seconds every rank pays for its expert all-to-all calls' latencies over a step (every MoE block)."""
+        return self.model.n_moe * self.moe_layer_fixed()
 
     def moe_layer_fixed(self) -> float:
         """Seconds of one layer's expert all-to-all calls over a step whatever their bytes: the

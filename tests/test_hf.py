@@ -1,0 +1,173 @@
+"""Hugging Face models priced as transformers builds them (config.hf, `--model hf:DIR`): each
+family's tiny random config read into the model section, its parameters counted by the cost model
+against transformers' own model of that config, the shipped flagship configs held to transformers'
+reading of them and to their model cards, and what cannot be priced or built refused by name."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+
+import pytest
+from hf_utils import FAMILIES, priced_params, tiny_hf_config, tiny_hf_model
+
+from config import HardwareConfig, ModelConfig, SettingError, read_hf_config
+from config.hf import HF_MODELS
+from solver import CostModel
+
+pytest.importorskip("transformers")
+
+LAYER_LETTER = {"full_attention": "F", "linear_attention": "S", "sliding_attention": "S"}
+KIND = {"qwen3_next": "gated_delta", "kimi_linear": "kda", "gpt_oss": "sliding_window"}
+# each flagship's model card: layers, routed experts, experts a token, shared experts' width, and
+# total parameters in billions (cards round to whole billions and differ on counting embeddings)
+CARDS = {
+    "qwen3-next-80b-a3b": (48, 512, 10, 512, 80),
+    "kimi-linear-48b-a3b": (27, 256, 8, 1024, 48),
+    "gpt-oss-120b": (36, 128, 4, 0, 117),
+}
+
+
+def saved(tmp_path, family, **changes) -> str:
+    """A folder holding the config.json transformers writes for the tiny config of `family`."""
+    tiny_hf_config(family, **changes).save_pretrained(tmp_path)
+    return str(tmp_path)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_hf_tiny_config_reads_with_transformers_layers_heads_and_experts(tmp_path, family):
+    hf = tiny_hf_config(family)
+    m = read_hf_config(saved(tmp_path, family))
+    assert m.architecture == family and m.sparse_kind == KIND[family]
+    assert m.layer_types == "".join(LAYER_LETTER[t] for t in hf.layer_types)
+    assert (m.n_layers, m.hidden, m.n_heads, m.vocab) == (hf.num_hidden_layers, hf.hidden_size, hf.num_attention_heads, hf.vocab_size)
+    assert (m.n_experts, m.top_k) == (hf.num_local_experts if family != "qwen3_next" else hf.num_experts, hf.num_experts_per_tok)
+    dense = getattr(hf, "mlp_layer_types", None) or []
+    assert m.first_dense_layers == dense.count("dense")
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_hf_cost_model_counts_every_parameter_transformers_builds(tmp_path, family):
+    """The cost model's total and routed-expert parameters equal transformers' model's, matrix by
+    matrix (its shared experts and their gate, the dense first block, MLA's latents, the gated
+    query): only what it leaves out by design (norms, convolutions, biases, sinks) is left out."""
+    model = tiny_hf_model(family)
+    cost = CostModel(read_hf_config(saved(tmp_path, family)), HardwareConfig())
+    total, experts = priced_params(model)
+    assert cost.total_params() == total
+    assert cost.expert_params() == experts
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_hf_active_parameters_are_transformers_less_the_experts_a_token_skips(tmp_path, family):
+    model = tiny_hf_model(family)
+    m = read_hf_config(saved(tmp_path, family))
+    total, experts = priced_params(model)
+    embedding = model.get_input_embeddings().weight.numel()  # a lookup: no FLOPs
+    expected = total - embedding - experts * (m.n_experts - m.top_k) / m.n_experts
+    assert CostModel(m, HardwareConfig()).active_params() == pytest.approx(expected, rel=1e-12)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_hf_fsdp_holds_every_parameter_and_norm_of_transformers_model_on_one_rank(tmp_path, family):
+    """sharded_params on one rank (no padding) holds the priced parameters and each block's two
+    norms and the final norm, the weights FSDP2 gathers, counted from transformers' model."""
+    model = tiny_hf_model(family)
+    m = read_hf_config(saved(tmp_path, family))
+    total, _ = priced_params(model)
+    norms = sum(p.numel() for n, p in model.named_parameters() if n.endswith(("input_layernorm.weight", "post_attention_layernorm.weight")))
+    norms += model.model.norm.weight.numel()
+    assert sum(CostModel(m, HardwareConfig()).sharded_params(1)) == total + norms
+
+
+@pytest.mark.parametrize("name", sorted(CARDS))
+def test_hf_shipped_flagship_loads_in_transformers_with_the_layers_the_project_reads(name):
+    from transformers import AutoConfig
+
+    folder = os.path.join(HF_MODELS, name)
+    hf, m = AutoConfig.from_pretrained(folder), ModelConfig.from_name(name)
+    assert m.layer_types == "".join(LAYER_LETTER[t] for t in hf.layer_types)
+    assert m.first_dense_layers == (getattr(hf, "mlp_layer_types", None) or []).count("dense")
+    assert ModelConfig.from_name(f"hf:{folder}").replace(name=name) == m
+
+
+@pytest.mark.parametrize("name", sorted(CARDS))
+def test_hf_shipped_flagship_matches_its_model_card(name):
+    layers, experts, top_k, shared, billions = CARDS[name]
+    m = ModelConfig.from_name(name)
+    assert (m.n_layers, m.n_experts, m.top_k, m.shared_expert_ffn) == (layers, experts, top_k, shared)
+    assert CostModel(m, HardwareConfig()).total_params() / 1e9 == pytest.approx(billions, rel=0.03)
+
+
+def test_hf_checkpoint_spellings_read_as_transformers_own(tmp_path):
+    """Kimi Linear's checkpoint spelling (linear_attn_config's 1-based layer lists,
+    first_k_dense_replace) and Qwen3-Next's (full_attention_interval) read as transformers' own
+    spelling of the same model (layer_types, mlp_layer_types)."""
+    kimi = tiny_hf_config("kimi_linear", num_hidden_layers=7).to_dict()
+    full = [i + 1 for i, t in enumerate(kimi["layer_types"]) if t == "full_attention"]
+    ckpt = {k: v for k, v in kimi.items() if k not in ("layer_types", "mlp_layer_types")}
+    ckpt["linear_attn_config"] = {
+        "full_attn_layers": full,
+        "kda_layers": [i for i in range(1, 8) if i not in full],
+        "num_heads": 4,
+        "head_dim": 8,
+    }
+    ckpt["first_k_dense_replace"] = 1
+    qwen = tiny_hf_config("qwen3_next", num_hidden_layers=8).to_dict()
+    qwen_ckpt = {k: v for k, v in qwen.items() if k != "layer_types"} | {"full_attention_interval": 4}
+    for own, other in ((kimi, ckpt), (qwen, qwen_ckpt)):
+        for i, raw in enumerate((own, other)):
+            (tmp_path / str(i)).mkdir(exist_ok=True)
+            (tmp_path / str(i) / "config.json").write_text(json.dumps(raw))
+        assert read_hf_config(str(tmp_path / "0"), name="x") == read_hf_config(str(tmp_path / "1"), name="x")
+
+
+@pytest.mark.parametrize(
+    "family, change, named",
+    [
+        ("qwen3_next", {"num_nextn_predict_layers": 1}, "num_nextn_predict_layers=1: a multi-token-prediction head"),
+        ("qwen3_next", {"mlp_only_layers": [2]}, "blocks [2] dense"),
+        ("qwen3_next", {"use_sliding_window": True}, "use_sliding_window=true"),
+        ("kimi_linear", {"moe_layer_freq": 2}, "moe_layer_freq=2"),
+        ("gpt_oss", {"model_type": "llama"}, "model_type='llama' is not a family the project reads"),
+        ("gpt_oss", {"layer_types": ["sliding_attention", "chunked_attention"] * 2}, "layer_types[1]='chunked_attention'"),
+    ],
+)
+def test_hf_refuses_what_it_cannot_price_naming_it(tmp_path, family, change, named):
+    raw = tiny_hf_config(family).to_dict() | change
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    with pytest.raises(SettingError, match=named.replace("[", r"\[").replace("]", r"\]").replace("(", r"\(")):
+        read_hf_config(f"hf:{tmp_path}")
+
+
+def test_hf_a_folder_without_a_config_is_refused_naming_the_file(tmp_path):
+    with pytest.raises(SettingError, match=r"no .*config\.json"):
+        ModelConfig.from_name(f"hf:{tmp_path}")
+
+
+def test_hf_model_flag_runs_the_ablation_as_the_shipped_preset(tmp_path):
+    """`--model hf:DIR` on the ablation prices the config it reads: the same rows as the preset
+    read from that file at import (a small cluster and few steps)."""
+    from experiments.ablation.__main__ import main
+
+    args = ["--world-size", "16", "--gpus-per-node", "4", "--tokens-per-rank", "8192", "--steps", "12", "--seeds", "1", "--no-progress"]
+    rows = {}
+    for spec in ("qwen3-next-80b-a3b", f"hf:{os.path.join(HF_MODELS, 'qwen3-next-80b-a3b')}"):
+        out = tmp_path / str(len(rows))
+        main(["--model", spec, *args, "--out", str(out)])
+        summary = json.loads((out / "summary.json").read_text())
+        assert summary["config"]["model"]["architecture"] == "qwen3_next"
+        with open(out / "steps.csv") as f:  # every column but the planner's measured time
+            rows[spec] = [(r["mode"], r["step"], r["plan_hash"], r["step_time_s"], r["model_flops"]) for r in csv.DictReader(f)]
+    first, second = rows.values()
+    assert first == second and len(first) > 0
+
+
+def test_hf_training_refuses_a_family_or_feature_the_runtime_does_not_build(tmp_path):
+    from model.hybrid import HybridMoE
+
+    with pytest.raises(SettingError, match="does not build qwen3_next's blocks"):
+        HybridMoE(read_hf_config(saved(tmp_path, "qwen3_next")))
+    with pytest.raises(SettingError, match=r"shared_expert_ffn \(--shared-expert-ffn\)=16: the runtime does not build shared experts"):
+        HybridMoE(ModelConfig.from_name("tiny", shared_expert_ffn=16))
