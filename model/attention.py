@@ -130,8 +130,12 @@ def torch_varlen_attention(
     cu_seqlens_k=None,
     q_start=None,
     k_start=None,
+    sinks=None,
 ):
     """Causal varlen attention, optionally restricted by a sparse mask; GQA without copying K/V.
+    Values may have another head size than queries and keys (MLA's): the output takes theirs.
+    sinks [H]: an attention sink per query head (gpt-oss's), a logit every query's softmax
+    normalizes over beside its keys' and that adds nothing to the output.
 
     Segment i's queries are rows cu_seqlens[i]:cu_seqlens[i+1] of q at positions q_start[i]
     onward; its keys rows cu_seqlens_k[i]:cu_seqlens_k[i+1] of k and v at positions k_start[i]
@@ -150,7 +154,10 @@ def torch_varlen_attention(
     if h % hkv:
         raise ValueError(f"query heads {h} are not a multiple of key/value heads {hkv}")
     g = h // hkv  # query heads per KV head: query head i attends to KV head i // g
-    out = torch.empty_like(q)
+    if sinks is not None and tuple(sinks.shape) != (h,):
+        raise ValueError(f"sinks of shape {tuple(sinks.shape)}: one logit per query head, ({h},)")
+    dv = v.shape[2]
+    out = q.new_empty(q.shape[0], h, dv)
     scale = 1.0 / math.sqrt(d)
     cu = cu_seqlens.tolist()
     cu_k = cu if cu_seqlens_k is None else cu_seqlens_k.tolist()
@@ -174,8 +181,13 @@ def torch_varlen_attention(
                 allowed = allowed & mask(qp, kp, params or {})
             sc = torch.einsum("qhgd,khd->hgqk", qs, ks) * scale
             sc = sc.masked_fill(~allowed, float("-inf"))
-            o = torch.einsum("hgqk,khd->qhgd", torch.softmax(sc, dim=-1), vs)
-            out[a + s0 : a + s1] = o.reshape(s1 - s0, h, d)
+            if sinks is None:
+                p = torch.softmax(sc, dim=-1)
+            else:  # the sink's logit joins each row's normalizer, then leaves: its weight goes nowhere
+                sink = sinks.to(sc.dtype).reshape(hkv, g, 1, 1).expand(hkv, g, s1 - s0, 1)
+                p = torch.softmax(torch.cat([sc, sink], dim=-1), dim=-1)[..., :-1]
+            o = torch.einsum("hgqk,khd->qhgd", p, vs)
+            out[a + s0 : a + s1] = o.reshape(s1 - s0, h, dv)
     return out
 
 
@@ -369,20 +381,32 @@ def resolve_backend(backend: str, device: torch.device, dtype: torch.dtype) -> s
 
 def varlen_attention(
     q, k, v, cu_seqlens, max_seqlen, kind: str = "full", params: dict | None = None, backend: str = "auto", fn=None,
-    keys: KeySegments | None = None,
+    keys: KeySegments | None = None, sinks=None,
 ):  # fmt: skip
     """Full (causal) or sparse attention of `kind` over packed samples. [T, H, D] -> [T, H, D].
 
     fn: the underlying function of a CUDA backend (`flash` or `varlen`), given in its place (tests
     check the wrappers' arguments this way, without CUDA). keys: the key segments of a halo
     child, which reach back before the queries (k and v hold their rows; default: the queries').
+    sinks [H]: an attention sink per query head (torch_varlen_attention): the torch path runs
+    them, `auto` takes it; flash-attn's and torch's CUDA kernels and a kind's own kernel take no
+    sinks, and naming one with sinks is an error that says so.
 
     >>> q = torch.randn(9, 4, 8)
     >>> varlen_attention(q, q, q, torch.tensor([0, 4, 9]), 5, "sliding_window", {"window": 2}, "torch").shape
     torch.Size([9, 4, 8])
     """
     if q.shape[0] == 0:  # a rank with no tokens here: an empty output still in the graph, so every
-        return q * 0  # rank's parameters get a gradient (zeros) and all ranks reduce the same ones
+        # rank's parameters (the sinks too) get a gradient (zeros) and all ranks reduce the same ones
+        zero = (q.sum() + k.sum() + v.sum() + (0 if sinks is None else sinks.sum())) * 0
+        return q.new_zeros(0, q.shape[1], v.shape[2]) + zero
+    if sinks is not None:
+        if backend in WINDOWED:
+            raise ValueError(
+                f"attention backend {backend!r} takes no attention sinks (its varlen kernel has no sink logit): use --attn-backend "
+                f"torch or auto, which run them on the torch path"
+            )
+        backend = "torch"  # the only path with a sink logit (auto, kernel: a kind's own kernel has none)
     if fn is None:
         backend = resolve_backend(backend, q.device, q.dtype)
     elif backend not in WINDOWED:
@@ -396,16 +420,16 @@ def varlen_attention(
     if sk is not None and sk.split_chunks is not None:
         if keys is None:
             cu, mx, kind = kernel_inputs(cu_seqlens.cpu().numpy(), max_seqlen, kind, params)
-            return varlen_attention(q, k, v, torch.as_tensor(cu, device=q.device), mx, kind, None, backend, fn)
+            return varlen_attention(q, k, v, torch.as_tensor(cu, device=q.device), mx, kind, None, backend, fn, sinks=sinks)
         cq, mx, pieces = chunked_key_inputs(cu_seqlens.cpu().numpy(), keys, sk.split_chunks(params), q.device)
         cu = torch.as_tensor(cq, dtype=torch.int32, device=q.device)
-        return varlen_attention(q, k, v, cu, mx, "full", None, backend, fn, pieces)
+        return varlen_attention(q, k, v, cu, mx, "full", None, backend, fn, pieces, sinks=sinks)
     if backend in WINDOWED and (sk is None or sk.flash_window is not None):
         window = (-1, -1) if sk is None else sk.flash_window(params)
         return WINDOWED[backend](q, k, v, cu_seqlens, max_seqlen, window, fn=fn, keys=keys)
     mask = None if sk is None else sk.mask
     if keys is None:
-        return torch_varlen_attention(q, k, v, cu_seqlens, mask=mask, params=params)
+        return torch_varlen_attention(q, k, v, cu_seqlens, mask=mask, params=params, sinks=sinks)
     return torch_varlen_attention(
-        q, k, v, cu_seqlens, mask=mask, params=params, cu_seqlens_k=keys.cu, q_start=keys.q_start, k_start=keys.k_start
+        q, k, v, cu_seqlens, mask=mask, params=params, cu_seqlens_k=keys.cu, q_start=keys.q_start, k_start=keys.k_start, sinks=sinks
     )

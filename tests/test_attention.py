@@ -16,9 +16,10 @@ from solver.simulator import simulate
 TOL = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.float64: dict(rtol=1e-10, atol=1e-12)}
 
 
-def dense_reference(q, k, v, cu, allowed_fn):
-    """Attention written out per query, in fp64: the yardstick for every backend."""
-    out = torch.zeros_like(q, dtype=torch.float64)
+def dense_reference(q, k, v, cu, allowed_fn, sinks=None):
+    """Attention written out per query, in fp64: the yardstick for every backend (values of their
+    own head size; sinks [H]: a logit per query head joining each softmax, then dropped)."""
+    out = torch.zeros(q.shape[0], q.shape[1], v.shape[2], dtype=torch.float64)
     h, hkv = q.shape[1], k.shape[1]
     for a, b in zip(cu[:-1].tolist(), cu[1:].tolist()):
         for i in range(b - a):
@@ -26,7 +27,7 @@ def dense_reference(q, k, v, cu, allowed_fn):
             for hh in range(h):
                 kh = hh // (h // hkv)
                 s = torch.stack([(q[a + i, hh].double() * k[a + j, kh].double()).sum() / math.sqrt(q.shape[2]) for j in keys])
-                w = torch.softmax(s, 0)
+                w = torch.softmax(s, 0) if sinks is None else torch.softmax(torch.cat([s, sinks[hh].double()[None]]), 0)[:-1]
                 out[a + i, hh] = sum(w[t] * v[a + keys[t], kh].double() for t in range(len(keys)))
     return out
 
@@ -48,6 +49,76 @@ def test_torch_backend_matches_dense_reference(kind, params, allowed, dtype):
     k, v = torch.randn(19, 2, 8, dtype=dtype), torch.randn(19, 2, 8, dtype=dtype)
     got = varlen_attention(q, k, v, cu, 11, kind, params, "torch")
     torch.testing.assert_close(got.double(), dense_reference(q, k, v, cu, allowed), **TOL[dtype])
+
+
+@pytest.mark.parametrize(
+    "kind, params, allowed",
+    [("full", None, lambda i, j: True), ("sliding_window", {"window": 3}, lambda i, j: i - j < 3)],
+    ids=["full", "swa-W3"],
+)
+def test_torch_backend_runs_sinks_and_value_heads_of_their_own_size_as_the_dense_reference(kind, params, allowed):
+    torch.manual_seed(1)
+    cu = torch.tensor([0, 7, 8, 19], dtype=torch.int32)
+    q, k, v = (
+        torch.randn(19, 4, 8, dtype=torch.float64),
+        torch.randn(19, 2, 8, dtype=torch.float64),
+        torch.randn(19, 2, 12, dtype=torch.float64),
+    )
+    sinks = torch.randn(4, dtype=torch.float64)
+    for backend in ("torch", "auto", "kernel"):  # auto and kernel take the torch path for sinks
+        got = varlen_attention(q, k, v, cu, 11, kind, params, backend, sinks=sinks)
+        torch.testing.assert_close(got, dense_reference(q, k, v, cu, allowed, sinks), **TOL[torch.float64])
+    no_sinks = varlen_attention(q, k, v, cu, 11, kind, params, "torch")
+    torch.testing.assert_close(no_sinks, dense_reference(q, k, v, cu, allowed), **TOL[torch.float64])
+
+
+@pytest.mark.parametrize("window", [None, 4], ids=["full", "swa-W4"])
+def test_hf_sinks_match_transformers_gpt_oss_attention_and_its_gradients(window):
+    """The torch path with sinks against gpt-oss's attention in transformers (its eager form, on
+    each sample alone with its causal and window mask), float64: outputs and the gradients of a
+    loss by q, k, v and the sinks."""
+    from types import SimpleNamespace
+
+    gpt_oss = pytest.importorskip("transformers.models.gpt_oss.modeling_gpt_oss")
+    torch.manual_seed(2)
+    cu = [0, 6, 13]
+    h, hkv, d = 4, 2, 8
+    leaves = [torch.randn(13, n, d, dtype=torch.float64, requires_grad=True) for n in (h, hkv, hkv)] + [
+        torch.randn(h, dtype=torch.float64, requires_grad=True)
+    ]
+    q, k, v, sinks = leaves
+    w = torch.randn(13, h, d, dtype=torch.float64)
+    params = None if window is None else {"window": window}
+    ours = varlen_attention(q, k, v, torch.tensor(cu), 7, "full" if window is None else "sliding_window", params, "torch", sinks=sinks)
+    mine = torch.autograd.grad((ours * w).sum(), leaves)
+    module = SimpleNamespace(sinks=sinks, num_key_value_groups=h // hkv, training=False)
+    outs = []
+    for a, b in zip(cu[:-1], cu[1:]):
+        n = b - a
+        i, j = torch.arange(n)[:, None], torch.arange(n)[None, :]
+        allowed = (j <= i) & (True if window is None else (i - j < window))
+        mask = torch.zeros(n, n, dtype=torch.float64).masked_fill(~allowed, float("-inf"))[None, None]
+        per = [x[a:b].transpose(0, 1)[None] for x in (q, k, v)]  # [1, heads, n, d]
+        outs.append(gpt_oss.eager_attention_forward(module, *per, mask, d**-0.5)[0][0])  # [n, h, d]
+    theirs = torch.cat(outs)
+    torch.testing.assert_close(ours, theirs, **TOL[torch.float64])
+    for got, want in zip(mine, torch.autograd.grad((theirs * w).sum(), leaves)):
+        torch.testing.assert_close(got, want, **TOL[torch.float64])
+
+
+def test_cuda_kernels_refuse_sinks_naming_the_torch_path_and_an_empty_rank_still_grads_them():
+    q = torch.randn(5, 2, 8)
+    sinks = torch.zeros(2, requires_grad=True)
+    for backend in ("flash", "varlen"):
+        with pytest.raises(ValueError, match=f"attention backend '{backend}' takes no attention sinks.*torch or auto"):
+            varlen_attention(q, q, q, torch.tensor([0, 5]), 5, "full", None, backend, fn=lambda *a, **k: None, sinks=sinks)
+    with pytest.raises(ValueError, match=r"sinks of shape \(3,\): one logit per query head, \(2,\)"):
+        varlen_attention(q, q, q, torch.tensor([0, 5]), 5, "full", None, "torch", sinks=torch.zeros(3))
+    empty = torch.zeros(0, 2, 8, requires_grad=True)
+    out = varlen_attention(empty, empty, torch.zeros(0, 2, 12), torch.tensor([0]), 0, sinks=sinks)
+    assert out.shape == (0, 2, 12)
+    out.sum().backward()
+    assert sinks.grad is not None and not sinks.grad.any()
 
 
 def _windowed_reference(q, k, v, cu, left):
