@@ -551,6 +551,30 @@ def gpu_pieces() -> tuple[str, list[dict]]:
     return text, [{"command": "python -m experiments.report", "where": "the table of GPU runs (experiments/common/gpu_pieces.py)"}]
 
 
+# each shipped Hugging Face model's card: total and active parameters, in billions, as published
+MODEL_CARDS = {"qwen3-next-80b-a3b": (80, 3), "kimi-linear-48b-a3b": (48, 3), "gpt-oss-120b": (117, 5.1)}
+
+
+def hf_models() -> tuple[str, list[dict]]:
+    """The shipped Hugging Face models (config/hf_models) as the cost model reads them: their layers,
+    what it prices beyond attention and experts, and its parameter counts beside the model card's."""
+    rows = []
+    for name, (card_total, card_active) in MODEL_CARDS.items():
+        cfg = config.ModelConfig.from_name(name)
+        cost = cost_model(default_settings(name))
+        rows.append(
+            [
+                f"`{name}` ({cfg.architecture})",
+                f"{cfg.n_layers} ({cfg.n_full} full, {cfg.n_sparse} {cfg.sparse_kind})",
+                cfg.describe().split(", ", 2)[2],
+                f"{cost.total_params() / 1e9:.1f}B / {cost.active_params() / 1e9:.2f}B",
+                f"{card_total:g}B / {card_active:g}B",
+            ]
+        )
+    text = table(["model", "layers", "shapes priced", "cost model: total / active parameters (active: a token's, the LM head in, the embedding out)", "model card"], rows)
+    return text, [{"command": "python -m experiments.report", "where": "config/hf_models/*/config.json read by config.hf"}]
+
+
 def memory() -> tuple[str, list[dict]]:
     """The memory estimate per rank (FSDP2 without and with expert parallelism, full recompute, bf16,
     16384 tokens per rank)."""
@@ -775,6 +799,7 @@ RENDERERS: dict[str, Callable[..., tuple[str, list[dict]]]] = {
     "contention-bench": contention_bench,
     "groups-summary": groups_summary,
     "memory": memory,
+    "hf-models": hf_models,
     "gpu-pieces": gpu_pieces,
     "sparse-traffic": sparse_traffic,
     "emulated": emulated,
