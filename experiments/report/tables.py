@@ -571,7 +571,16 @@ def hf_models() -> tuple[str, list[dict]]:
                 f"{card_total:g}B / {card_active:g}B",
             ]
         )
-    text = table(["model", "layers", "shapes priced", "cost model: total / active parameters (active: a token's, the LM head in, the embedding out)", "model card"], rows)
+    text = table(
+        [
+            "model",
+            "layers",
+            "shapes priced",
+            "cost model: total / active parameters (active: a token's, the LM head in, the embedding out)",
+            "model card",
+        ],
+        rows,
+    )
     return text, [{"command": "python -m experiments.report", "where": "config/hf_models/*/config.json read by config.hf"}]
 
 
