@@ -137,6 +137,12 @@ def check(docs: str, render_doc, block: re.Pattern, timeout: float = 900.0, out=
     problems = []
     with tempfile.TemporaryDirectory(prefix="report-check-") as tmp:
         env = command_env()
+        # the commands run in a folder of their own (their results land there) that shows the project's
+        # files where they are from its root: a command names a shipped file by its path (--model hf:config/...)
+        root = os.path.dirname(os.path.abspath(docs))
+        for name in os.listdir(root):
+            if name not in ("docs", "results", "README.md") and not name.startswith("."):
+                os.symlink(os.path.join(root, name), os.path.join(tmp, name))
         for cmd in todo:
             print(f"rerunning: {cmd}", file=out, flush=True)
             argv = [sys.executable, *shlex.split(cmd)[1:]]
