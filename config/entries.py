@@ -143,6 +143,15 @@ class TrainOptions(Section):
     ckpt_dir: str = setting("results/checkpoints", "the folder of the run's checkpoints")
     resume: bool = setting(False, "resume from the latest good checkpoint in --ckpt-dir")
     resume_step: int = setting(None, "resume from this step's checkpoint (implies --resume)", optional(int_in(0, MAX_STEPS)), type_=int)
+    init_from: str = setting(
+        None,
+        "hf:DIR: start from the weights of a Hugging Face checkpoint (DIR's safetensors) of the model --model names, every rank "
+        "loading its shard (FSDP2, any expert-parallel degree); a new run, not a --resume",
+        type_=str,
+    )
+    save_hf: str = setting(
+        None, "write the run's final weights into this folder as a Hugging Face checkpoint (config.json, model.safetensors)", type_=str
+    )
     stop_after: int = setting(None, "stop (as if interrupted) after this many steps of the run", optional(int_in(1, MAX_STEPS)), type_=int)
     out: str = out("results/train")
     timeout: float = timeout(300.0)

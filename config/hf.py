@@ -95,6 +95,44 @@ def from_hf_dict(raw: dict, name: str, where: str = "config.json") -> ModelConfi
         raise SettingError(f"{where} ({family}): {e}") from None
 
 
+def to_hf_dict(m: ModelConfig) -> dict:
+    """The transformers config.json of a model the runtime builds from a Hugging Face family
+    (gpt_oss), such that from_hf_dict reads it back as `m`; SettingError naming a family it cannot
+    write, or a setting the family's config cannot carry."""
+    if m.architecture != "gpt_oss":
+        raise SettingError(f"model {m.name}: no Hugging Face config is written for model.architecture={m.architecture!r}; gpt_oss is")
+    types = {"F": "full_attention", "S": "sliding_attention"}
+    out = {
+        "architectures": ["GptOssForCausalLM"],
+        "model_type": "gpt_oss",
+        "num_hidden_layers": m.n_layers,
+        "layer_types": [types[t] for t in m.layer_types],
+        "hidden_size": m.hidden,
+        "num_attention_heads": m.n_heads,
+        "num_key_value_heads": m.n_kv_heads,
+        "head_dim": m.head_dim,
+        "num_local_experts": m.n_experts,
+        "num_experts_per_tok": m.top_k,
+        "intermediate_size": m.expert_ffn,
+        "vocab_size": m.vocab,
+        "sliding_window": m.sparse_params["window"],
+        "tie_word_embeddings": m.tie_embeddings,
+        "rms_norm_eps": m.norm_eps,
+        "rope_theta": m.rope_theta,
+        "rope_scaling": {"rope_type": "yarn", **m.rope_scaling} if m.rope_scaling else None,
+        "attention_bias": m.attention_bias,
+        "swiglu_limit": m.swiglu_limit,
+        "swiglu_alpha": m.swiglu_alpha,
+        "output_router_logits": bool(m.aux_loss_coef),
+        "router_aux_loss_coef": m.aux_loss_coef,
+    }
+    back = from_hf_dict(json.loads(json.dumps(out)), m.name)
+    if back != m:
+        differ = sorted(k for k in m.to_dict() if getattr(back, k) != getattr(m, k))
+        raise SettingError(f"model {m.name}: gpt_oss's config cannot carry its {differ} as set here")
+    return out
+
+
 class _Reader:
     """A config's values, each looked up by one of its spellings."""
 
@@ -248,6 +286,33 @@ def _gpt_oss(c: _Reader) -> dict:
         "expert_ffn": c.need("intermediate_size"),
         "sparse_kind": "sliding_window",
         "sparse_params": {"window": c.need("sliding_window")},
+        "attention_bias": bool(c.get("attention_bias", default=True)),
+        "attention_sinks": True,  # every gpt-oss attention layer has its sinks
+        "rope_scaling": _yarn(c),
+        "router_bias": True,
+        "router_softmax_topk": True,
+        "expert_bias": True,
+        "swiglu_limit": float(c.get("swiglu_limit", default=7.0)),
+        "swiglu_alpha": float(c.get("swiglu_alpha", default=1.702)),
+    }
+
+
+def _yarn(c: _Reader) -> dict:
+    """The rotary scaling: YaRN's parameters, or none."""
+    params = c.get("rope_parameters") or c.get("rope_scaling") or {}
+    kind = params.get("rope_type", params.get("type", "default"))
+    if kind in ("default", None):
+        return {}
+    if kind != "yarn":
+        raise SettingError(f"{c.where}: rotary scaling {kind!r}; the project runs YaRN's or none")
+    if params.get("attention_factor") is not None or params.get("mscale") or params.get("mscale_all_dim"):
+        raise SettingError(f"{c.where}: YaRN's attention_factor / mscale: the project takes YaRN's factor-derived scale only")
+    return {
+        "factor": float(params["factor"]),
+        "original_max_position_embeddings": int(params["original_max_position_embeddings"]),
+        "beta_fast": float(params.get("beta_fast") or 32),
+        "beta_slow": float(params.get("beta_slow") or 1),
+        "truncate": bool(params.get("truncate", True)),
     }
 
 

@@ -20,6 +20,7 @@ MAX_HEAD_DIM = 1 << 12
 MAX_EXPERTS = 1 << 14
 MAX_FFN = 1 << 18
 MAX_VOCAB = 1 << 24
+YARN_KEYS = ("factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "truncate")  # rope_scaling's
 QWEN3_NEXT = "Qwen3-Next-80B-A3B (2025)"  # its config: docs/cost-model.md lists each shape the paper-gdn preset takes
 
 
@@ -96,6 +97,31 @@ class ModelConfig(Section):
     )  # fmt: skip
     qk_rope_dim: int = setting(
         0, "MLA: the rotary elements of each q/k head (part of head_dim), the key's shared by every head", int_in(0, MAX_HEAD_DIM)
+    )
+    attention_bias: bool = setting(False, "the attention's q, k, v and output projections carry biases (gpt-oss's)")
+    attention_sinks: bool = setting(
+        False, "a learned sink logit per query head joins each softmax, taking weight from the keys (gpt-oss's)"
+    )
+    rope_scaling: dict = setting(
+        {},
+        "rotary scaling, as key=value pairs: none, or YaRN's factor, original_max_position_embeddings, beta_fast, beta_slow "
+        "and truncate (gpt-oss's)",
+        Check("an object of YaRN's parameters", lambda v: isinstance(v, dict) and set(v) <= set(YARN_KEYS)),
+    )
+    router_bias: bool = setting(False, "the router's logits carry a bias (gpt-oss's)")
+    router_softmax_topk: bool = setting(
+        False, "weight a token's experts by the softmax of their top-k logits (gpt-oss's), not the renormalized top-k of the softmax"
+    )
+    expert_bias: bool = setting(False, "the experts' projections carry biases (gpt-oss's)")
+    swiglu_limit: float = setting(
+        None,
+        "the clamped SwiGLU of gpt-oss's experts: gate clamped to at most this, up to within it, out = (up + 1) x gate x "
+        "sigmoid(swiglu_alpha x gate); unset: the plain SwiGLU",
+        optional(number_in(0, 1e6, lo_open=True)),
+        type_=float,
+    )
+    swiglu_alpha: float = setting(
+        1.702, "the clamped SwiGLU's sigmoid slope (read where swiglu_limit is set)", number_in(0, 1e6, lo_open=True)
     )
     architecture: str = setting(
         "hybrid",

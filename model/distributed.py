@@ -459,22 +459,24 @@ class RankPlacement:
     def rotary_for(self, layer_type: str) -> Rotary:
         return self.full_rotary if layer_type == "F" else self.rotary
 
-    def attend(self, qkv, layer_type, layer):
+    def attend(self, qkv, layer_type, layer, sinks=None):
         if layer_type == "S" and self.halo:
             h, hkv = self.cfg.n_heads, self.cfg.n_kv_heads
             kv = qkv[:, h:].contiguous()  # keys and values, all heads: the halo rows
             got = halo_exchange(kv, self.halo_args, self.pack_backend, self.stats, Site.SPARSE_HALO)
             seg = permute_rows(torch.cat([got, kv]), self.key_rows, self.key_inverse, self.pack_backend)
-            return self.attention_of["S"](qkv[:, :h], seg[:, :hkv], seg[:, hkv:], self.backend, self.recompute_attention)
-        if layer_type == "F":
-            entry, exit_, p = self.full_entry, self.full_exit, self.parent_group.size
-        else:
-            entry, exit_, p = self.sparse_entry, self.sparse_exit, self.child_group.size
+            return self.attention_of["S"](qkv[:, :h], seg[:, :hkv], seg[:, hkv:], self.backend, self.recompute_attention, sinks)
+        group = self.parent_group if layer_type == "F" else self.child_group
+        entry, exit_ = (self.full_entry, self.full_exit) if layer_type == "F" else (self.sparse_entry, self.sparse_exit)
+        p = group.size
         if p == 1:  # a group of one rank holds whole samples in head order: no communication
-            return self.attention_of[layer_type](*self._heads(qkv, 1), self.backend, self.recompute_attention)
+            return self.attention_of[layer_type](*self._heads(qkv, 1), self.backend, self.recompute_attention, sinks)
+        if sinks is not None:  # the query heads this rank holds after the entry: the group's j-th block of them
+            n = self.cfg.n_heads // p
+            sinks = sinks[(self.rank - group.start) * n : (self.rank - group.start + 1) * n]
         into, back = ENTRY_EXIT[layer_type]
         y = exchange(qkv, entry, self.transport, self.pack_backend, self.stats, into)
-        o = self.attention_of[layer_type](*self._heads(y, p), self.backend, self.recompute_attention)
+        o = self.attention_of[layer_type](*self._heads(y, p), self.backend, self.recompute_attention, sinks)
         return exchange(o.contiguous(), exit_, self.transport, self.pack_backend, self.stats, back)
 
     def local_batch(self, sample_tokens: dict[int, np.ndarray], device="cpu") -> tuple[torch.Tensor, torch.Tensor]:
@@ -497,7 +499,7 @@ def _rotary(chunks, cfg: ModelConfig, device) -> tuple[torch.Tensor, Rotary]:
     """(positions, rotary tables) of a rank's chunks (sample, start, end), in local order."""
     pos = [np.arange(a, b) for _, a, b in chunks] or [np.zeros(0)]
     positions = torch.as_tensor(np.concatenate(pos), dtype=torch.int64, device=device)
-    return positions, Rotary(positions, cfg.head_dim, cfg.rope_theta, [(a, b) for _, a, b in chunks])
+    return positions, Rotary(positions, cfg.head_dim, cfg.rope_theta, [(a, b) for _, a, b in chunks], cfg.rope_scaling)
 
 
 def expert_groups(ep: int, world: int) -> frozenset[tuple[int, int]]:

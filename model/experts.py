@@ -90,14 +90,20 @@ def inverse_permutation(order: torch.Tensor) -> torch.Tensor:
 
 class Experts(nn.Module):
     """The SwiGLU experts a rank holds: w1, w3 [E, hidden, ffn], w2 [E, ffn, hidden], experts
-    first..first+E-1 of the layer."""
+    first..first+E-1 of the layer. bias: b1, b3 [E, ffn] and b2 [E, hidden] too; limit: gpt-oss's
+    clamped SwiGLU (clamped_swiglu) in place of silu(x w1) x (x w3)."""
 
-    def __init__(self, n_experts: int, hidden: int, ffn: int):
+    def __init__(self, n_experts: int, hidden: int, ffn: int, bias: bool = False, limit: float | None = None, alpha: float = 1.702):
         super().__init__()
-        self.first = 0
+        self.first, self.limit, self.alpha = 0, limit, alpha
         self.w1 = nn.Parameter(torch.randn(n_experts, hidden, ffn) / hidden**0.5)
         self.w3 = nn.Parameter(torch.randn(n_experts, hidden, ffn) / hidden**0.5)
         self.w2 = nn.Parameter(torch.randn(n_experts, ffn, hidden) / ffn**0.5)
+        self.names = ("w1", "w3", "w2")
+        if bias:
+            self.b1, self.b3 = nn.Parameter(torch.zeros(n_experts, ffn)), nn.Parameter(torch.zeros(n_experts, ffn))
+            self.b2 = nn.Parameter(torch.zeros(n_experts, hidden))
+            self.names += ("b1", "b3", "b2")
 
     @property
     def count(self) -> int:
@@ -106,13 +112,13 @@ class Experts(nn.Module):
     def keep(self, first: int, count: int) -> None:
         """Hold only experts first..first+count-1 (the slice of an expert-parallel rank)."""
         with torch.no_grad():
-            for name in ("w1", "w3", "w2"):
+            for name in self.names:
                 setattr(self, name, nn.Parameter(getattr(self, name)[first : first + count].clone()))
         self.first = first
 
     def forward(self, rows: torch.Tensor, counts: list[int]) -> torch.Tensor:
         """rows [R, hidden] grouped by expert (counts[e] rows of expert e, in order) -> [R, hidden]."""
-        if self.grouped(rows):
+        if self.grouped(rows) and len(self.names) == 3 and self.limit is None:
             offs = torch.cumsum(torch.as_tensor(counts, device=rows.device, dtype=torch.int32), 0, dtype=torch.int32)
             h = F.silu(torch._grouped_mm(rows, self.w1, offs=offs)) * torch._grouped_mm(rows, self.w3, offs=offs)
             return torch._grouped_mm(h, self.w2, offs=offs)
@@ -133,13 +139,27 @@ class Experts(nn.Module):
         ys, at = [], 0
         for e, c in enumerate(counts):
             if c:
-                xe = rows[at : at + c]
-                ys.append((F.silu(xe @ self.w1[e]) * (xe @ self.w3[e])) @ self.w2[e])
+                ys.append(self.expert(rows[at : at + c], e))
             at += c
         if not ys:  # no row here: an empty product keeps the experts in the graph (zero gradients),
-            xe = rows[:0]  # so every rank reduces the same parameters (FSDP2 reduce-scatters those with a gradient)
-            ys.append((F.silu(xe @ self.w1[0]) * (xe @ self.w3[0])) @ self.w2[0])
+            ys.append(self.expert(rows[:0], 0))  # so every rank reduces the same parameters (FSDP2 reduce-scatters those with a gradient)
         return torch.cat(ys)
+
+    def expert(self, x: torch.Tensor, e: int) -> torch.Tensor:
+        """Expert e (of those held) on rows x [R, hidden]."""
+        gate, up = x @ self.w1[e], x @ self.w3[e]
+        if len(self.names) > 3:
+            gate, up = gate + self.b1[e], up + self.b3[e]
+        h = F.silu(gate) * up if self.limit is None else clamped_swiglu(gate, up, self.limit, self.alpha)
+        y = h @ self.w2[e]
+        return y + self.b2[e] if len(self.names) > 3 else y
+
+
+def clamped_swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float, alpha: float) -> torch.Tensor:
+    """gpt-oss's SwiGLU: the gate clamped to at most `limit`, up to [-limit, limit], then
+    (up + 1) x gate x sigmoid(alpha x gate)."""
+    gate, up = gate.clamp(max=limit), up.clamp(-limit, limit)
+    return (up + 1) * gate * torch.sigmoid(alpha * gate)
 
 
 class ExpertDispatch:

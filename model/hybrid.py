@@ -33,8 +33,9 @@ class Placement(Protocol):
     dispatch: object | None  # the rank's expert-parallel group (model.experts.ExpertDispatch); None: its own experts
     pack_backend: str  # the row gathers' and exchanges' kernels (kernels.permute)
 
-    def attend(self, qkv: torch.Tensor, layer_type: str, layer: int) -> torch.Tensor:
-        """qkv [n, H + 2 Hkv, D] (rotary applied) -> attention output [n, H, D] for layer type 'F' or 'S'."""
+    def attend(self, qkv: torch.Tensor, layer_type: str, layer: int, sinks: torch.Tensor | None = None) -> torch.Tensor:
+        """qkv [n, H + 2 Hkv, D] (rotary applied) -> attention output [n, H, D] for layer type 'F' or
+        'S'; sinks [H]: the layer's attention sinks, where it has them."""
 
     def enter(self, x: torch.Tensor, layer_type: str) -> torch.Tensor:
         """x [n, hidden] -> the layer's token-wise layout (the placement's own, or another)."""
@@ -59,7 +60,7 @@ class LocalPlacement:
         cu = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
         self.attention_of = layer_attention(cu, cu, cfg, device)
         self.positions = torch.cat([torch.arange(n, device=device) for n in lengths])
-        self.rotary = Rotary(self.positions, cfg.head_dim, cfg.rope_theta, [(0, n) for n in lengths])
+        self.rotary = Rotary(self.positions, cfg.head_dim, cfg.rope_theta, [(0, n) for n in lengths], cfg.rope_scaling)
         self.reduce = None
         self.total_tokens = int(sum(lengths))
         self.dispatch, self.pack_backend = None, "auto"
@@ -78,10 +79,10 @@ class LocalPlacement:
     def rotary_for(self, layer_type):
         return self.rotary
 
-    def attend(self, qkv, layer_type, layer):
+    def attend(self, qkv, layer_type, layer, sinks=None):
         h, hkv = self.cfg.n_heads, self.cfg.n_kv_heads
         q, k, v = qkv[:, :h], qkv[:, h : h + hkv], qkv[:, h + hkv :]
-        return self.attention_of[layer_type](q, k, v, self.backend, self.recompute_attention)
+        return self.attention_of[layer_type](q, k, v, self.backend, self.recompute_attention, sinks)
 
 
 class LayerAttention:
@@ -101,9 +102,10 @@ class LayerAttention:
         self.params = params if self.kind != "full" else None
         self.cu = torch.as_tensor(cu, dtype=torch.int32, device=device)
 
-    def __call__(self, q, k, v, backend: str, recompute: bool = False):
-        """recompute: keep q, k, v only and re-run the kernel in backward (selective recompute)."""
-        args = (q, k, v, self.cu, self.max_len, self.kind, self.params, backend, None, self.keys)
+    def __call__(self, q, k, v, backend: str, recompute: bool = False, sinks=None):
+        """recompute: keep q, k, v only and re-run the kernel in backward (selective recompute);
+        sinks: the attention sinks of the query heads q holds."""
+        args = (q, k, v, self.cu, self.max_len, self.kind, self.params, backend, None, self.keys, sinks)
         if recompute and torch.is_grad_enabled():
             return checkpoint(varlen_attention, *args, use_reentrant=False)
         return varlen_attention(*args)
@@ -120,16 +122,25 @@ def layer_attention(
     return out
 
 
+def moe_of(cfg: ModelConfig) -> MoE:
+    """A block's MoE as the model's settings make it (its router's and experts' variants)."""
+    return MoE(
+        cfg.hidden, cfg.expert_ffn, cfg.n_experts, cfg.top_k, router_bias=cfg.router_bias, softmax_topk=cfg.router_softmax_topk,
+        bias=cfg.expert_bias, limit=cfg.swiglu_limit, alpha=cfg.swiglu_alpha,
+    )  # fmt: skip
+
+
 class Block(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
         qkv = (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim
         self.attn_norm = RMSNorm(cfg.hidden, cfg.norm_eps)
-        self.wqkv = nn.Linear(cfg.hidden, qkv, bias=False)
-        self.wo = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.hidden, bias=False)
+        self.wqkv = nn.Linear(cfg.hidden, qkv, bias=cfg.attention_bias)
+        self.wo = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.hidden, bias=cfg.attention_bias)
+        self.sinks = nn.Parameter(torch.zeros(cfg.n_heads)) if cfg.attention_sinks else None
         self.moe_norm = RMSNorm(cfg.hidden, cfg.norm_eps)
-        self.moe = MoE(cfg.hidden, cfg.expert_ffn, cfg.n_experts, cfg.top_k)
+        self.moe = moe_of(cfg)
 
     def forward(self, x: torch.Tensor, place: Placement, layer_type: str, layer: int):
         """x [n, hidden] -> ([n, hidden], aux), in the placement's token layout (a placement may run
@@ -140,7 +151,7 @@ class Block(nn.Module):
         nq = c.n_heads + c.n_kv_heads
         qk = place.rotary_for(layer_type)(qkv[:, :nq])
         qkv = torch.cat([qk, qkv[:, nq:]], dim=1)
-        o = place.attend(qkv, layer_type, layer)
+        o = place.attend(qkv, layer_type, layer, self.sinks)
         x = x + self.wo(o.reshape(x.shape[0], c.n_heads * c.head_dim))
         m, aux = self.moe(self.moe_norm(x), place.reduce, place.total_tokens, place.dispatch, place.pack_backend)
         return place.leave(x + m, layer_type), aux
@@ -159,7 +170,7 @@ class LinearBlock(nn.Module):
         self.attn_norm = RMSNorm(cfg.hidden, cfg.norm_eps)
         self.mixer = LINEAR_MIXERS[cfg.sparse_kind](cfg.hidden, p, cfg.norm_eps)
         self.moe_norm = RMSNorm(cfg.hidden, cfg.norm_eps)
-        self.moe = MoE(cfg.hidden, cfg.expert_ffn, cfg.n_experts, cfg.top_k)
+        self.moe = moe_of(cfg)
 
     def forward(self, x: torch.Tensor, place: Placement, layer_type: str, layer: int):
         x = place.enter(x, layer_type)
@@ -169,6 +180,9 @@ class LinearBlock(nn.Module):
 
 
 # what the cost model prices and the runtime does not build yet: (setting, the feature, in words)
+# the families whose every block the runtime builds: the project's own and gpt-oss (its biases, sinks,
+# YaRN rotary, clamped SwiGLU experts and their router are settings of the model here)
+RUNTIME_FAMILIES = ("hybrid", "gpt_oss")
 NOT_BUILT = (
     ("shared_expert_ffn", "shared experts"),
     ("shared_expert_gate", "the shared experts' gate"),
@@ -184,11 +198,12 @@ def check_runnable(cfg: ModelConfig) -> None:
     family's blocks (model.architecture), what NOT_BUILT lists, and value heads of another size than
     the q/k heads (MLA's), which its attention kernels and exchanges, taking one head size, do not
     run yet. The simulator prices each of them (the ablation, the sweep, the decision)."""
-    if cfg.architecture != "hybrid":
+    if cfg.architecture not in RUNTIME_FAMILIES:
+        built = ", ".join(p for p, m in ModelConfig.PRESETS.items() if m.architecture in RUNTIME_FAMILIES)
         raise SettingError(
             f"model {cfg.name}: the runtime does not build {cfg.architecture}'s blocks yet (model.architecture="
             f"{cfg.architecture!r}); the simulator prices them (the ablation, the sweep, experiments.advise), and training "
-            f"takes the project's own presets: {', '.join(p for p, m in ModelConfig.PRESETS.items() if m.architecture == 'hybrid')}"
+            f"takes the project's own presets and gpt-oss: {built}"
         )
     for name, feature in NOT_BUILT:
         if getattr(cfg, name):

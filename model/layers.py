@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
@@ -28,10 +29,14 @@ class Rotary:
 
     _tables: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
-    def __init__(self, positions: torch.Tensor, head_dim: int, theta: float, ranges: list[tuple[int, int]] | None = None):
+    def __init__(
+        self, positions: torch.Tensor, head_dim: int, theta: float, ranges: list[tuple[int, int]] | None = None, scaling: dict | None = None
+    ):
         """ranges: the positions as (start, stop) runs, when known (a rank's chunks of its samples):
-        the step's tables are then copies of table slices rather than a gather."""
+        the step's tables are then copies of table slices rather than a gather. scaling: YaRN's
+        parameters (ModelConfig.rope_scaling), or none."""
         self.positions, self.ranges, self.theta = positions, ranges, float(theta)
+        self.scaling = tuple(sorted((scaling or {}).items()))
         self.half, self.d = head_dim // 2, head_dim
         if ranges is not None:
             self.n = max((b for _, b in ranges), default=1)
@@ -40,22 +45,25 @@ class Rotary:
         self._step: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]] = {}
 
     @classmethod
-    def _table(cls, n: int, head_dim: int, theta: float, device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    def _table(cls, n: int, head_dim: int, theta: float, device, dtype, scaling: tuple = ()) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin [>= n, head_dim / 2] of positions 0.. in `dtype` (computed in float64)."""
-        key = (head_dim, theta, str(device), dtype)
+        key = (head_dim, theta, scaling, str(device), dtype)
         have = cls._tables.get(key)
         if have is None or have[0].shape[0] < n:
             size = max(1024, 1 << (n - 1).bit_length())
             half = head_dim // 2
             inv = 1.0 / (theta ** (torch.arange(0, half, device=device, dtype=torch.float64) / half))
+            scale = 1.0
+            if scaling:
+                inv, scale = yarn(inv, head_dim, theta, dict(scaling))
             ang = torch.arange(size, device=device, dtype=torch.float64)[:, None] * inv[None, :]
-            cls._tables[key] = have = (ang.cos().to(dtype), ang.sin().to(dtype))
+            cls._tables[key] = have = ((ang.cos() * scale).to(dtype), (ang.sin() * scale).to(dtype))
         return have
 
     def tables(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin [T, 1, head_dim / 2] of this step's positions in `dtype` (made on first use)."""
         if dtype not in self._step:
-            cos, sin = self._table(self.n, self.d, self.theta, self.positions.device, dtype)
+            cos, sin = self._table(self.n, self.d, self.theta, self.positions.device, dtype, self.scaling)
             if self.ranges is not None and self.ranges:
                 cos, sin = (torch.cat([t[a:b] for a, b in self.ranges]) for t in (cos, sin))
             else:
@@ -72,6 +80,29 @@ class Rotary:
         return torch.cat([rot, x[..., 2 * h :]], dim=-1) if self.d % 2 else rot
 
 
+def yarn(inv: torch.Tensor, head_dim: int, theta: float, p: dict) -> tuple[torch.Tensor, float]:
+    """YaRN's rotary scaling (Peng et al., 2023): each frequency's inverse `inv` [head_dim / 2]
+    blended between itself (the fast-turning dimensions, kept) and itself / factor (the slow ones,
+    interpolated) by a linear ramp over the dimensions whose wavelengths fall between beta_fast and
+    beta_slow turns in the original context (its ends floored and ceiled unless truncate is false),
+    and the scale cos and sin take: 1 + 0.1 ln factor."""
+    factor, original = p["factor"], p["original_max_position_embeddings"]
+
+    def dim_of(turns: float) -> float:  # the dimension that turns `turns` times over the original context
+        return head_dim * math.log(original / (turns * 2 * math.pi)) / (2 * math.log(theta))
+
+    low, high = dim_of(p.get("beta_fast", 32)), dim_of(p.get("beta_slow", 1))
+    if p.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
+    if low == high:
+        high += 0.001  # a ramp of no width
+    ramp = ((torch.arange(inv.numel(), dtype=torch.float64, device=inv.device) - low) / (high - low)).clamp(0, 1)
+    kept = 1 - ramp  # 1: extrapolate (the frequency as it was); 0: interpolate
+    blended = inv / factor * (1 - kept) + inv * kept
+    return blended, (0.1 * math.log(factor) + 1.0) if factor > 1 else 1.0
+
+
 Reduce = Callable[[torch.Tensor], torch.Tensor]
 
 
@@ -85,15 +116,23 @@ class MoE(nn.Module):
     the ranks of its expert-parallel group, and summed back weighted in slot order.
     """
 
-    def __init__(self, hidden: int, ffn: int, n_experts: int, top_k: int):
+    def __init__(self, hidden: int, ffn: int, n_experts: int, top_k: int, router_bias: bool = False, softmax_topk: bool = False, **experts):
+        """router_bias: the router's logits carry a bias; softmax_topk: a token's top-k experts
+        are weighted by the softmax of their logits (gpt-oss's), not by the softmax's top-k
+        renormalized (the same weights without a bias: the softmax is monotone). experts: the
+        Experts' bias, limit and alpha."""
         super().__init__()
-        self.top_k, self.n_experts = top_k, n_experts
-        self.router = nn.Linear(hidden, n_experts, bias=False)
-        self.experts = Experts(n_experts, hidden, ffn)
+        self.top_k, self.n_experts, self.softmax_topk = top_k, n_experts, softmax_topk
+        self.router = nn.Linear(hidden, n_experts, bias=router_bias)
+        self.experts = Experts(n_experts, hidden, ffn, **experts)
 
     def route(self, x: torch.Tensor):
         """(router probabilities [T, E], the top_k weights [T, k] normalized, their experts [T, k])."""
-        probs = torch.softmax(self.router(x), dim=-1)
+        logits = self.router(x)
+        probs = torch.softmax(logits, dim=-1)
+        if self.softmax_topk:
+            top, expert = logits.topk(self.top_k, dim=-1)
+            return probs, torch.softmax(top, dim=-1), expert
         weight, expert = probs.topk(self.top_k, dim=-1)
         return probs, weight / weight.sum(-1, keepdim=True), expert
 

@@ -10,6 +10,7 @@ import json
 import os
 
 import pytest
+import torch
 from hf_utils import FAMILIES, priced_params, tiny_hf_config, tiny_hf_model
 
 from config import HardwareConfig, ModelConfig, SettingError, read_hf_config
@@ -171,3 +172,75 @@ def test_hf_training_refuses_a_family_or_feature_the_runtime_does_not_build(tmp_
         HybridMoE(read_hf_config(saved(tmp_path, "qwen3_next")))
     with pytest.raises(SettingError, match=r"shared_expert_ffn \(--shared-expert-ffn\)=16: the runtime does not build shared experts"):
         HybridMoE(ModelConfig.from_name("tiny", shared_expert_ffn=16))
+
+
+def gpt_oss_pair(tmp_path, seed: int = 0, **changes):
+    """transformers' tiny gpt-oss with every weight drawn (biases and sinks too), saved as
+    safetensors in tmp_path, and the project's model of its config loaded from that file, both
+    float64."""
+    from safetensors.torch import load_file
+
+    from model.hf import from_hf
+    from model.hybrid import HybridMoE
+
+    theirs = tiny_hf_model("gpt_oss", seed, **changes).double()
+    torch.manual_seed(seed + 1)
+    with torch.no_grad():
+        for p in theirs.parameters():
+            p.copy_(torch.randn_like(p) * 0.2)
+    theirs.save_pretrained(tmp_path)
+    cfg = read_hf_config(str(tmp_path))
+    ours = HybridMoE(cfg).double()
+    ours.load_state_dict(from_hf(cfg, load_file(str(tmp_path / "model.safetensors"))))
+    return theirs, ours, cfg
+
+
+def test_hf_gpt_oss_logits_and_gradients_match_transformers(tmp_path):
+    """The project's model and transformers', loaded from the same safetensors, on two samples
+    longer than the window (packed in ours, one at a time in theirs): the same logits and the
+    same gradient of the next-token loss for every weight, float64. Tolerance 1e-6: transformers
+    computes its RMSNorm and its rotary angles in float32 whatever the model's dtype."""
+    from model.hf import to_hf
+    from model.hybrid import LocalPlacement
+
+    yarn = {"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0, "original_max_position_embeddings": 8}
+    theirs, ours, cfg = gpt_oss_pair(tmp_path, rope_parameters={**yarn, "rope_theta": 1e4, "truncate": False})
+    assert cfg.rope_scaling["factor"] == 4.0
+    lengths = [13, 9]
+    g = torch.Generator().manual_seed(3)
+    samples = [torch.randint(0, cfg.vocab, (n,), generator=g) for n in lengths]
+    tokens = torch.cat(samples)
+    labels = torch.cat([torch.cat([s[1:], torch.tensor([-100])]) for s in samples])
+    count = int((labels != -100).sum())
+    place = LocalPlacement(lengths, cfg, "torch")
+    h, _ = ours(tokens, place)
+    mine = ours.logits(h)
+    want = torch.cat([theirs(input_ids=s[None]).logits[0] for s in samples])
+    torch.testing.assert_close(mine, want, rtol=1e-6, atol=1e-6)
+
+    ours.loss(tokens, labels, place, count).backward()
+    ce = sum(torch.nn.functional.cross_entropy(theirs(input_ids=s[None]).logits[0, :-1], s[1:], reduction="sum") for s in samples)
+    (ce / count).backward()
+    grads = to_hf(cfg, {n: p.grad for n, p in ours.named_parameters()})
+    theirs_grads = {n: p.grad for n, p in theirs.named_parameters()}
+    assert grads.keys() == theirs_grads.keys()
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, theirs_grads[name], rtol=1e-6, atol=1e-6, msg=name)
+
+
+def test_hf_gpt_oss_weights_round_trip_bit_exact(tmp_path):
+    """project -> Hugging Face -> project gives every weight back bit for bit, and the Hugging
+    Face names are exactly transformers' model's; a checkpoint missing a tensor is refused naming it."""
+    from model.hf import from_hf, to_hf
+
+    theirs, ours, cfg = gpt_oss_pair(tmp_path)
+    out = to_hf(cfg, ours.state_dict())
+    assert out.keys() == theirs.state_dict().keys()
+    for name, t in theirs.state_dict().items():
+        assert torch.equal(out[name], t), name
+    back = from_hf(cfg, out)
+    for name, t in ours.state_dict().items():
+        assert torch.equal(back[name], t), name
+    del out["model.layers.1.self_attn.sinks"]
+    with pytest.raises(SettingError, match=r"missing \['model.layers.1.self_attn.sinks'\]"):
+        from_hf(cfg, out)

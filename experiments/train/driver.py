@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from config import Cluster, CostsConfig, HardwareConfig, ModelConfig, SettingError, WorkloadConfig
+from config import Cluster, CostsConfig, HardwareConfig, ModelConfig, SettingError, WorkloadConfig, read_hf_config
 from config.cli import Settings
 from config.reads import data_source, shown
 from experiments.common import memory
@@ -31,6 +31,7 @@ from experiments.common.workload import generate_steps, load_trace, longest_step
 from kernels.exchange import CommStats, ExchangeGroups
 from model import HybridMoE
 from model.distributed import run_step
+from model.hf import load_hf, save_hf
 from model.hybrid import check_runnable
 from model.sharding import parameter_count, replicate_experts, shard_model
 from solver import CostModel, PlanError, check_setup, make_plan, samples_from_lengths
@@ -274,6 +275,13 @@ def run_data(settings: Settings) -> tuple[Settings, object, Sequence[int]]:
     return settings, source, range(min(settings.workload.steps, len(source)))  # a range: a run of many steps holds no list of them
 
 
+def init_folder(spec: str) -> str:
+    """The folder of --init-from hf:DIR; SettingError naming what would be valid."""
+    if not spec.startswith("hf:") or not os.path.isdir(spec[3:]):
+        raise SettingError(f"--init-from {spec!r}: give hf:DIR, DIR a folder holding a Hugging Face checkpoint (config.json, safetensors)")
+    return spec[3:]
+
+
 def set_up(settings: Settings, rank: int, device: torch.device) -> Run:
     """Model, cluster, data, optimizer and process groups; restored from a checkpoint on --resume."""
     settings, source, step_ids = run_data(prepare(settings))
@@ -294,6 +302,16 @@ def set_up(settings: Settings, rank: int, device: torch.device) -> Run:
     agree_across_ranks(fp, world)
     expect = {"world_size": world, "model": settings.model.to_dict(), "fingerprint": resumable(fp)}
     resume = t.resume or t.resume_step is not None
+    if t.init_from is not None:
+        if resume:
+            raise SettingError("--init-from starts a new run from a Hugging Face checkpoint; --resume continues a run: give one of them")
+        theirs = read_hf_config(init_folder(t.init_from))
+        differ = sorted(k for k in settings.model.to_dict() if k != "name" and getattr(theirs, k) != getattr(settings.model, k))
+        if differ:
+            raise SettingError(
+                f"--init-from {t.init_from}: its config.json differs from the model this run builds (--model "
+                f"{settings.model.name}) in {differ}: give --model {t.init_from}"
+            )
     lock_outputs(settings, rank)
     if t.save_every and not resume:
         checkpoint.refuse_others(t.ckpt_dir, expect)
@@ -310,6 +328,10 @@ def set_up(settings: Settings, rank: int, device: torch.device) -> Run:
         shard_model(model, device, mixed_precision=dtype == "bf16", timeout=timeout)
     else:  # replicated: under expert parallelism the experts' gradients sum over their replicas
         replicate_experts(model, timeout)
+    if t.init_from is not None:  # every rank reads the checkpoint and keeps its shards
+        load_hf(model, init_folder(t.init_from))
+        if rank == 0:
+            print(f"initialized from the Hugging Face checkpoint {t.init_from}", flush=True)
     if rank == 0:
         print(estimate, flush=True)
     o = settings.optim
@@ -584,3 +606,7 @@ def train(settings: Settings, rank: int, device: torch.device) -> None:
             save(run, k + 1)
     bar.close()
     write_results(run)
+    if run.options.save_hf is not None:
+        save_hf(run.model, run.options.save_hf)
+        if rank == 0:
+            print(f"wrote a Hugging Face checkpoint of the final weights in {run.options.save_hf}", flush=True)

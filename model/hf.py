@@ -1,0 +1,193 @@
+"""A Hugging Face checkpoint's weights to and from the project's model (a state-dict adapter per
+family): the names transformers gives each tensor, and how the project holds it (the fused
+query/key/value projection, the experts' gate and up projections apart).
+
+    to_hf(cfg, tensors)    the project's tensors (a state dict, or its gradients) -> transformers' names
+    from_hf(cfg, tensors)  transformers' tensors -> the project's names, as HybridMoE.load_state_dict takes them
+    load_hf(model, folder) a checkpoint's weights into the model, replicated or sharded (FSDP2, EP)
+    save_hf(model, folder) the model's weights as a checkpoint transformers loads (collective)
+
+Both are exact (a copy or a slice of each element, no arithmetic), so project -> Hugging Face ->
+project gives every weight back bit for bit. The families whose blocks the runtime builds have an
+adapter (gpt_oss); another is refused by name (model.hybrid.check_runnable says what it lacks).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import torch
+import torch.distributed as dist
+
+from config import ModelConfig, SettingError
+from config.hf import to_hf_dict
+
+WEIGHTS, INDEX = "model.safetensors", "model.safetensors.index.json"
+
+
+def _family(cfg: ModelConfig) -> str:
+    if cfg.architecture not in ADAPTERS:
+        raise SettingError(
+            f"model {cfg.name}: no Hugging Face weights for model.architecture={cfg.architecture!r}; the adapters here: {sorted(ADAPTERS)}"
+        )
+    return cfg.architecture
+
+
+def to_hf(cfg: ModelConfig, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The project's tensors (HybridMoE's names) under transformers' names for cfg's family."""
+    return ADAPTERS[_family(cfg)][0](cfg, tensors)
+
+
+def from_hf(cfg: ModelConfig, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """transformers' tensors of cfg's family under the project's names; SettingError naming a
+    tensor that is missing or left over (nothing is dropped)."""
+    out = ADAPTERS[_family(cfg)][1](cfg, dict(tensors))
+    return out
+
+
+def _root_to_hf(cfg: ModelConfig, t: dict) -> dict:
+    out = {"model.embed_tokens.weight": t["embed.weight"], "model.norm.weight": t["norm.weight"]}
+    if not cfg.tie_embeddings:
+        out["lm_head.weight"] = t["lm_head.weight"]
+    return out
+
+
+def _root_from_hf(cfg: ModelConfig, t: dict) -> dict:
+    out = {"embed.weight": t.pop("model.embed_tokens.weight"), "norm.weight": t.pop("model.norm.weight")}
+    if not cfg.tie_embeddings:
+        out["lm_head.weight"] = t.pop("lm_head.weight")
+    return out
+
+
+def _gpt_oss_to_hf(cfg: ModelConfig, t: dict) -> dict:
+    h, hkv, d = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+    out = _root_to_hf(cfg, t)
+    for i in range(cfg.n_layers):
+        ours, theirs = f"blocks.{i}.", f"model.layers.{i}."
+        for kind in ("weight", "bias"):
+            q, k, v = t[f"{ours}wqkv.{kind}"].split([h * d, hkv * d, hkv * d])
+            out |= {f"{theirs}self_attn.q_proj.{kind}": q, f"{theirs}self_attn.k_proj.{kind}": k, f"{theirs}self_attn.v_proj.{kind}": v}
+            out[f"{theirs}self_attn.o_proj.{kind}"] = t[f"{ours}wo.{kind}"]
+        out[f"{theirs}self_attn.sinks"] = t[f"{ours}sinks"]
+        out[f"{theirs}input_layernorm.weight"] = t[f"{ours}attn_norm.weight"]
+        out[f"{theirs}post_attention_layernorm.weight"] = t[f"{ours}moe_norm.weight"]
+        out[f"{theirs}mlp.router.weight"] = t[f"{ours}moe.router.weight"]
+        out[f"{theirs}mlp.router.bias"] = t[f"{ours}moe.router.bias"]
+        e = f"{ours}moe.experts."
+        # gate and up interleaved along the last dim: element 2j is the gate's j-th, 2j + 1 the up's
+        out[f"{theirs}mlp.experts.gate_up_proj"] = torch.stack([t[e + "w1"], t[e + "w3"]], dim=-1).flatten(-2)
+        out[f"{theirs}mlp.experts.gate_up_proj_bias"] = torch.stack([t[e + "b1"], t[e + "b3"]], dim=-1).flatten(-2)
+        out[f"{theirs}mlp.experts.down_proj"] = t[e + "w2"]
+        out[f"{theirs}mlp.experts.down_proj_bias"] = t[e + "b2"]
+    return out
+
+
+def _gpt_oss_from_hf(cfg: ModelConfig, t: dict) -> dict:
+    out = _root_from_hf(cfg, _checked(t, _gpt_oss_to_hf(cfg, _shapes_only(cfg)).keys()))
+    for i in range(cfg.n_layers):
+        ours, theirs = f"blocks.{i}.", f"model.layers.{i}."
+        for kind in ("weight", "bias"):
+            parts = [t.pop(f"{theirs}self_attn.{p}_proj.{kind}") for p in "qkv"]
+            out[f"{ours}wqkv.{kind}"] = torch.cat(parts)
+            out[f"{ours}wo.{kind}"] = t.pop(f"{theirs}self_attn.o_proj.{kind}")
+        out[f"{ours}sinks"] = t.pop(f"{theirs}self_attn.sinks")
+        out[f"{ours}attn_norm.weight"] = t.pop(f"{theirs}input_layernorm.weight")
+        out[f"{ours}moe_norm.weight"] = t.pop(f"{theirs}post_attention_layernorm.weight")
+        out[f"{ours}moe.router.weight"] = t.pop(f"{theirs}mlp.router.weight")
+        out[f"{ours}moe.router.bias"] = t.pop(f"{theirs}mlp.router.bias")
+        e = f"{ours}moe.experts."
+        gate_up, bias = t.pop(f"{theirs}mlp.experts.gate_up_proj"), t.pop(f"{theirs}mlp.experts.gate_up_proj_bias")
+        out[e + "w1"], out[e + "w3"] = gate_up[..., 0::2].contiguous(), gate_up[..., 1::2].contiguous()
+        out[e + "b1"], out[e + "b3"] = bias[..., 0::2].contiguous(), bias[..., 1::2].contiguous()
+        out[e + "w2"] = t.pop(f"{theirs}mlp.experts.down_proj")
+        out[e + "b2"] = t.pop(f"{theirs}mlp.experts.down_proj_bias")
+    return out
+
+
+def _shapes_only(cfg: ModelConfig) -> dict:
+    """The project's names of cfg's model, each a placeholder (to list transformers' names)."""
+    from .hybrid import HybridMoE  # noqa: PLC0415 (the model imports nothing of this module)
+
+    with torch.device("meta"):
+        return dict(HybridMoE(cfg).state_dict())
+
+
+def _checked(t: dict, expected) -> dict:
+    """t, once every name transformers' model of cfg has is in it and nothing else is."""
+    expected = set(expected)
+    missing, extra = sorted(expected - set(t)), sorted(set(t) - expected)
+    if missing or extra:
+        raise SettingError(
+            f"the checkpoint's tensors do not match the model: missing {missing[:4]}{' ...' if len(missing) > 4 else ''}, "
+            f"left over {extra[:4]}{' ...' if len(extra) > 4 else ''}"
+        )
+    return t
+
+
+ADAPTERS = {"gpt_oss": (_gpt_oss_to_hf, _gpt_oss_from_hf)}
+
+
+def read_checkpoint(folder: str) -> dict[str, torch.Tensor]:
+    """Every tensor of a Hugging Face checkpoint: DIR/model.safetensors, or the files its index
+    (model.safetensors.index.json) lists; SettingError naming what is missing."""
+    from safetensors.torch import load_file  # noqa: PLC0415 (transformers' dependency; needed only here)
+
+    index = os.path.join(folder, INDEX)
+    if os.path.isfile(index):
+        with open(index) as f:
+            files = sorted(set(json.load(f)["weight_map"].values()))
+    elif os.path.isfile(os.path.join(folder, WEIGHTS)):
+        files = [WEIGHTS]
+    else:
+        raise SettingError(f"--init-from hf:{folder}: no {WEIGHTS} or {INDEX} in it (a Hugging Face checkpoint's weights)")
+    out: dict[str, torch.Tensor] = {}
+    for name in files:
+        out.update(load_file(os.path.join(folder, name)))
+    return out
+
+
+def load_hf(model, folder: str) -> None:
+    """The weights of the Hugging Face checkpoint in `folder` into `model` (HybridMoE, replicated or
+    sharded by FSDP2, its experts split over an expert-parallel group or not): every rank reads the
+    file, takes the project's names (from_hf) and its expert-parallel slot's experts, and
+    torch.distributed.checkpoint's set_model_state_dict puts each full tensor into its shards."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict  # noqa: PLC0415
+
+    cfg = model.cfg
+    tensors = from_hf(cfg, read_checkpoint(folder))
+    ep = getattr(model, "ep", 1)
+    if ep > 1:  # this rank's slot: experts (rank mod ep) n_experts / ep onward (HybridMoE.expert_parallel)
+        per = cfg.n_experts // ep
+        slot = (dist.get_rank() if dist.is_initialized() else 0) % ep
+        tensors = {k: v[slot * per : (slot + 1) * per] if ".moe.experts." in k else v for k, v in tensors.items()}
+    dtype = next(model.parameters()).dtype
+    tensors = {k: v.to(dtype) for k, v in tensors.items()}
+    set_model_state_dict(model, tensors, options=StateDictOptions(full_state_dict=True, strict=True))
+
+
+def save_hf(model, folder: str) -> None:
+    """`model`'s weights as a Hugging Face checkpoint in `folder` (config.json from its settings,
+    config.hf.to_hf_dict; model.safetensors, to_hf's names): collective, every rank gathers each
+    tensor whole (FSDP2's shards, then every expert-parallel slot's experts), rank 0 writes."""
+    from safetensors.torch import save_file  # noqa: PLC0415
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict  # noqa: PLC0415
+    from torch.distributed.tensor import DTensor  # noqa: PLC0415
+
+    cfg = model.cfg
+    config = to_hf_dict(cfg)  # first: a model it cannot write fails before any collective
+    state = get_model_state_dict(model) if dist.is_initialized() else model.state_dict()
+    whole = {k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().cpu().contiguous() for k, v in state.items()}
+    ep = getattr(model, "ep", 1)
+    if ep > 1:  # every slot's experts: rank r holds slot r mod ep, so ranks 0..ep-1 hold them all, in order
+        for k in sorted(k for k in whole if ".moe.experts." in k):
+            parts = [torch.empty_like(whole[k]) for _ in range(dist.get_world_size())]
+            dist.all_gather(parts, whole[k])
+            whole[k] = torch.cat(parts[:ep])
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        os.makedirs(folder, exist_ok=True)
+        with open(os.path.join(folder, "config.json"), "w") as f:
+            json.dump(config, f, indent=2, sort_keys=True)
+        save_file({k: v.contiguous() for k, v in to_hf(cfg, whole).items()}, os.path.join(folder, WEIGHTS), metadata={"format": "pt"})
+    if dist.is_initialized():
+        dist.barrier()

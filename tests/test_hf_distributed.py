@@ -1,0 +1,142 @@
+"""gpt-oss, read from its Hugging Face config with its weights from a transformers checkpoint,
+trained a step on gloo: 8 ranks in nodes of 2, every mode's plan (each distinct layout once;
+wide parents replicate its 2 key/value heads, halo children pass its window's rows, every rank
+slices the attention sinks of the query heads it holds), replicated and under FSDP2 with expert
+parallelism, against the single-process model, which tests/test_hf.py holds to transformers'."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from config import Cluster, HardwareConfig, read_hf_config
+from kernels.exchange import ExchangeGroups
+from model import HybridMoE, LocalPlacement, next_token_labels
+from model.distributed import run_step
+from model.hf import from_hf
+from model.sharding import full_tensor, shard_model
+from solver import CostModel, make_plan, samples_from_lengths
+from solver.modes import MODES
+from tests.dist_utils import run_distributed
+from tests.test_model_distributed import distinct_layouts, hand_plans
+
+pytest.importorskip("transformers")
+
+WORLD, NODE = 8, 2
+LENGTHS = [61, 23, 17, 9, 7, 5, 3, 2, 1, 11]
+# 8 query heads, so a parent spans all 8 ranks; 2 key/value heads, replicated in groups wider
+SHAPES = dict(num_attention_heads=8, num_key_value_heads=2, head_dim=8, sliding_window=6)
+
+
+def save_checkpoint(folder) -> str:
+    """transformers' tiny gpt-oss with every weight drawn (biases, sinks), saved in `folder`."""
+    from hf_utils import tiny_hf_model
+
+    model = tiny_hf_model("gpt_oss", 0, **SHAPES)
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn_like(p) * 0.2)
+    model.save_pretrained(folder)
+    return str(folder)
+
+
+def load(folder: str, ep: int = 1, rank: int = 0) -> HybridMoE:
+    """The project's model of the checkpoint in `folder` (every rank loads the same file), float64."""
+    from safetensors.torch import load_file
+
+    cfg = read_hf_config(folder)
+    model = HybridMoE(cfg).double()
+    model.load_state_dict(from_hf(cfg, {k: v.double() for k, v in load_file(f"{folder}/model.safetensors").items()}))
+    return model.expert_parallel(ep, rank) if ep > 1 else model
+
+
+def sample_tokens(vocab: int) -> dict[int, np.ndarray]:
+    rng = np.random.default_rng(7)
+    return {i: rng.integers(0, vocab, n) for i, n in enumerate(LENGTHS)}
+
+
+def reference(folder: str):
+    model = load(folder)
+    toks = sample_tokens(model.cfg.vocab)
+    tokens = torch.as_tensor(np.concatenate([toks[i] for i in range(len(LENGTHS))]))
+    labels = torch.as_tensor(np.concatenate(next_token_labels([toks[i] for i in range(len(LENGTHS))])))
+    loss = model.loss(tokens, labels, LocalPlacement(LENGTHS, model.cfg, "torch"), sum(n - 1 for n in LENGTHS))
+    loss.backward()
+    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+def plans(cfg):
+    cost = CostModel(cfg, HardwareConfig())
+    return distinct_layouts(make_plan(samples_from_lengths(LENGTHS), Cluster(WORLD, NODE, 32), cost, m) for m in MODES)
+
+
+def _body(rank, world, folder, ref):
+    groups = ExchangeGroups(world)
+    ref_loss, ref_grads = ref
+    cfg = read_hf_config(folder)
+    toks = sample_tokens(cfg.vocab)
+    layouts = plans(cfg)
+    assert any(p.group.size > NODE for plan in layouts for p in plan.parents), "a parent must span nodes"
+    assert any(c.halo for plan in layouts for p in plan.parents for c in p.children), "a halo child must pass the window's rows"
+    for plan in layouts + list(hand_plans()):  # and one parent over all 8 ranks, repacked or not
+        model = load(folder)
+        loss = run_step(model, plan, toks, groups, "torch", "torch")
+        torch.testing.assert_close(loss, ref_loss, rtol=1e-10, atol=1e-12, msg=plan.label)
+        for n, p in model.named_parameters():
+            torch.testing.assert_close(p.grad, ref_grads[n], rtol=1e-9, atol=1e-11, msg=f"{plan.label} {n}")
+    ep = 2  # FSDP2 with the experts (their biases too) split over expert-parallel pairs
+    per = cfg.n_experts // ep
+    mine = slice((rank % ep) * per, (rank % ep + 1) * per)
+    for plan in [p for p in layouts if p.label in ("repack+solver", "choose")]:
+        model = shard_model(load(folder, ep, rank), torch.device("cpu"))
+        loss = run_step(model, plan, toks, groups, "torch", "torch")
+        torch.testing.assert_close(loss, ref_loss, rtol=1e-10, atol=1e-12, msg=f"fsdp ep2 {plan.label}")
+        for n, p in model.named_parameters():
+            want = ref_grads[n][mine] if ".experts." in n else ref_grads[n]
+            torch.testing.assert_close(full_tensor(p.grad), want, rtol=1e-9, atol=1e-11, msg=f"fsdp ep2 {plan.label} {n}")
+
+
+@pytest.mark.slow
+def test_hf_gpt_oss_from_a_transformers_checkpoint_trains_in_every_mode_as_one_process(tmp_path):
+    folder = save_checkpoint(tmp_path)
+    run_distributed(_body, WORLD, folder, reference(folder))
+
+
+@pytest.mark.slow
+def test_hf_train_driver_starts_from_a_transformers_checkpoint_and_writes_one_transformers_loads(tmp_path):
+    """experiments.train --model hf:DIR --init-from hf:DIR on 8 ranks in nodes of 2 (FSDP2, EP2),
+    every mode of one step (--mode all takes no optimizer step): each mode's loss is the one-rank
+    run's; --save-hf writes the weights it loaded back bit for bit under transformers' names, and
+    transformers loads that checkpoint and computes what it computes from the original."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from experiments.common.results import read_run
+    from tests.dist_utils import forked_driver
+
+    ckpt = save_checkpoint(tmp_path / "in")
+    trace = tmp_path / "step.csv"
+    trace.write_text("step,length\n" + "".join(f"0,{n}\n" for n in LENGTHS))
+    common = ("--model", f"hf:{ckpt}", "--init-from", f"hf:{ckpt}", "--trace", str(trace), "--mode", "all", "--steps", "1")
+    common += ("--dtype", "fp64")
+    wide = ("--gpus-per-node", "2", "--tokens-per-rank", "32", "--ep", "2", "--save-hf", str(tmp_path / "out"))
+    p = forked_driver(8, *common, *wide, "--out", str(tmp_path / "eight"))
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert f"initialized from the Hugging Face checkpoint hf:{ckpt}" in p.stdout
+    p = forked_driver(1, *common, "--gpus-per-node", "1", "--tokens-per-rank", "256", "--out", str(tmp_path / "one"))
+    assert p.returncode == 0, p.stderr[-3000:]
+    (one,) = read_run(str(tmp_path / "one"))[0][:1]
+    rows = read_run(str(tmp_path / "eight"))[0]
+    assert len(rows) == len({r["mode"] for r in rows}) > 5 and any(r["wide_parents"] for r in rows)
+    for r in rows:
+        np.testing.assert_allclose(r["loss"], one["loss"], rtol=1e-12, err_msg=r["mode"])
+    saved, original = load_file(str(tmp_path / "out" / "model.safetensors")), load_file(f"{ckpt}/model.safetensors")
+    assert saved.keys() == original.keys()
+    for name, t in original.items():
+        assert torch.equal(saved[name], t.double()), name
+    ids = torch.arange(11)[None] % 97
+    load = lambda f: AutoModelForCausalLM.from_pretrained(f, experts_implementation="eager").double()  # noqa: E731
+    theirs = [load(f)(input_ids=ids).logits for f in (ckpt, str(tmp_path / "out"))]
+    torch.testing.assert_close(theirs[0], theirs[1], rtol=0, atol=0)
