@@ -97,40 +97,73 @@ def from_hf_dict(raw: dict, name: str, where: str = "config.json") -> ModelConfi
 
 def to_hf_dict(m: ModelConfig) -> dict:
     """The transformers config.json of a model the runtime builds from a Hugging Face family
-    (gpt_oss), such that from_hf_dict reads it back as `m`; SettingError naming a family it cannot
-    write, or a setting the family's config cannot carry."""
-    if m.architecture != "gpt_oss":
-        raise SettingError(f"model {m.name}: no Hugging Face config is written for model.architecture={m.architecture!r}; gpt_oss is")
-    types = {"F": "full_attention", "S": "sliding_attention"}
-    out = {
-        "architectures": ["GptOssForCausalLM"],
-        "model_type": "gpt_oss",
+    (gpt_oss, qwen3_next), such that from_hf_dict reads it back as `m`; SettingError naming a
+    family it cannot write, or a setting the family's config cannot carry."""
+    writers = {"gpt_oss": _gpt_oss_dict, "qwen3_next": _qwen3_next_dict}
+    if m.architecture not in writers:
+        raise SettingError(
+            f"model {m.name}: no Hugging Face config is written for model.architecture={m.architecture!r}; these are: {sorted(writers)}"
+        )
+    common = {
         "num_hidden_layers": m.n_layers,
-        "layer_types": [types[t] for t in m.layer_types],
         "hidden_size": m.hidden,
         "num_attention_heads": m.n_heads,
         "num_key_value_heads": m.n_kv_heads,
         "head_dim": m.head_dim,
-        "num_local_experts": m.n_experts,
-        "num_experts_per_tok": m.top_k,
-        "intermediate_size": m.expert_ffn,
         "vocab_size": m.vocab,
-        "sliding_window": m.sparse_params["window"],
         "tie_word_embeddings": m.tie_embeddings,
         "rms_norm_eps": m.norm_eps,
         "rope_theta": m.rope_theta,
-        "rope_scaling": {"rope_type": "yarn", **m.rope_scaling} if m.rope_scaling else None,
-        "attention_bias": m.attention_bias,
-        "swiglu_limit": m.swiglu_limit,
-        "swiglu_alpha": m.swiglu_alpha,
         "output_router_logits": bool(m.aux_loss_coef),
         "router_aux_loss_coef": m.aux_loss_coef,
     }
+    out = {**common, **writers[m.architecture](m)}
     back = from_hf_dict(json.loads(json.dumps(out)), m.name)
     if back != m:
         differ = sorted(k for k in m.to_dict() if getattr(back, k) != getattr(m, k))
         raise SettingError(f"model {m.name}: gpt_oss's config cannot carry its {differ} as set here")
     return out
+
+
+def _gpt_oss_dict(m: ModelConfig) -> dict:
+    types = {"F": "full_attention", "S": "sliding_attention"}
+    return {
+        "architectures": ["GptOssForCausalLM"],
+        "model_type": "gpt_oss",
+        "layer_types": [types[t] for t in m.layer_types],
+        "num_local_experts": m.n_experts,
+        "num_experts_per_tok": m.top_k,
+        "intermediate_size": m.expert_ffn,
+        "sliding_window": m.sparse_params["window"],
+        "rope_scaling": {"rope_type": "yarn", **m.rope_scaling} if m.rope_scaling else None,
+        "attention_bias": m.attention_bias,
+        "swiglu_limit": m.swiglu_limit,
+        "swiglu_alpha": m.swiglu_alpha,
+    }
+
+
+def _qwen3_next_dict(m: ModelConfig) -> dict:
+    types = {"F": "full_attention", "S": "linear_attention"}
+    p = m.sparse_params
+    return {
+        "architectures": ["Qwen3NextForCausalLM"],
+        "model_type": "qwen3_next",
+        "layer_types": [types[t] for t in m.layer_types],
+        "partial_rotary_factor": (m.rotary_dim or m.head_dim) / m.head_dim,
+        "linear_num_key_heads": p["k_heads"],
+        "linear_num_value_heads": p["v_heads"],
+        "linear_key_head_dim": p["head_k_dim"],
+        "linear_value_head_dim": p["head_v_dim"],
+        "linear_conv_kernel_dim": p["conv_kernel"],
+        "num_experts": m.n_experts,
+        "num_experts_per_tok": m.top_k,
+        "moe_intermediate_size": m.expert_ffn,
+        "shared_expert_intermediate_size": m.shared_expert_ffn,
+        "intermediate_size": m.dense_ffn or m.expert_ffn,  # a dense block's width: unread where none is dense
+        "mlp_only_layers": [],
+        "decoder_sparse_step": 1,
+        "norm_topk_prob": True,
+    }
 
 
 class _Reader:
@@ -191,6 +224,10 @@ def _qwen3_next(c: _Reader) -> dict:
     n = c.need("num_hidden_layers")
     interval = c.get("full_attention_interval", default=4)
     default = ["linear_attention" if (i + 1) % interval else "full_attention" for i in range(n)]
+    if not c.get("norm_topk_prob", default=True):
+        raise SettingError(f"{c.where}: norm_topk_prob=false: the project renormalizes a token's top-k expert weights")
+    if c.get("attention_bias", default=False):
+        raise SettingError(f"{c.where}: attention_bias=true on Qwen3-Next's attention: the project builds it without biases")
     if c.get("use_sliding_window", default=False):
         raise SettingError(f"{c.where}: use_sliding_window=true puts a window on full attention, which the project does not price")
     step, only = c.get("decoder_sparse_step", default=1), c.get("mlp_only_layers", default=[])
@@ -201,6 +238,9 @@ def _qwen3_next(c: _Reader) -> dict:
         "n_kv_heads": c.need("num_key_value_heads"),
         "head_dim": c.get("head_dim", default=c.need("hidden_size") // c.need("num_attention_heads")),
         "attn_output_gate": True,  # Qwen3-Next's full attention always gates its output (q_proj twice as wide)
+        "qk_norm": True,
+        "zero_centered_norm": True,
+        "rotary_dim": _rotary_dim(c),
         "n_experts": c.need("num_experts"),
         "top_k": c.need("num_experts_per_tok"),
         "expert_ffn": c.need("moe_intermediate_size"),
@@ -218,6 +258,13 @@ def _qwen3_next(c: _Reader) -> dict:
             **LINEAR_DEFAULTS,
         },
     }
+
+
+def _rotary_dim(c: _Reader) -> int | None:
+    """The rotary elements of a head: head_dim x partial_rotary_factor (None: all of them)."""
+    head = c.get("head_dim", default=c.need("hidden_size") // c.need("num_attention_heads"))
+    factor = c.rope("partial_rotary_factor", 1.0)
+    return None if factor == 1.0 else int(head * factor)
 
 
 def _kimi_linear(c: _Reader) -> dict:

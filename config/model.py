@@ -98,6 +98,16 @@ class ModelConfig(Section):
     qk_rope_dim: int = setting(
         0, "MLA: the rotary elements of each q/k head (part of head_dim), the key's shared by every head", int_in(0, MAX_HEAD_DIM)
     )
+    qk_norm: bool = setting(False, "an RMSNorm over each query and key head before the rotary embedding (Qwen3-Next's)")
+    zero_centered_norm: bool = setting(
+        False, "every RMSNorm but a linear layer's output norm scales by 1 + its weight, the weight starting at 0 (Qwen3-Next's)"
+    )
+    rotary_dim: int = setting(
+        None,
+        "the leading elements of each q/k head the rotary embedding turns (Qwen3-Next's partial rotary: 64 of 256); unset: all",
+        optional(int_in(2, MAX_HEAD_DIM)),
+        type_=int,
+    )
     attention_bias: bool = setting(False, "the attention's q, k, v and output projections carry biases (gpt-oss's)")
     attention_sinks: bool = setting(
         False, "a learned sink logit per query head joins each softmax, taking weight from the keys (gpt-oss's)"
@@ -147,6 +157,10 @@ class ModelConfig(Section):
             raise SettingError(f"{self.spelt('n_heads')}={self.n_heads} is not a multiple of {self.spelt('n_kv_heads')}={self.n_kv_heads}")
         if self.top_k > self.n_experts:
             raise SettingError(f"{self.spelt('top_k')}={self.top_k} exceeds {self.spelt('n_experts')}={self.n_experts}")
+        if self.rotary_dim is not None and (self.rotary_dim > self.head_dim or self.rotary_dim % 2):
+            raise SettingError(
+                f"{self.spelt('rotary_dim')}={self.rotary_dim} must be even and at most {self.spelt('head_dim')}={self.head_dim}"
+            )
         if self.first_dense_layers > self.n_layers:
             raise SettingError(
                 f"{self.spelt('first_dense_layers')}={self.first_dense_layers} exceeds {self.spelt('n_layers')}={self.n_layers}"

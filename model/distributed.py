@@ -499,7 +499,7 @@ def _rotary(chunks, cfg: ModelConfig, device) -> tuple[torch.Tensor, Rotary]:
     """(positions, rotary tables) of a rank's chunks (sample, start, end), in local order."""
     pos = [np.arange(a, b) for _, a, b in chunks] or [np.zeros(0)]
     positions = torch.as_tensor(np.concatenate(pos), dtype=torch.int64, device=device)
-    return positions, Rotary(positions, cfg.head_dim, cfg.rope_theta, [(a, b) for _, a, b in chunks], cfg.rope_scaling)
+    return positions, Rotary(positions, cfg.head_dim, cfg.rope_theta, [(a, b) for _, a, b in chunks], cfg.rope_scaling, cfg.rotary_dim)
 
 
 def expert_groups(ep: int, world: int) -> frozenset[tuple[int, int]]:

@@ -24,6 +24,7 @@ from config import ModelConfig, SettingError
 from config.hf import to_hf_dict
 
 WEIGHTS, INDEX = "model.safetensors", "model.safetensors.index.json"
+SWIGLU = (("w1", "gate_proj"), ("w3", "up_proj"), ("w2", "down_proj"))  # the project's SwiGLU weights, transformers' names
 
 
 def _family(cfg: ModelConfig) -> str:
@@ -105,6 +106,87 @@ def _gpt_oss_from_hf(cfg: ModelConfig, t: dict) -> dict:
     return out
 
 
+def _qwen3_next_to_hf(cfg: ModelConfig, t: dict) -> dict:
+    h, hkv, d = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+    p = cfg.sparse_params
+    hk, hv, dk, dv = p["k_heads"], p["v_heads"], p["head_k_dim"], p["head_v_dim"]
+    r = hv // hk  # value heads a key head serves
+    out = _root_to_hf(cfg, t)
+    for i, kind in enumerate(cfg.layer_types):
+        ours, theirs = f"blocks.{i}.", f"model.layers.{i}."
+        out[f"{theirs}input_layernorm.weight"] = t[f"{ours}attn_norm.weight"]
+        out[f"{theirs}post_attention_layernorm.weight"] = t[f"{ours}moe_norm.weight"]
+        if kind == "F":
+            q, k, v = t[f"{ours}wqkv.weight"].split([h * d, hkv * d, hkv * d])
+            # transformers' q_proj holds each head's query, then its output gate: [H, 2 D, hidden]
+            gated = torch.cat([q.view(h, d, -1), t[f"{ours}wgate.weight"].view(h, d, -1)], dim=1)
+            out[f"{theirs}self_attn.q_proj.weight"] = gated.reshape(2 * h * d, -1)
+            out[f"{theirs}self_attn.k_proj.weight"], out[f"{theirs}self_attn.v_proj.weight"] = k, v
+            out[f"{theirs}self_attn.o_proj.weight"] = t[f"{ours}wo.weight"]
+            out[f"{theirs}self_attn.q_norm.weight"] = t[f"{ours}q_norm.weight"]
+            out[f"{theirs}self_attn.k_norm.weight"] = t[f"{ours}k_norm.weight"]
+        else:
+            m, a = f"{ours}mixer.", f"{theirs}linear_attn."
+            q, k, v, z, av, bv = t[m + "w_in.weight"].split([hk * dk, hk * dk, hv * dv, hv * dv, hv, hv])
+            # transformers groups its projections by key head: [q_h, k_h, its r value heads' v, then z]
+            # and [its r value heads' b, then a]
+            groups = [x.view(hk, -1, x.shape[-1]) for x in (q, k, v, z)]
+            out[a + "in_proj_qkvz.weight"] = torch.cat(groups, dim=1).reshape(-1, q.shape[-1])
+            out[a + "in_proj_ba.weight"] = torch.cat([bv.view(hk, r, -1), av.view(hk, r, -1)], dim=1).reshape(-1, q.shape[-1])
+            out[a + "conv1d.weight"] = t[m + "conv"].unsqueeze(1)
+            out[a + "A_log"], out[a + "dt_bias"] = t[m + "A_log"], t[m + "dt_bias"]
+            out[a + "norm.weight"] = t[m + "norm"]
+            out[a + "out_proj.weight"] = t[m + "w_out.weight"]
+        moe, mlp = f"{ours}moe.", f"{theirs}mlp."
+        out[mlp + "gate.weight"] = t[moe + "router.weight"]
+        # the checkpoint holds each expert's projections apart (transformers fuses them as it loads)
+        for ours_w, theirs_w in SWIGLU:
+            for e, w in enumerate(t[f"{moe}experts.{ours_w}"]):
+                out[f"{mlp}experts.{e}.{theirs_w}.weight"] = w.T
+            out[f"{mlp}shared_expert.{theirs_w}.weight"] = t[f"{moe}shared.{ours_w}"].T
+        out[mlp + "shared_expert_gate.weight"] = t[moe + "shared_gate.weight"]
+    return out
+
+
+def _qwen3_next_from_hf(cfg: ModelConfig, t: dict) -> dict:
+    h, d = cfg.n_heads, cfg.head_dim
+    p = cfg.sparse_params
+    hk, hv, dk, dv = p["k_heads"], p["v_heads"], p["head_k_dim"], p["head_v_dim"]
+    r = hv // hk
+    out = _root_from_hf(cfg, _checked(t, _qwen3_next_to_hf(cfg, _shapes_only(cfg)).keys()))
+    for i, kind in enumerate(cfg.layer_types):
+        ours, theirs = f"blocks.{i}.", f"model.layers.{i}."
+        out[f"{ours}attn_norm.weight"] = t.pop(f"{theirs}input_layernorm.weight")
+        out[f"{ours}moe_norm.weight"] = t.pop(f"{theirs}post_attention_layernorm.weight")
+        if kind == "F":
+            gated = t.pop(f"{theirs}self_attn.q_proj.weight").view(h, 2 * d, -1)
+            k, v = t.pop(f"{theirs}self_attn.k_proj.weight"), t.pop(f"{theirs}self_attn.v_proj.weight")
+            out[f"{ours}wqkv.weight"] = torch.cat([gated[:, :d].reshape(h * d, -1), k, v])
+            out[f"{ours}wgate.weight"] = gated[:, d:].reshape(h * d, -1).contiguous()
+            out[f"{ours}wo.weight"] = t.pop(f"{theirs}self_attn.o_proj.weight")
+            out[f"{ours}q_norm.weight"] = t.pop(f"{theirs}self_attn.q_norm.weight")
+            out[f"{ours}k_norm.weight"] = t.pop(f"{theirs}self_attn.k_norm.weight")
+        else:
+            m, a = f"{ours}mixer.", f"{theirs}linear_attn."
+            qkvz = t.pop(a + "in_proj_qkvz.weight").view(hk, 2 * dk + 2 * r * dv, -1)
+            q, k, v, z = qkvz.split([dk, dk, r * dv, r * dv], dim=1)
+            ba = t.pop(a + "in_proj_ba.weight").view(hk, 2 * r, -1)
+            bv, av = ba.split([r, r], dim=1)
+            parts = [x.reshape(-1, x.shape[-1]) for x in (q, k, v, z, av, bv)]
+            out[m + "w_in.weight"] = torch.cat(parts)
+            out[m + "conv"] = t.pop(a + "conv1d.weight").squeeze(1)
+            out[m + "A_log"], out[m + "dt_bias"] = t.pop(a + "A_log"), t.pop(a + "dt_bias")
+            out[m + "norm"] = t.pop(a + "norm.weight")
+            out[m + "w_out.weight"] = t.pop(a + "out_proj.weight")
+        moe, mlp = f"{ours}moe.", f"{theirs}mlp."
+        out[moe + "router.weight"] = t.pop(mlp + "gate.weight")
+        for ours_w, theirs_w in SWIGLU:
+            out[f"{moe}experts.{ours_w}"] = torch.stack([t.pop(f"{mlp}experts.{e}.{theirs_w}.weight").T for e in range(cfg.n_experts)])
+            out[f"{moe}shared.{ours_w}"] = t.pop(f"{mlp}shared_expert.{theirs_w}.weight").T.contiguous()
+        out[moe + "shared_gate.weight"] = t.pop(mlp + "shared_expert_gate.weight")
+    return out
+
+
 def _shapes_only(cfg: ModelConfig) -> dict:
     """The project's names of cfg's model, each a placeholder (to list transformers' names)."""
     from .hybrid import HybridMoE  # noqa: PLC0415 (the model imports nothing of this module)
@@ -125,7 +207,7 @@ def _checked(t: dict, expected) -> dict:
     return t
 
 
-ADAPTERS = {"gpt_oss": (_gpt_oss_to_hf, _gpt_oss_from_hf)}
+ADAPTERS = {"gpt_oss": (_gpt_oss_to_hf, _gpt_oss_from_hf), "qwen3_next": (_qwen3_next_to_hf, _qwen3_next_from_hf)}
 
 
 def read_checkpoint(folder: str) -> dict[str, torch.Tensor]:

@@ -60,7 +60,7 @@ class LocalPlacement:
         cu = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
         self.attention_of = layer_attention(cu, cu, cfg, device)
         self.positions = torch.cat([torch.arange(n, device=device) for n in lengths])
-        self.rotary = Rotary(self.positions, cfg.head_dim, cfg.rope_theta, [(0, n) for n in lengths], cfg.rope_scaling)
+        self.rotary = Rotary(self.positions, cfg.head_dim, cfg.rope_theta, [(0, n) for n in lengths], cfg.rope_scaling, cfg.rotary_dim)
         self.reduce = None
         self.total_tokens = int(sum(lengths))
         self.dispatch, self.pack_backend = None, "auto"
@@ -123,11 +123,17 @@ def layer_attention(
 
 
 def moe_of(cfg: ModelConfig) -> MoE:
-    """A block's MoE as the model's settings make it (its router's and experts' variants)."""
+    """A block's MoE as the model's settings make it (its router's and experts' variants, its shared experts)."""
     return MoE(
         cfg.hidden, cfg.expert_ffn, cfg.n_experts, cfg.top_k, router_bias=cfg.router_bias, softmax_topk=cfg.router_softmax_topk,
-        bias=cfg.expert_bias, limit=cfg.swiglu_limit, alpha=cfg.swiglu_alpha,
+        shared_ffn=cfg.shared_expert_ffn, shared_gate=cfg.shared_expert_gate, bias=cfg.expert_bias, limit=cfg.swiglu_limit,
+        alpha=cfg.swiglu_alpha,
     )  # fmt: skip
+
+
+def norm_of(cfg: ModelConfig, dim: int) -> RMSNorm:
+    """An RMSNorm of the model's kind (zero-centered or not) over `dim`."""
+    return RMSNorm(dim, cfg.norm_eps, cfg.zero_centered_norm)
 
 
 class Block(nn.Module):
@@ -135,11 +141,14 @@ class Block(nn.Module):
         super().__init__()
         self.cfg = cfg
         qkv = (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim
-        self.attn_norm = RMSNorm(cfg.hidden, cfg.norm_eps)
+        self.attn_norm = norm_of(cfg, cfg.hidden)
         self.wqkv = nn.Linear(cfg.hidden, qkv, bias=cfg.attention_bias)
         self.wo = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.hidden, bias=cfg.attention_bias)
         self.sinks = nn.Parameter(torch.zeros(cfg.n_heads)) if cfg.attention_sinks else None
-        self.moe_norm = RMSNorm(cfg.hidden, cfg.norm_eps)
+        # Qwen3-Next's: a norm over each q and k head; a sigmoid gate on the output, one per query element
+        self.q_norm, self.k_norm = (norm_of(cfg, cfg.head_dim), norm_of(cfg, cfg.head_dim)) if cfg.qk_norm else (None, None)
+        self.wgate = nn.Linear(cfg.hidden, cfg.n_heads * cfg.head_dim, bias=False) if cfg.attn_output_gate else None
+        self.moe_norm = norm_of(cfg, cfg.hidden)
         self.moe = moe_of(cfg)
 
     def forward(self, x: torch.Tensor, place: Placement, layer_type: str, layer: int):
@@ -147,12 +156,18 @@ class Block(nn.Module):
         a layer's token-wise work in another: enter and leave move it there and back)."""
         c = self.cfg
         x = place.enter(x, layer_type)
-        qkv = self.wqkv(self.attn_norm(x)).view(x.shape[0], c.n_heads + 2 * c.n_kv_heads, c.head_dim)
+        normed = self.attn_norm(x)
+        qkv = self.wqkv(normed).view(x.shape[0], c.n_heads + 2 * c.n_kv_heads, c.head_dim)
         nq = c.n_heads + c.n_kv_heads
-        qk = place.rotary_for(layer_type)(qkv[:, :nq])
+        qk = qkv[:, :nq]
+        if self.q_norm is not None:
+            qk = torch.cat([self.q_norm(qk[:, : c.n_heads]), self.k_norm(qk[:, c.n_heads :])], dim=1)
+        qk = place.rotary_for(layer_type)(qk)
         qkv = torch.cat([qk, qkv[:, nq:]], dim=1)
-        o = place.attend(qkv, layer_type, layer, self.sinks)
-        x = x + self.wo(o.reshape(x.shape[0], c.n_heads * c.head_dim))
+        o = place.attend(qkv, layer_type, layer, self.sinks).reshape(x.shape[0], c.n_heads * c.head_dim)
+        if self.wgate is not None:
+            o = o * torch.sigmoid(self.wgate(normed))
+        x = x + self.wo(o)
         m, aux = self.moe(self.moe_norm(x), place.reduce, place.total_tokens, place.dispatch, place.pack_backend)
         return place.leave(x + m, layer_type), aux
 
@@ -167,9 +182,9 @@ class LinearBlock(nn.Module):
         super().__init__()
         p = sparse_cost(cfg.sparse_kind).resolve(cfg.sparse_params)  # the kind's defaults where a preset leaves one out
         self.cfg = cfg
-        self.attn_norm = RMSNorm(cfg.hidden, cfg.norm_eps)
+        self.attn_norm = norm_of(cfg, cfg.hidden)
         self.mixer = LINEAR_MIXERS[cfg.sparse_kind](cfg.hidden, p, cfg.norm_eps)
-        self.moe_norm = RMSNorm(cfg.hidden, cfg.norm_eps)
+        self.moe_norm = norm_of(cfg, cfg.hidden)
         self.moe = moe_of(cfg)
 
     def forward(self, x: torch.Tensor, place: Placement, layer_type: str, layer: int):
@@ -180,14 +195,12 @@ class LinearBlock(nn.Module):
 
 
 # what the cost model prices and the runtime does not build yet: (setting, the feature, in words)
-# the families whose every block the runtime builds: the project's own and gpt-oss (its biases, sinks,
-# YaRN rotary, clamped SwiGLU experts and their router are settings of the model here)
-RUNTIME_FAMILIES = ("hybrid", "gpt_oss")
+# the families whose every block the runtime builds: the project's own, gpt-oss (its biases, sinks,
+# YaRN rotary, clamped SwiGLU experts and their router are settings of the model here) and
+# Qwen3-Next (its gated attention, q/k norms, partial rotary, zero-centered norms, shared experts)
+RUNTIME_FAMILIES = ("hybrid", "gpt_oss", "qwen3_next")
 NOT_BUILT = (
-    ("shared_expert_ffn", "shared experts"),
-    ("shared_expert_gate", "the shared experts' gate"),
     ("first_dense_layers", "dense first blocks"),
-    ("attn_output_gate", "gated attention's output gate"),
     ("kv_lora_rank", "MLA's low-rank key/value projections"),
     ("q_lora_rank", "MLA's low-rank query projection"),
 )
@@ -203,7 +216,7 @@ def check_runnable(cfg: ModelConfig) -> None:
         raise SettingError(
             f"model {cfg.name}: the runtime does not build {cfg.architecture}'s blocks yet (model.architecture="
             f"{cfg.architecture!r}); the simulator prices them (the ablation, the sweep, experiments.advise), and training "
-            f"takes the project's own presets and gpt-oss: {built}"
+            f"takes these presets: {built}"
         )
     for name, feature in NOT_BUILT:
         if getattr(cfg, name):
@@ -241,7 +254,7 @@ class HybridMoE(nn.Module):
         self.embed = nn.Embedding(cfg.vocab, cfg.hidden)
         linear = cfg.sparse_kind in LINEAR_MIXERS  # S layers of a linear kind: LinearBlock, its mixer the kind's
         self.blocks = nn.ModuleList(LinearBlock(cfg) if linear and t == "S" else Block(cfg) for t in cfg.layer_types)
-        self.norm = RMSNorm(cfg.hidden, cfg.norm_eps)
+        self.norm = norm_of(cfg, cfg.hidden)
         self.lm_head = None if cfg.tie_embeddings else nn.Linear(cfg.hidden, cfg.vocab, bias=False)
 
     def expert_parallel(self, ep: int, rank: int) -> HybridMoE:

@@ -12,14 +12,17 @@ from .experts import Experts, gather_slots, inverse_permutation, permute_rows
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float = 1e-6):
+    """x / rms(x) x weight; zero_centered: x / rms(x) x (1 + weight), the weight starting at 0 (Qwen3-Next's)."""
+
+    def __init__(self, dim: int, eps: float = 1e-6, zero_centered: bool = False):
         super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps, self.zero_centered = eps, zero_centered
+        self.weight = nn.Parameter(torch.zeros(dim) if zero_centered else torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x [T, dim] -> [T, dim]"""
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+        """x [..., dim] -> [..., dim]"""
+        scale = 1 + self.weight if self.zero_centered else self.weight
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * scale
 
 
 class Rotary:
@@ -30,14 +33,22 @@ class Rotary:
     _tables: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def __init__(
-        self, positions: torch.Tensor, head_dim: int, theta: float, ranges: list[tuple[int, int]] | None = None, scaling: dict | None = None
+        self,
+        positions: torch.Tensor,
+        head_dim: int,
+        theta: float,
+        ranges: list[tuple[int, int]] | None = None,
+        scaling: dict | None = None,
+        rotary_dim: int | None = None,
     ):
         """ranges: the positions as (start, stop) runs, when known (a rank's chunks of its samples):
         the step's tables are then copies of table slices rather than a gather. scaling: YaRN's
-        parameters (ModelConfig.rope_scaling), or none."""
+        parameters (ModelConfig.rope_scaling), or none. rotary_dim: the leading elements of a head
+        that turn (the rest pass through: partial rotary); None: all of them."""
         self.positions, self.ranges, self.theta = positions, ranges, float(theta)
         self.scaling = tuple(sorted((scaling or {}).items()))
-        self.half, self.d = head_dim // 2, head_dim
+        turned = head_dim if rotary_dim is None else rotary_dim
+        self.half, self.d, self.turned = turned // 2, head_dim, turned
         if ranges is not None:
             self.n = max((b for _, b in ranges), default=1)
         else:
@@ -63,7 +74,7 @@ class Rotary:
     def tables(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin [T, 1, head_dim / 2] of this step's positions in `dtype` (made on first use)."""
         if dtype not in self._step:
-            cos, sin = self._table(self.n, self.d, self.theta, self.positions.device, dtype, self.scaling)
+            cos, sin = self._table(self.n, self.turned, self.theta, self.positions.device, dtype, self.scaling)
             if self.ranges is not None and self.ranges:
                 cos, sin = (torch.cat([t[a:b] for a, b in self.ranges]) for t in (cos, sin))
             else:
@@ -77,7 +88,7 @@ class Rotary:
         h = self.half
         x1, x2 = x[..., :h], x[..., h : 2 * h]
         rot = torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
-        return torch.cat([rot, x[..., 2 * h :]], dim=-1) if self.d % 2 else rot
+        return torch.cat([rot, x[..., 2 * h :]], dim=-1) if 2 * h < x.shape[-1] else rot
 
 
 def yarn(inv: torch.Tensor, head_dim: int, theta: float, p: dict) -> tuple[torch.Tensor, float]:
@@ -106,6 +117,19 @@ def yarn(inv: torch.Tensor, head_dim: int, theta: float, p: dict) -> tuple[torch
 Reduce = Callable[[torch.Tensor], torch.Tensor]
 
 
+class SwiGLU(nn.Module):
+    """A dense SwiGLU: (silu(x w1) x (x w3)) w2, in the experts' layout."""
+
+    def __init__(self, hidden: int, ffn: int):
+        super().__init__()
+        self.w1 = nn.Parameter(torch.randn(hidden, ffn) / hidden**0.5)
+        self.w3 = nn.Parameter(torch.randn(hidden, ffn) / hidden**0.5)
+        self.w2 = nn.Parameter(torch.randn(ffn, hidden) / ffn**0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (torch.nn.functional.silu(x @ self.w1) * (x @ self.w3)) @ self.w2
+
+
 class MoE(nn.Module):
     """Top-k routed SwiGLU experts with an optional load-balancing auxiliary loss.
 
@@ -116,15 +140,29 @@ class MoE(nn.Module):
     the ranks of its expert-parallel group, and summed back weighted in slot order.
     """
 
-    def __init__(self, hidden: int, ffn: int, n_experts: int, top_k: int, router_bias: bool = False, softmax_topk: bool = False, **experts):
+    def __init__(
+        self,
+        hidden: int,
+        ffn: int,
+        n_experts: int,
+        top_k: int,
+        router_bias: bool = False,
+        softmax_topk: bool = False,
+        shared_ffn: int = 0,
+        shared_gate: bool = False,
+        **experts,
+    ):
         """router_bias: the router's logits carry a bias; softmax_topk: a token's top-k experts
         are weighted by the softmax of their logits (gpt-oss's), not by the softmax's top-k
-        renormalized (the same weights without a bias: the softmax is monotone). experts: the
-        Experts' bias, limit and alpha."""
+        renormalized (the same weights without a bias: the softmax is monotone). shared_ffn: a
+        SwiGLU of this width every token runs beside its experts, scaled by a sigmoid gate of one
+        output where shared_gate (Qwen3-Next's). experts: the Experts' bias, limit and alpha."""
         super().__init__()
         self.top_k, self.n_experts, self.softmax_topk = top_k, n_experts, softmax_topk
         self.router = nn.Linear(hidden, n_experts, bias=router_bias)
         self.experts = Experts(n_experts, hidden, ffn, **experts)
+        self.shared = SwiGLU(hidden, shared_ffn) if shared_ffn else None
+        self.shared_gate = nn.Linear(hidden, 1, bias=False) if shared_gate else None
 
     def route(self, x: torch.Tensor):
         """(router probabilities [T, E], the top_k weights [T, k] normalized, their experts [T, k])."""
@@ -151,6 +189,9 @@ class MoE(nn.Module):
             y = dispatch(x, order, flat[order], k, self.experts)
         slots = permute_rows(y, inverse, order, backend)  # slot order again
         out = (slots.view(x.shape[0], k, x.shape[1]) * weight.unsqueeze(-1).to(slots.dtype)).sum(dim=1).to(x.dtype)
+        if self.shared is not None:
+            shared = self.shared(x)
+            out = out + (shared if self.shared_gate is None else torch.sigmoid(self.shared_gate(x)) * shared)
         counts = counts.to(x.dtype)
         mass = probs.sum(0)
         if reduce is not None:

@@ -191,6 +191,12 @@ def varlen(q, k, v, g, beta, cu_seqlens, initial_states=None, scale: float | Non
     return torch.cat(outs), torch.stack(finals)
 
 
+def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """x / sqrt(|x|^2 + eps) over the last dim: the gated delta rule's query and key norm, as
+    flash-linear-attention's kernels and transformers' Qwen3-Next compute it."""
+    return x * torch.rsqrt(x.square().sum(-1, keepdim=True) + eps)
+
+
 def causal_conv(x: torch.Tensor, weight: torch.Tensor, halo: torch.Tensor | None = None) -> torch.Tensor:
     """Depthwise causal convolution of one sequence chunk x [T, C] with weight [C, W]: y_t = sum_j
     weight[:, j] * x_{t - W + 1 + j}. Positions before the chunk come from `halo` [W - 1, C] (the
@@ -509,8 +515,8 @@ class GatedDeltaNet(torch.nn.Module):
         # no sample here (an idle rank): the convolution's weights still join the graph (_recurrence)
         mixed = torch.nn.functional.silu(torch.cat(conv_out)) if conv_out else mixed + 0.0 * conv.sum()
         q, k, v = mixed.split([hk * self.dk, hk * self.dk, hv * self.dv], dim=-1)
-        q = torch.nn.functional.normalize(q.view(n, hk, self.dk), dim=-1)
-        k = torch.nn.functional.normalize(k.view(n, hk, self.dk), dim=-1)
+        q = l2norm(q.view(n, hk, self.dk))
+        k = l2norm(k.view(n, hk, self.dk))
         g = self._gates(a, a_log, dt_bias)
         tails = torch.stack(tails) if tails else mixed.new_zeros(0, self.kernel - 1, mixed.shape[1])
         return q, k, v.view(n, hv, self.dv), g, torch.sigmoid(b), tails

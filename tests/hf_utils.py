@@ -4,6 +4,8 @@ imported here only (a test dependency, requirements.txt)."""
 
 from __future__ import annotations
 
+import contextlib
+
 FAMILIES = ("qwen3_next", "kimi_linear", "gpt_oss")
 
 
@@ -41,10 +43,32 @@ def tiny_hf_config(family: str, **changes):
     return cfg
 
 
+def torch_reference_paths() -> None:
+    """transformers' own torch forms of the linear layers' kernels, on CPU: where fla-core is
+    installed (a dependency here) transformers 5.24 binds its chunked Triton kernel at import,
+    whatever the device, and Triton has no CPU driver. Rebinds each model module's name to the
+    torch function the binding wrapped (its kwargs filtered to that function's, as the binding
+    does). Idempotent."""
+    import inspect
+
+    from transformers.models.qwen3_next import modeling_qwen3_next
+
+    for name in ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule"):
+        bound = getattr(modeling_qwen3_next, name)
+        raw = inspect.unwrap(bound)
+        if raw is bound:
+            continue
+        params = set(inspect.signature(raw).parameters)
+        setattr(modeling_qwen3_next, name, lambda *a, _raw=raw, _p=params, **k: _raw(*a, **{x: v for x, v in k.items() if x in _p}))
+
+
 def tiny_hf_model(family: str, seed: int = 0, **changes):
-    """transformers' causal LM of tiny_hf_config(family), its weights drawn with `seed`."""
+    """transformers' causal LM of tiny_hf_config(family), its weights drawn with `seed` (its
+    linear layers on transformers' torch forms: torch_reference_paths)."""
     import torch
     import transformers
+
+    torch_reference_paths()
 
     torch.manual_seed(seed)
     return transformers.AutoModelForCausalLM.from_config(tiny_hf_config(family, **changes))
@@ -63,3 +87,47 @@ def priced_params(model) -> tuple[int, int]:
         if ".experts." in name and "shared" not in name:
             experts += p.numel()
     return total, experts
+
+
+def _in_float64(source: str) -> str:
+    """transformers' source of a function or class with every float32 it computes in made float64."""
+    for a, b in ((".float()", ".double()"), ("torch.float32", "torch.float64"), ("dtype=torch.float)", "dtype=torch.float64)")):
+        source = source.replace(a, b)
+    return source
+
+
+@contextlib.contextmanager
+def qwen3_next_in_float64():
+    """transformers' Qwen3-Next as it is, but computing in float64 where its code computes in
+    float32 whatever the model's dtype: its chunked Gated DeltaNet rule, its RMSNorms (plain and
+    gated) and its rotary angles, each rebuilt from its own source with float32 made float64 (the
+    router's softmax, the decay's softplus and the attention's softmax stay float32). Build the
+    model inside: its rotary frequencies are computed as it is made."""
+    import inspect
+    import re
+
+    from transformers.models.qwen3_next import modeling_qwen3_next as mq
+
+    torch_reference_paths()
+    src = open(mq.__file__).read()
+    names = {"torch_chunk_gated_delta_rule": "def", "Qwen3NextRMSNorm": "class", "Qwen3NextRMSNormGated": "class",
+             "Qwen3NextRotaryEmbedding": "class"}  # fmt: skip
+    ns = dict(mq.__dict__)
+    for name, kw in names.items():
+        found = re.search(rf"^(?:@.*\n)*{kw} {name}\b.*?(?=^(?:def |class |@))", src, re.S | re.M)
+        body = re.sub(r"^@.*\n", "", found.group(0), flags=re.M)  # its decorators bind hub kernels: not here
+        exec(compile(_in_float64(body), mq.__file__, "exec"), ns)
+    rule = ns["torch_chunk_gated_delta_rule"]
+    params = set(inspect.signature(rule).parameters)
+    saved = {n: getattr(mq, n) for n in names}
+    patched = {n: ns[n] for n in names}
+    patched["torch_chunk_gated_delta_rule"] = lambda *a, **k: rule(*a, **{x: v for x, v in k.items() if x in params})
+    for cls in ("Qwen3NextRMSNorm", "Qwen3NextRMSNormGated", "Qwen3NextRotaryEmbedding"):  # the classes the model names
+        patched[cls] = ns[cls]
+    try:
+        for n, v in patched.items():
+            setattr(mq, n, v)
+        yield
+    finally:
+        for n, v in saved.items():
+            setattr(mq, n, v)

@@ -1,8 +1,9 @@
-"""gpt-oss, read from its Hugging Face config with its weights from a transformers checkpoint,
-trained a step on gloo: 8 ranks in nodes of 2, every mode's plan (each distinct layout once;
-wide parents replicate its 2 key/value heads, halo children pass its window's rows, every rank
-slices the attention sinks of the query heads it holds), replicated and under FSDP2 with expert
-parallelism, against the single-process model, which tests/test_hf.py holds to transformers'."""
+"""gpt-oss and Qwen3-Next, read from their Hugging Face configs with their weights from a
+transformers checkpoint, trained a step on gloo: 8 ranks in nodes of 2, every mode's plan (each
+distinct layout once; wide parents replicate the 2 key/value heads, halo children pass gpt-oss's
+window's rows and Qwen3-Next's linear states, every rank slices the attention sinks of the query
+heads it holds), replicated and under FSDP2 with expert parallelism, against the single-process
+model, which tests/test_hf.py holds to transformers'."""
 
 from __future__ import annotations
 
@@ -25,15 +26,20 @@ pytest.importorskip("transformers")
 
 WORLD, NODE = 8, 2
 LENGTHS = [61, 23, 17, 9, 7, 5, 3, 2, 1, 11]
-# 8 query heads, so a parent spans all 8 ranks; 2 key/value heads, replicated in groups wider
-SHAPES = dict(num_attention_heads=8, num_key_value_heads=2, head_dim=8, sliding_window=6)
+# 8 query heads, so a parent spans all 8 ranks; 2 key/value heads, replicated in groups wider;
+# Qwen3-Next's linear layers with 4 key and 8 value heads
+ATTENTION = dict(num_attention_heads=8, num_key_value_heads=2, head_dim=8)
+SHAPES = {
+    "gpt_oss": dict(ATTENTION, sliding_window=6),
+    "qwen3_next": dict(ATTENTION, linear_num_key_heads=4, linear_num_value_heads=8, linear_key_head_dim=4, linear_value_head_dim=4),
+}
 
 
-def save_checkpoint(folder) -> str:
-    """transformers' tiny gpt-oss with every weight drawn (biases, sinks), saved in `folder`."""
+def save_checkpoint(folder, family: str = "gpt_oss") -> str:
+    """transformers' tiny model of `family` with every weight drawn (biases, sinks, norms), saved in `folder`."""
     from hf_utils import tiny_hf_model
 
-    model = tiny_hf_model("gpt_oss", 0, **SHAPES)
+    model = tiny_hf_model(family, 0, **SHAPES[family])
     torch.manual_seed(1)
     with torch.no_grad():
         for p in model.parameters():
@@ -79,7 +85,7 @@ def _body(rank, world, folder, ref):
     toks = sample_tokens(cfg.vocab)
     layouts = plans(cfg)
     assert any(p.group.size > NODE for plan in layouts for p in plan.parents), "a parent must span nodes"
-    assert any(c.halo for plan in layouts for p in plan.parents for c in p.children), "a halo child must pass the window's rows"
+    assert any(c.halo for plan in layouts for p in plan.parents for c in p.children), "a halo child must pass rows (and states)"
     for plan in layouts + list(hand_plans()):  # and one parent over all 8 ranks, repacked or not
         model = load(folder)
         loss = run_step(model, plan, toks, groups, "torch", "torch")
@@ -99,14 +105,15 @@ def _body(rank, world, folder, ref):
 
 
 @pytest.mark.slow
-def test_hf_gpt_oss_from_a_transformers_checkpoint_trains_in_every_mode_as_one_process(tmp_path):
-    folder = save_checkpoint(tmp_path)
+@pytest.mark.parametrize("family", sorted(SHAPES))
+def test_hf_model_from_a_transformers_checkpoint_trains_in_every_mode_as_one_process(tmp_path, family):
+    folder = save_checkpoint(tmp_path, family)
     run_distributed(_body, WORLD, folder, reference(folder))
 
 
 @pytest.mark.slow
 def test_hf_train_driver_starts_from_a_transformers_checkpoint_and_writes_one_transformers_loads(tmp_path):
-    """experiments.train --model hf:DIR --init-from hf:DIR on 8 ranks in nodes of 2 (FSDP2, EP2),
+    """experiments.train --model hf:DIR --init-from hf:DIR on 4 ranks in nodes of 2 (FSDP2, EP2),
     every mode of one step (--mode all takes no optimizer step): each mode's loss is the one-rank
     run's; --save-hf writes the weights it loaded back bit for bit under transformers' names, and
     transformers loads that checkpoint and computes what it computes from the original."""
@@ -118,17 +125,17 @@ def test_hf_train_driver_starts_from_a_transformers_checkpoint_and_writes_one_tr
 
     ckpt = save_checkpoint(tmp_path / "in")
     trace = tmp_path / "step.csv"
-    trace.write_text("step,length\n" + "".join(f"0,{n}\n" for n in LENGTHS))
+    trace.write_text("step,length\n" + "".join(f"0,{n}\n" for n in (100, 23, 17, 9, 7, 5, 3, 2, 1)))  # 100 > a node's 2 x 48
     common = ("--model", f"hf:{ckpt}", "--init-from", f"hf:{ckpt}", "--trace", str(trace), "--mode", "all", "--steps", "1")
     common += ("--dtype", "fp64")
-    wide = ("--gpus-per-node", "2", "--tokens-per-rank", "32", "--ep", "2", "--save-hf", str(tmp_path / "out"))
-    p = forked_driver(8, *common, *wide, "--out", str(tmp_path / "eight"))
+    wide = ("--gpus-per-node", "2", "--tokens-per-rank", "48", "--ep", "2", "--save-hf", str(tmp_path / "out"))
+    p = forked_driver(4, *common, *wide, "--out", str(tmp_path / "four"))
     assert p.returncode == 0, p.stderr[-3000:]
     assert f"initialized from the Hugging Face checkpoint hf:{ckpt}" in p.stdout
     p = forked_driver(1, *common, "--gpus-per-node", "1", "--tokens-per-rank", "256", "--out", str(tmp_path / "one"))
     assert p.returncode == 0, p.stderr[-3000:]
     (one,) = read_run(str(tmp_path / "one"))[0][:1]
-    rows = read_run(str(tmp_path / "eight"))[0]
+    rows = read_run(str(tmp_path / "four"))[0]
     assert len(rows) == len({r["mode"] for r in rows}) > 5 and any(r["wide_parents"] for r in rows)
     for r in rows:
         np.testing.assert_allclose(r["loss"], one["loss"], rtol=1e-12, err_msg=r["mode"])

@@ -21,12 +21,17 @@ from tests.test_linear_attention import _state
 F64 = torch.float64
 
 
+def l2(x: torch.Tensor) -> torch.Tensor:
+    """q and k's norm as the gated delta rule takes it (fla's kernels, transformers' Qwen3-Next): x / sqrt(|x|^2 + 1e-6)."""
+    return x / torch.sqrt(x.square().sum(-1, keepdim=True) + 1e-6)
+
+
 def _inputs(t: int, h: int, dk: int, dv: int, seed: int, dtype=F64):
     """A sequence's q, k, v, g, beta as a KDA layer gives them: unit-norm keys and queries, a log
     decay per key channel in [-2, 0), strengths in (0, 1)."""
     gen = torch.Generator().manual_seed(seed)
-    q = torch.nn.functional.normalize(torch.randn(t, h, dk, generator=gen, dtype=dtype), dim=-1)
-    k = torch.nn.functional.normalize(torch.randn(t, h, dk, generator=gen, dtype=dtype), dim=-1)
+    q = l2(torch.randn(t, h, dk, generator=gen, dtype=dtype))
+    k = l2(torch.randn(t, h, dk, generator=gen, dtype=dtype))
     v = torch.randn(t, h, dv, generator=gen, dtype=dtype)
     g = -2 * torch.rand(t, h, dk, generator=gen, dtype=dtype)
     beta = torch.rand(t, h, generator=gen, dtype=dtype)
@@ -124,8 +129,8 @@ def _by_hand(layer: kda.KimiDeltaAttention, x: torch.Tensor, lengths: list[int])
         pad = torch.cat([m.new_zeros(layer.kernel - 1, m.shape[1]), m])
         conv = torch.stack([(pad[i : i + layer.kernel] * layer.conv.T).sum(0) for i in range(length)])
         q, kk, v = torch.nn.functional.silu(conv).split([layer.hk * layer.dk, layer.hk * layer.dk, layer.hv * layer.dv], dim=-1)
-        q = torch.nn.functional.normalize(q.view(length, layer.hk, layer.dk), dim=-1).repeat_interleave(layer.hv // layer.hk, 1)
-        kk = torch.nn.functional.normalize(kk.view(length, layer.hk, layer.dk), dim=-1).repeat_interleave(layer.hv // layer.hk, 1)
+        q = l2(q.view(length, layer.hk, layer.dk)).repeat_interleave(layer.hv // layer.hk, 1)
+        kk = l2(kk.view(length, layer.hk, layer.dk)).repeat_interleave(layer.hv // layer.hk, 1)
         g = -layer.A_log.exp()[:, None] * torch.nn.functional.softplus(
             f[base : base + length].view(length, layer.hv, layer.dk) + layer.dt_bias
         )

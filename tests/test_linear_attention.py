@@ -21,8 +21,8 @@ def _inputs(t: int, h: int, dk: int, dv: int, seed: int, dtype=F64):
     """A sequence's q, k, v, g, beta as a Gated DeltaNet layer gives them: unit-norm keys and
     queries, log decays in [-1, 0), strengths in (0, 1)."""
     gen = torch.Generator().manual_seed(seed)
-    q = torch.nn.functional.normalize(torch.randn(t, h, dk, generator=gen, dtype=dtype), dim=-1)
-    k = torch.nn.functional.normalize(torch.randn(t, h, dk, generator=gen, dtype=dtype), dim=-1)
+    q = l2(torch.randn(t, h, dk, generator=gen, dtype=dtype))
+    k = l2(torch.randn(t, h, dk, generator=gen, dtype=dtype))
     v = torch.randn(t, h, dv, generator=gen, dtype=dtype)
     g = -torch.rand(t, h, generator=gen, dtype=dtype)
     beta = torch.rand(t, h, generator=gen, dtype=dtype)
@@ -242,6 +242,11 @@ def test_state_passing_over_gloo_ranks_gives_the_single_process_outputs_and_grad
     run_distributed(_pass_states_body, len(CUTS) - 1, how, _single_process_reference())
 
 
+def l2(x: torch.Tensor) -> torch.Tensor:
+    """q and k's norm as the gated delta rule takes it (fla's kernels, transformers' Qwen3-Next): x / sqrt(|x|^2 + 1e-6)."""
+    return x / torch.sqrt(x.square().sum(-1, keepdim=True) + 1e-6)
+
+
 # ----- the layer ------------------------------------------------------------------------------
 def _layer(hk=2, hv=4, dk=5, dv=3, kernel=4, block=4, hidden=12, seed=0):
     torch.manual_seed(seed)
@@ -261,8 +266,8 @@ def _by_hand(layer: linear.GatedDeltaNet, x: torch.Tensor, lengths: list[int]) -
         mixed = torch.nn.functional.conv1d(mixed.T[None], layer.conv[:, None, :], padding=layer.kernel - 1, groups=ch)[0, :, :n].T
         mixed = torch.nn.functional.silu(mixed)
         q, k, v = mixed.split([layer.hk * layer.dk, layer.hk * layer.dk, vd], dim=-1)
-        q = torch.nn.functional.normalize(q.reshape(n, layer.hk, layer.dk), dim=-1)
-        k = torch.nn.functional.normalize(k.reshape(n, layer.hk, layer.dk), dim=-1)
+        q = l2(q.reshape(n, layer.hk, layer.dk))
+        k = l2(k.reshape(n, layer.hk, layer.dk))
         v = v.reshape(n, layer.hv, layer.dv)
         g = -layer.A_log.exp() * torch.nn.functional.softplus(dec + layer.dt_bias)
         beta = torch.sigmoid(stren)
