@@ -194,11 +194,11 @@ class LinearBlock(nn.Module):
         return place.leave(x + m, layer_type), aux
 
 
-# what the cost model prices and the runtime does not build yet: (setting, the feature, in words)
 # the families whose every block the runtime builds: the project's own, gpt-oss (its biases, sinks,
 # YaRN rotary, clamped SwiGLU experts and their router are settings of the model here) and
 # Qwen3-Next (its gated attention, q/k norms, partial rotary, zero-centered norms, shared experts)
 RUNTIME_FAMILIES = ("hybrid", "gpt_oss", "qwen3_next")
+# what the cost model prices and the runtime does not build yet: (setting, the feature, in words)
 NOT_BUILT = (
     ("first_dense_layers", "dense first blocks"),
     ("kv_lora_rank", "MLA's low-rank key/value projections"),
