@@ -4,7 +4,8 @@ query/key/value projection, the experts' gate and up projections apart).
 
     to_hf(cfg, tensors)    the project's tensors (a state dict, or its gradients) -> transformers' names
     from_hf(cfg, tensors)  transformers' tensors -> the project's names, as HybridMoE.load_state_dict takes them
-    load_hf(model, folder) a checkpoint's weights into the model, replicated or sharded (FSDP2, EP)
+    load_hf(model, folder) a checkpoint's weights into the model, replicated or sharded (FSDP2, EP);
+                           a part it does not build (Qwen3-Next's mtp.*) left out, saying so
     save_hf(model, folder) the model's weights as a checkpoint transformers loads (collective)
 
 Both are exact (a copy or a slice of each element, no arithmetic), so project -> Hugging Face ->
@@ -40,9 +41,23 @@ def to_hf(cfg: ModelConfig, tensors: dict[str, torch.Tensor]) -> dict[str, torch
     return ADAPTERS[_family(cfg)][0](cfg, tensors)
 
 
+# a checkpoint's tensors of parts the project neither prices nor trains, which transformers skips
+# too: Qwen3-Next's multi-token-prediction head (mtp.*). from_hf leaves them out only when asked to
+# (load_hf does, and says how many it left out)
+UNBUILT_PARTS = {"qwen3_next": ("mtp.", "its multi-token-prediction head")}
+
+
+def unbuilt(cfg: ModelConfig, tensors: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], list[str], str]:
+    """(tensors without those of a part the project does not build, their names, the part in words)."""
+    prefix, what = UNBUILT_PARTS.get(cfg.architecture, (None, ""))
+    left = sorted(k for k in tensors if prefix is not None and k.startswith(prefix))
+    return {k: v for k, v in tensors.items() if k not in set(left)}, left, what
+
+
 def from_hf(cfg: ModelConfig, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """transformers' tensors of cfg's family under the project's names; SettingError naming a
-    tensor that is missing or left over (nothing is dropped)."""
+    tensor that is missing or left over (nothing is dropped: unbuilt() takes a part the project
+    does not build out first, by name)."""
     out = ADAPTERS[_family(cfg)][1](cfg, dict(tensors))
     return out
 
@@ -237,7 +252,10 @@ def load_hf(model, folder: str) -> None:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict  # noqa: PLC0415
 
     cfg = model.cfg
-    tensors = from_hf(cfg, read_checkpoint(folder))
+    tensors, left, what = unbuilt(cfg, read_checkpoint(folder))
+    if left and (not dist.is_initialized() or dist.get_rank() == 0):
+        print(f"--init-from {folder}: {len(left)} tensors of {what} ({left[0]}, ...) left out: the project neither prices nor trains it")
+    tensors = from_hf(cfg, tensors)
     ep = getattr(model, "ep", 1)
     if ep > 1:  # this rank's slot: experts (rank mod ep) n_experts / ep onward (HybridMoE.expert_parallel)
         per = cfg.n_experts // ep

@@ -287,3 +287,24 @@ def test_hf_save_writes_a_checkpoint_transformers_loads_with_the_same_logits(tmp
     ids = torch.arange(11)[None] % cfg.vocab
     again = AutoModelForCausalLM.from_pretrained(str(tmp_path / "out"), experts_implementation="eager").double()
     torch.testing.assert_close(again(input_ids=ids).logits, theirs(input_ids=ids).logits, rtol=0, atol=0)
+
+
+def test_hf_load_leaves_out_qwen3_nexts_prediction_head_saying_so_and_nothing_else(tmp_path, capsys):
+    """A Qwen3-Next checkpoint with its multi-token-prediction head (mtp.*, as published) loads,
+    the head left out with a line naming it; any other tensor the model lacks is still refused."""
+    from safetensors.torch import load_file, save_file
+
+    from model.hf import load_hf
+    from model.hybrid import HybridMoE
+
+    theirs, ours, cfg = hf_pair(tmp_path, "qwen3_next")
+    weights = load_file(str(tmp_path / "model.safetensors"))
+    save_file({**weights, "mtp.fc.weight": torch.ones(2, 2)}, str(tmp_path / "model.safetensors"))
+    fresh = HybridMoE(cfg).double()
+    load_hf(fresh, str(tmp_path))
+    assert "1 tensors of its multi-token-prediction head (mtp.fc.weight, ...) left out" in capsys.readouterr().out
+    for name, t in ours.state_dict().items():
+        assert torch.equal(fresh.state_dict()[name], t), name
+    save_file({**weights, "model.extra.weight": torch.ones(2)}, str(tmp_path / "model.safetensors"))
+    with pytest.raises(SettingError, match=r"left over \['model.extra.weight'\]"):
+        load_hf(HybridMoE(cfg).double(), str(tmp_path))
