@@ -25,6 +25,12 @@ from .model import ModelConfig
 
 PREFIX = "hf:"
 FAMILIES = ("qwen3_next", "kimi_linear", "gpt_oss")
+# each family's name in layer_types of the project's F and S layers (read and written alike)
+LAYER_NAMES = {
+    "qwen3_next": {"F": "full_attention", "S": "linear_attention"},
+    "kimi_linear": {"F": "full_attention", "S": "linear_attention"},
+    "gpt_oss": {"F": "full_attention", "S": "sliding_attention"},
+}
 # the project's own settings of the linear kinds, which a config.json does not carry: the
 # recurrence's block (a kernel's chunk) and the dtype its states travel in
 LINEAR_DEFAULTS = {"block": 64, "state_dtype": "auto"}
@@ -118,15 +124,14 @@ def to_hf_dict(m: ModelConfig) -> dict:
         "router_aux_loss_coef": m.aux_loss_coef,
     }
     out = {**common, **writers[m.architecture](m)}
-    back = from_hf_dict(json.loads(json.dumps(out)), m.name)
-    if back != m:
-        differ = sorted(k for k in m.to_dict() if getattr(back, k) != getattr(m, k))
-        raise SettingError(f"model {m.name}: gpt_oss's config cannot carry its {differ} as set here")
+    differ = m.differing(from_hf_dict(json.loads(json.dumps(out)), m.name))
+    if differ:
+        raise SettingError(f"model {m.name}: {m.architecture}'s config cannot carry its {differ} as set here")
     return out
 
 
 def _gpt_oss_dict(m: ModelConfig) -> dict:
-    types = {"F": "full_attention", "S": "sliding_attention"}
+    types = LAYER_NAMES["gpt_oss"]
     return {
         "architectures": ["GptOssForCausalLM"],
         "model_type": "gpt_oss",
@@ -143,7 +148,7 @@ def _gpt_oss_dict(m: ModelConfig) -> dict:
 
 
 def _qwen3_next_dict(m: ModelConfig) -> dict:
-    types = {"F": "full_attention", "S": "linear_attention"}
+    types = LAYER_NAMES["qwen3_next"]
     p = m.sparse_params
     return {
         "architectures": ["Qwen3NextForCausalLM"],
@@ -184,6 +189,10 @@ class _Reader:
             raise SettingError(f"{self.where}: no {' or '.join(keys)}, which the project needs to price the model")
         return value
 
+    def head_dim(self) -> int:
+        """head_dim, or hidden_size / num_attention_heads where the config leaves it out."""
+        return self.get("head_dim", default=self.need("hidden_size") // self.need("num_attention_heads"))
+
     def rope(self, key: str, default):
         """A rotary setting: transformers 5's rope_parameters, or the older top-level key."""
         params = self.raw.get("rope_parameters") or {}
@@ -200,7 +209,9 @@ def _pattern(types: list[str]) -> str:
     return s
 
 
-def _types(c: _Reader, names: dict[str, str], default: list[str]) -> list[str]:
+def _types(c: _Reader, family: str, default: list[str]) -> list[str]:
+    """The project's letter of each layer of the config's layer_types (`default` where it has none)."""
+    names = {name: letter for letter, name in LAYER_NAMES[family].items()}
     raw = c.get("layer_types", default=default)
     out = []
     for i, t in enumerate(raw):
@@ -234,9 +245,9 @@ def _qwen3_next(c: _Reader) -> dict:
     dense = sorted(set(only) | {i for i in range(n) if not ((i + 1) % step == 0 and c.need("num_experts") > 0)})
     shared = c.get("shared_expert_intermediate_size", default=0)
     return {
-        "layer_types": _types(c, {"full_attention": "F", "linear_attention": "S"}, default),
+        "layer_types": _types(c, "qwen3_next", default),
         "n_kv_heads": c.need("num_key_value_heads"),
-        "head_dim": c.get("head_dim", default=c.need("hidden_size") // c.need("num_attention_heads")),
+        "head_dim": c.head_dim(),
         "attn_output_gate": True,  # Qwen3-Next's full attention always gates its output (q_proj twice as wide)
         "qk_norm": True,
         "zero_centered_norm": True,
@@ -262,7 +273,7 @@ def _qwen3_next(c: _Reader) -> dict:
 
 def _rotary_dim(c: _Reader) -> int | None:
     """The rotary elements of a head: head_dim x partial_rotary_factor (None: all of them)."""
-    head = c.get("head_dim", default=c.need("hidden_size") // c.need("num_attention_heads"))
+    head = c.head_dim()
     factor = c.rope("partial_rotary_factor", 1.0)
     return None if factor == 1.0 else int(head * factor)
 
@@ -295,7 +306,7 @@ def _kimi_linear(c: _Reader) -> dict:
     head_dim = linear.get("head_dim", c.get("linear_head_dim", default=128))
     nope, rope = c.need("qk_nope_head_dim"), c.need("qk_rope_head_dim")
     return {
-        "layer_types": _types(c, {"full_attention": "F", "linear_attention": "S"}, default),
+        "layer_types": _types(c, "kimi_linear", default),
         "n_kv_heads": c.need("num_attention_heads"),  # MLA projects a key and a value for every head
         "head_dim": nope + rope,
         "v_head_dim": c.need("v_head_dim"),
@@ -325,9 +336,9 @@ def _gpt_oss(c: _Reader) -> dict:
     n = c.need("num_hidden_layers")
     default = ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(n)]
     return {
-        "layer_types": _types(c, {"full_attention": "F", "sliding_attention": "S"}, default),
+        "layer_types": _types(c, "gpt_oss", default),
         "n_kv_heads": c.need("num_key_value_heads"),
-        "head_dim": c.get("head_dim", default=c.need("hidden_size") // c.need("num_attention_heads")),
+        "head_dim": c.head_dim(),
         "n_experts": c.need("num_local_experts", "num_experts"),
         "top_k": c.need("num_experts_per_tok", "experts_per_token"),
         "expert_ffn": c.need("intermediate_size"),

@@ -210,6 +210,10 @@ class ModelConfig(Section):
             return {**changes, "sparse_params": {**self.sparse_params, **changes["sparse_params"]}}
         return changes
 
+    def differing(self, other: ModelConfig) -> list[str]:
+        """The settings, name aside, whose values differ between this model and `other`."""
+        return sorted(k for k in self.settings() if k != "name" and getattr(self, k) != getattr(other, k))
+
     def describe(self) -> str:
         """Its shapes in one line, each that moves a priced figure (what a run prints beside its model)."""
         heads = f"{self.n_heads} q / {self.n_kv_heads} kv heads of {self.head_dim}" + (

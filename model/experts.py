@@ -95,7 +95,7 @@ class Experts(nn.Module):
 
     def __init__(self, n_experts: int, hidden: int, ffn: int, bias: bool = False, limit: float | None = None, alpha: float = 1.702):
         super().__init__()
-        self.first, self.limit, self.alpha = 0, limit, alpha
+        self.first, self.bias, self.limit, self.alpha = 0, bias, limit, alpha
         self.w1 = nn.Parameter(torch.randn(n_experts, hidden, ffn) / hidden**0.5)
         self.w3 = nn.Parameter(torch.randn(n_experts, hidden, ffn) / hidden**0.5)
         self.w2 = nn.Parameter(torch.randn(n_experts, ffn, hidden) / ffn**0.5)
@@ -118,7 +118,7 @@ class Experts(nn.Module):
 
     def forward(self, rows: torch.Tensor, counts: list[int]) -> torch.Tensor:
         """rows [R, hidden] grouped by expert (counts[e] rows of expert e, in order) -> [R, hidden]."""
-        if self.grouped(rows) and len(self.names) == 3 and self.limit is None:
+        if self.grouped(rows) and not self.bias and self.limit is None:  # the grouped GEMMs run the plain SwiGLU
             offs = torch.cumsum(torch.as_tensor(counts, device=rows.device, dtype=torch.int32), 0, dtype=torch.int32)
             h = F.silu(torch._grouped_mm(rows, self.w1, offs=offs)) * torch._grouped_mm(rows, self.w3, offs=offs)
             return torch._grouped_mm(h, self.w2, offs=offs)
@@ -148,11 +148,11 @@ class Experts(nn.Module):
     def expert(self, x: torch.Tensor, e: int) -> torch.Tensor:
         """Expert e (of those held) on rows x [R, hidden]."""
         gate, up = x @ self.w1[e], x @ self.w3[e]
-        if len(self.names) > 3:
+        if self.bias:
             gate, up = gate + self.b1[e], up + self.b3[e]
         h = F.silu(gate) * up if self.limit is None else clamped_swiglu(gate, up, self.limit, self.alpha)
         y = h @ self.w2[e]
-        return y + self.b2[e] if len(self.names) > 3 else y
+        return y + self.b2[e] if self.bias else y
 
 
 def clamped_swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float, alpha: float) -> torch.Tensor:

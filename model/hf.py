@@ -9,8 +9,9 @@ query/key/value projection, the experts' gate and up projections apart).
     save_hf(model, folder) the model's weights as a checkpoint transformers loads (collective)
 
 Both are exact (a copy or a slice of each element, no arithmetic), so project -> Hugging Face ->
-project gives every weight back bit for bit. The families whose blocks the runtime builds have an
-adapter (gpt_oss); another is refused by name (model.hybrid.check_runnable says what it lacks).
+project gives every weight back bit for bit. The Hugging Face families whose blocks the runtime
+builds have an adapter (gpt_oss, qwen3_next); another is refused by name (model.hybrid.
+check_runnable says what it lacks).
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ import torch.distributed as dist
 
 from config import ModelConfig, SettingError
 from config.hf import to_hf_dict
+
+from .experts import Experts
 
 WEIGHTS, INDEX = "model.safetensors", "model.safetensors.index.json"
 SWIGLU = (("w1", "gate_proj"), ("w3", "up_proj"), ("w2", "down_proj"))  # the project's SwiGLU weights, transformers' names
@@ -51,15 +54,15 @@ def unbuilt(cfg: ModelConfig, tensors: dict[str, torch.Tensor]) -> tuple[dict[st
     """(tensors without those of a part the project does not build, their names, the part in words)."""
     prefix, what = UNBUILT_PARTS.get(cfg.architecture, (None, ""))
     left = sorted(k for k in tensors if prefix is not None and k.startswith(prefix))
-    return {k: v for k, v in tensors.items() if k not in set(left)}, left, what
+    kept = {k: v for k, v in tensors.items() if prefix is None or not k.startswith(prefix)}
+    return kept, left, what
 
 
 def from_hf(cfg: ModelConfig, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """transformers' tensors of cfg's family under the project's names; SettingError naming a
     tensor that is missing or left over (nothing is dropped: unbuilt() takes a part the project
     does not build out first, by name)."""
-    out = ADAPTERS[_family(cfg)][1](cfg, dict(tensors))
-    return out
+    return ADAPTERS[_family(cfg)][1](cfg, dict(tensors))
 
 
 def _root_to_hf(cfg: ModelConfig, t: dict) -> dict:
@@ -256,11 +259,10 @@ def load_hf(model, folder: str) -> None:
     if left and (not dist.is_initialized() or dist.get_rank() == 0):
         print(f"--init-from {folder}: {len(left)} tensors of {what} ({left[0]}, ...) left out: the project neither prices nor trains it")
     tensors = from_hf(cfg, tensors)
-    ep = getattr(model, "ep", 1)
-    if ep > 1:  # this rank's slot: experts (rank mod ep) n_experts / ep onward (HybridMoE.expert_parallel)
-        per = cfg.n_experts // ep
-        slot = (dist.get_rank() if dist.is_initialized() else 0) % ep
-        tensors = {k: v[slot * per : (slot + 1) * per] if ".moe.experts." in k else v for k, v in tensors.items()}
+    held = next(m for m in model.modules() if isinstance(m, Experts))  # every block holds the same slot
+    if held.count < cfg.n_experts:  # expert-parallel: the experts of the slot this rank holds (HybridMoE.expert_parallel)
+        mine = slice(held.first, held.first + held.count)
+        tensors = {k: v[mine] if ".moe.experts." in k else v for k, v in tensors.items()}
     dtype = next(model.parameters()).dtype
     tensors = {k: v.to(dtype) for k, v in tensors.items()}
     set_model_state_dict(model, tensors, options=StateDictOptions(full_state_dict=True, strict=True))

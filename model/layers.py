@@ -48,7 +48,7 @@ class Rotary:
         self.positions, self.ranges, self.theta = positions, ranges, float(theta)
         self.scaling = tuple(sorted((scaling or {}).items()))
         turned = head_dim if rotary_dim is None else rotary_dim
-        self.half, self.d, self.turned = turned // 2, head_dim, turned
+        self.half, self.turned = turned // 2, turned
         if ranges is not None:
             self.n = max((b for _, b in ranges), default=1)
         else:

@@ -302,11 +302,11 @@ def set_up(settings: Settings, rank: int, device: torch.device) -> Run:
     agree_across_ranks(fp, world)
     expect = {"world_size": world, "model": settings.model.to_dict(), "fingerprint": resumable(fp)}
     resume = t.resume or t.resume_step is not None
-    if t.init_from is not None:
+    init = None if t.init_from is None else init_folder(t.init_from)  # the checkpoint's folder, checked once
+    if init is not None:
         if resume:
             raise SettingError("--init-from starts a new run from a Hugging Face checkpoint; --resume continues a run: give one of them")
-        theirs = read_hf_config(init_folder(t.init_from))
-        differ = sorted(k for k in settings.model.to_dict() if k != "name" and getattr(theirs, k) != getattr(settings.model, k))
+        differ = settings.model.differing(read_hf_config(init))
         if differ:
             raise SettingError(
                 f"--init-from {t.init_from}: its config.json differs from the model this run builds (--model "
@@ -328,8 +328,8 @@ def set_up(settings: Settings, rank: int, device: torch.device) -> Run:
         shard_model(model, device, mixed_precision=dtype == "bf16", timeout=timeout)
     else:  # replicated: under expert parallelism the experts' gradients sum over their replicas
         replicate_experts(model, timeout)
-    if t.init_from is not None:  # every rank reads the checkpoint and keeps its shards
-        load_hf(model, init_folder(t.init_from))
+    if init is not None:  # every rank reads the checkpoint and keeps its shards
+        load_hf(model, init)
         if rank == 0:
             print(f"initialized from the Hugging Face checkpoint {t.init_from}", flush=True)
     if rank == 0:
