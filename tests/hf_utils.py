@@ -58,8 +58,30 @@ def torch_reference_paths() -> None:
         raw = inspect.unwrap(bound)
         if raw is bound:
             continue
-        params = set(inspect.signature(raw).parameters)
-        setattr(modeling_qwen3_next, name, lambda *a, _raw=raw, _p=params, **k: _raw(*a, **{x: v for x, v in k.items() if x in _p}))
+        setattr(modeling_qwen3_next, name, taking_its_own(raw))
+
+
+def taking_its_own(fn):
+    """fn, called with only the keyword arguments of its own signature (as transformers' kernel
+    binding calls the function it wraps: the model passes more, cu_seqlens among them)."""
+    import inspect
+
+    params = set(inspect.signature(fn).parameters)
+    return lambda *a, **k: fn(*a, **{x: v for x, v in k.items() if x in params})
+
+
+def drawn_hf_model(family: str, seed: int = 0, dtype=None, **changes):
+    """tiny_hf_model(family) in `dtype` (as built where None) with every weight drawn from N(0, 0.2^2)
+    (seed + 1): its biases, sinks and norms too, which transformers starts at constants."""
+    import torch
+
+    model = tiny_hf_model(family, seed, **changes)
+    model = model if dtype is None else model.to(dtype)
+    torch.manual_seed(seed + 1)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn_like(p) * 0.2)
+    return model
 
 
 def tiny_hf_model(family: str, seed: int = 0, **changes):
@@ -103,7 +125,6 @@ def qwen3_next_in_float64():
     gated) and its rotary angles, each rebuilt from its own source with float32 made float64 (the
     router's softmax, the decay's softplus and the attention's softmax stay float32). Build the
     model inside: its rotary frequencies are computed as it is made."""
-    import inspect
     import re
 
     from transformers.models.qwen3_next import modeling_qwen3_next as mq
@@ -117,13 +138,9 @@ def qwen3_next_in_float64():
         found = re.search(rf"^(?:@.*\n)*{kw} {name}\b.*?(?=^(?:def |class |@))", src, re.S | re.M)
         body = re.sub(r"^@.*\n", "", found.group(0), flags=re.M)  # its decorators bind hub kernels: not here
         exec(compile(_in_float64(body), mq.__file__, "exec"), ns)
-    rule = ns["torch_chunk_gated_delta_rule"]
-    params = set(inspect.signature(rule).parameters)
     saved = {n: getattr(mq, n) for n in names}
     patched = {n: ns[n] for n in names}
-    patched["torch_chunk_gated_delta_rule"] = lambda *a, **k: rule(*a, **{x: v for x, v in k.items() if x in params})
-    for cls in ("Qwen3NextRMSNorm", "Qwen3NextRMSNormGated", "Qwen3NextRotaryEmbedding"):  # the classes the model names
-        patched[cls] = ns[cls]
+    patched["torch_chunk_gated_delta_rule"] = taking_its_own(ns["torch_chunk_gated_delta_rule"])
     try:
         for n, v in patched.items():
             setattr(mq, n, v)

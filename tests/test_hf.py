@@ -12,7 +12,7 @@ import os
 
 import pytest
 import torch
-from hf_utils import FAMILIES, priced_params, qwen3_next_in_float64, tiny_hf_config, tiny_hf_model
+from hf_utils import FAMILIES, drawn_hf_model, priced_params, qwen3_next_in_float64, tiny_hf_config, tiny_hf_model
 
 from config import HardwareConfig, ModelConfig, SettingError, read_hf_config
 from config.hf import HF_MODELS
@@ -187,11 +187,7 @@ def hf_pair(tmp_path, family: str, seed: int = 0, **changes):
     from model.hf import from_hf
     from model.hybrid import HybridMoE
 
-    theirs = tiny_hf_model(family, seed, **changes).double()
-    torch.manual_seed(seed + 1)
-    with torch.no_grad():
-        for p in theirs.parameters():
-            p.copy_(torch.randn_like(p) * 0.2)
+    theirs = drawn_hf_model(family, seed, torch.float64, **changes)
     theirs.save_pretrained(tmp_path)
     cfg = read_hf_config(str(tmp_path))
     ours = HybridMoE(cfg).double()

@@ -37,14 +37,9 @@ SHAPES = {
 
 def save_checkpoint(folder, family: str = "gpt_oss") -> str:
     """transformers' tiny model of `family` with every weight drawn (biases, sinks, norms), saved in `folder`."""
-    from hf_utils import tiny_hf_model
+    from hf_utils import drawn_hf_model
 
-    model = tiny_hf_model(family, 0, **SHAPES[family])
-    torch.manual_seed(1)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.copy_(torch.randn_like(p) * 0.2)
-    model.save_pretrained(folder)
+    drawn_hf_model(family, 0, **SHAPES[family]).save_pretrained(folder)
     return str(folder)
 
 
