@@ -51,7 +51,7 @@ class ModelConfig(Section):
     v_head_dim: int = setting(
         None,
         "size of one value head and of the attention's output head, where it differs from head_dim (MLA's: 128 beside q/k "
-        "heads of 192); priced by the simulator, refused by the runtime, whose attention takes one head size",
+        "heads of 192); the runtime's attention runs them on its torch path",
         optional(int_in(1, MAX_HEAD_DIM)),
         type_=int,
     )
@@ -104,8 +104,9 @@ class ModelConfig(Section):
     )
     rotary_dim: int = setting(
         None,
-        "the leading elements of each q/k head the rotary embedding turns (Qwen3-Next's partial rotary: 64 of 256); unset: all",
-        optional(int_in(2, MAX_HEAD_DIM)),
+        "the leading elements of each q/k head the rotary embedding turns (Qwen3-Next's partial rotary: 64 of 256); 0: none "
+        "(Kimi Linear's MLA has no position embedding); unset: all",
+        optional(int_in(0, MAX_HEAD_DIM)),
         type_=int,
     )
     attention_bias: bool = setting(False, "the attention's q, k, v and output projections carry biases (gpt-oss's)")
@@ -121,6 +122,27 @@ class ModelConfig(Section):
     router_bias: bool = setting(False, "the router's logits carry a bias (gpt-oss's)")
     router_softmax_topk: bool = setting(
         False, "weight a token's experts by the softmax of their top-k logits (gpt-oss's), not the renormalized top-k of the softmax"
+    )
+    router_score: str = setting(
+        "softmax",
+        "how the router scores experts: softmax over every expert's logit, or sigmoid of each (Kimi Linear's, DeepSeek-V3's: "
+        "a token's top-k scores then renormalized to sum to 1)",
+        Check("'softmax' or 'sigmoid'", lambda v: v in ("softmax", "sigmoid")),
+    )
+    router_score_bias: bool = setting(
+        False,
+        "a per-expert bias added to the scores to choose the top-k experts only, their weights left unbiased (Kimi Linear's "
+        "e_score_correction_bias: a buffer, loaded and saved, not trained by the gradient)",
+    )
+    router_groups: int = setting(
+        1, "the experts in this many equal groups; a token chooses among the router_topk_groups groups whose two best scores sum "
+        "highest (Kimi Linear's n_group)", int_in(1, MAX_EXPERTS),
+    )  # fmt: skip
+    router_topk_groups: int = setting(
+        1, "the groups a token's experts are chosen from (read where router_groups > 1)", int_in(1, MAX_EXPERTS)
+    )
+    routed_scaling: float = setting(
+        1.0, "the routed experts' weights are scaled by this (Kimi Linear's routed_scaling_factor)", number_in(0, 1e6, lo_open=True)
     )
     expert_bias: bool = setting(False, "the experts' projections carry biases (gpt-oss's)")
     swiglu_limit: float = setting(
@@ -172,6 +194,18 @@ class ModelConfig(Section):
             )
         if self.shared_expert_gate and not self.shared_expert_ffn:
             raise SettingError(f"{self.spelt('shared_expert_gate')} gates shared experts, but {self.spelt('shared_expert_ffn')} is 0")
+        if self.n_experts % self.router_groups:
+            raise SettingError(
+                f"{self.spelt('router_groups')}={self.router_groups} does not divide {self.spelt('n_experts')}={self.n_experts}"
+            )
+        if self.router_groups > 1:
+            per = self.n_experts // self.router_groups
+            if self.router_topk_groups > self.router_groups or per < 2 or self.top_k > self.router_topk_groups * per:
+                raise SettingError(
+                    f"{self.spelt('router_topk_groups')}={self.router_topk_groups} of {self.spelt('router_groups')}="
+                    f"{self.router_groups} groups of {per} experts: a group is scored by its two best experts, at most every "
+                    f"group is chosen, and the chosen groups must hold {self.spelt('top_k')}={self.top_k} experts"
+                )
         if self.kv_lora_rank is None:
             for name in ("q_lora_rank", "qk_rope_dim"):
                 if getattr(self, name):

@@ -390,7 +390,8 @@ def varlen_attention(
     child, which reach back before the queries (k and v hold their rows; default: the queries').
     sinks [H]: an attention sink per query head (torch_varlen_attention): the torch path runs
     them, `auto` takes it; flash-attn's and torch's CUDA kernels and a kind's own kernel take no
-    sinks, and naming one with sinks is an error that says so.
+    sinks, and naming one with sinks is an error that says so. Value heads of another size than
+    the query's (MLA's, v [T, Hkv, Dv] -> [T, H, Dv]) likewise run on the torch path only.
 
     >>> q = torch.randn(9, 4, 8)
     >>> varlen_attention(q, q, q, torch.tensor([0, 4, 9]), 5, "sliding_window", {"window": 2}, "torch").shape
@@ -407,6 +408,13 @@ def varlen_attention(
                 f"torch or auto, which run them on the torch path"
             )
         backend = "torch"  # the only path with a sink logit (auto, kernel: a kind's own kernel has none)
+    if v.shape[2] != q.shape[2]:  # value heads of their own size (MLA's)
+        if backend in WINDOWED:
+            raise ValueError(
+                f"attention backend {backend!r} takes value heads of the query's size only (here {v.shape[2]} and "
+                f"{q.shape[2]}): use --attn-backend torch or auto, which run them on the torch path"
+            )
+        backend = "torch"
     if fn is None:
         backend = resolve_backend(backend, q.device, q.dtype)
     elif backend not in WINDOWED:

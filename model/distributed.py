@@ -434,9 +434,39 @@ class RankPlacement:
             tuple(sorted(recvs.items())),
         )
 
+    def _sent(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """q, k, v as one tensor of the parts the Ulysses exchange moves (solver.kinds.attention_parts):
+        whole heads [n, H + 2 Hkv, D]; or, where value heads have their own size (MLA's), element j
+        of every q, then k, then v head, a part each: [n, (H + Hkv) D + Hkv Dv, 1]."""
+        if v.shape[2] == q.shape[2]:
+            return torch.cat([q, k, v], dim=1)
+        return torch.cat([t.transpose(1, 2).reshape(t.shape[0], t.shape[1] * t.shape[2]) for t in (q, k, v)], dim=1)[:, :, None]
+
     def _heads(self, y: torch.Tensor, p: int):
-        h, hkv = self.cfg.n_heads // p, max(self.cfg.n_kv_heads // p, 1)  # one replicated KV head when p > n_kv_heads
-        return y[:, :h], y[:, h : h + hkv], y[:, h + hkv :]
+        """The way back of _sent on a group of p ranks: this rank's q, k, v heads."""
+        c = self.cfg
+        h, hkv = c.n_heads // p, max(c.n_kv_heads // p, 1)  # one replicated KV head when p > n_kv_heads
+        if c.v_dim == c.head_dim:
+            return y[:, :h], y[:, h : h + hkv], y[:, h + hkv :]
+        n, d = y.shape[0], c.head_dim
+        parts = y[:, :, 0].split([d * h, d * hkv, c.v_dim * hkv], dim=1)
+        return tuple(t.view(n, dim, heads).transpose(1, 2) for t, dim, heads in zip(parts, (d, d, c.v_dim), (h, hkv, hkv)))
+
+    def _rows(self, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """A token's keys and values, all heads, as one halo row: [n, 2 Hkv, D], or [n, 1, Hkv (D + Dv)]
+        where value heads have their own size."""
+        if v.shape[2] == k.shape[2]:
+            return torch.cat([k, v], dim=1)
+        return torch.cat([t.reshape(t.shape[0], t.shape[1] * t.shape[2]) for t in (k, v)], dim=1)[:, None]
+
+    def _keys_values(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The way back of _rows."""
+        c = self.cfg
+        if c.v_dim == c.head_dim:
+            return rows[:, : c.n_kv_heads], rows[:, c.n_kv_heads :]
+        k, v = rows[:, 0].split([c.n_kv_heads * c.head_dim, c.n_kv_heads * c.v_dim], dim=1)
+        n = rows.shape[0]
+        return k.view(n, c.n_kv_heads, c.head_dim), v.view(n, c.n_kv_heads, c.v_dim)
 
     def enter(self, x: torch.Tensor, layer_type: str) -> torch.Tensor:
         """x [n, hidden] in the layout the layer's token-wise work runs in: a redistribute plan's
@@ -459,23 +489,22 @@ class RankPlacement:
     def rotary_for(self, layer_type: str) -> Rotary:
         return self.full_rotary if layer_type == "F" else self.rotary
 
-    def attend(self, qkv, layer_type, layer, sinks=None):
+    def attend(self, q, k, v, layer_type, layer, sinks=None):
         if layer_type == "S" and self.halo:
-            h, hkv = self.cfg.n_heads, self.cfg.n_kv_heads
-            kv = qkv[:, h:].contiguous()  # keys and values, all heads: the halo rows
+            kv = self._rows(k, v)  # keys and values, all heads: the halo rows
             got = halo_exchange(kv, self.halo_args, self.pack_backend, self.stats, Site.SPARSE_HALO)
             seg = permute_rows(torch.cat([got, kv]), self.key_rows, self.key_inverse, self.pack_backend)
-            return self.attention_of["S"](qkv[:, :h], seg[:, :hkv], seg[:, hkv:], self.backend, self.recompute_attention, sinks)
+            return self.attention_of["S"](q, *self._keys_values(seg), self.backend, self.recompute_attention, sinks)
         group = self.parent_group if layer_type == "F" else self.child_group
         entry, exit_ = (self.full_entry, self.full_exit) if layer_type == "F" else (self.sparse_entry, self.sparse_exit)
         p = group.size
         if p == 1:  # a group of one rank holds whole samples in head order: no communication
-            return self.attention_of[layer_type](*self._heads(qkv, 1), self.backend, self.recompute_attention, sinks)
+            return self.attention_of[layer_type](q, k, v, self.backend, self.recompute_attention, sinks)
         if sinks is not None:  # the query heads this rank holds after the entry: the group's j-th block of them
             n = self.cfg.n_heads // p
             sinks = sinks[(self.rank - group.start) * n : (self.rank - group.start + 1) * n]
         into, back = ENTRY_EXIT[layer_type]
-        y = exchange(qkv, entry, self.transport, self.pack_backend, self.stats, into)
+        y = exchange(self._sent(q, k, v), entry, self.transport, self.pack_backend, self.stats, into)
         o = self.attention_of[layer_type](*self._heads(y, p), self.backend, self.recompute_attention, sinks)
         return exchange(o.contiguous(), exit_, self.transport, self.pack_backend, self.stats, back)
 

@@ -19,7 +19,7 @@ from config import RECOMPUTE, ModelConfig, SettingError
 from solver.cost import sparse_cost
 
 from .attention import KeySegments, chunked_key_inputs, kernel_inputs, sparse_kind, varlen_attention
-from .layers import MoE, Reduce, RMSNorm, Rotary
+from .layers import MoE, Reduce, RMSNorm, Rotary, SwiGLU
 from .linear import LINEAR_MIXERS, GatedDeltaNet
 
 IGNORE = -100
@@ -33,9 +33,11 @@ class Placement(Protocol):
     dispatch: object | None  # the rank's expert-parallel group (model.experts.ExpertDispatch); None: its own experts
     pack_backend: str  # the row gathers' and exchanges' kernels (kernels.permute)
 
-    def attend(self, qkv: torch.Tensor, layer_type: str, layer: int, sinks: torch.Tensor | None = None) -> torch.Tensor:
-        """qkv [n, H + 2 Hkv, D] (rotary applied) -> attention output [n, H, D] for layer type 'F' or
-        'S'; sinks [H]: the layer's attention sinks, where it has them."""
+    def attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_type: str, layer: int, sinks: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """q [n, H, D], k [n, Hkv, D] (rotary applied), v [n, Hkv, Dv] -> attention output [n, H, Dv]
+        for layer type 'F' or 'S'; sinks [H]: the layer's attention sinks, where it has them."""
 
     def enter(self, x: torch.Tensor, layer_type: str) -> torch.Tensor:
         """x [n, hidden] -> the layer's token-wise layout (the placement's own, or another)."""
@@ -79,9 +81,7 @@ class LocalPlacement:
     def rotary_for(self, layer_type):
         return self.rotary
 
-    def attend(self, qkv, layer_type, layer, sinks=None):
-        h, hkv = self.cfg.n_heads, self.cfg.n_kv_heads
-        q, k, v = qkv[:, :h], qkv[:, h : h + hkv], qkv[:, h + hkv :]
+    def attend(self, q, k, v, layer_type, layer, sinks=None):
         return self.attention_of[layer_type](q, k, v, self.backend, self.recompute_attention, sinks)
 
 
@@ -126,8 +126,9 @@ def moe_of(cfg: ModelConfig) -> MoE:
     """A block's MoE as the model's settings make it (its router's and experts' variants, its shared experts)."""
     return MoE(
         cfg.hidden, cfg.expert_ffn, cfg.n_experts, cfg.top_k, router_bias=cfg.router_bias, softmax_topk=cfg.router_softmax_topk,
-        shared_ffn=cfg.shared_expert_ffn, shared_gate=cfg.shared_expert_gate, bias=cfg.expert_bias, limit=cfg.swiglu_limit,
-        alpha=cfg.swiglu_alpha,
+        shared_ffn=cfg.shared_expert_ffn, shared_gate=cfg.shared_expert_gate, score=cfg.router_score,
+        score_bias=cfg.router_score_bias, groups=cfg.router_groups, topk_groups=cfg.router_topk_groups, scaling=cfg.routed_scaling,
+        bias=cfg.expert_bias, limit=cfg.swiglu_limit, alpha=cfg.swiglu_alpha,
     )  # fmt: skip
 
 
@@ -136,20 +137,90 @@ def norm_of(cfg: ModelConfig, dim: int) -> RMSNorm:
     return RMSNorm(dim, cfg.norm_eps, cfg.zero_centered_norm)
 
 
-class Block(nn.Module):
+class FeedForward(nn.Module):
+    """A block's second half, after its attention or linear layer: a norm, then the experts (MoE),
+    or one dense SwiGLU in the model's first dense blocks (cfg.first_dense_layers: Kimi Linear's
+    first block), which route nothing and add no auxiliary loss."""
+
+    def _feed_forward(self, cfg: ModelConfig, layer: int) -> None:
+        self.moe_norm = norm_of(cfg, cfg.hidden)
+        dense = layer < cfg.first_dense_layers
+        self.moe = None if dense else moe_of(cfg)
+        self.mlp = SwiGLU(cfg.hidden, cfg.dense_ffn) if dense else None
+
+    def feed_forward(self, x: torch.Tensor, place: Placement) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [n, hidden] -> (its feed-forward output [n, hidden], the auxiliary loss)."""
+        h = self.moe_norm(x)
+        if self.moe is None:
+            return self.mlp(h), h.new_zeros(())
+        return self.moe(h, place.reduce, place.total_tokens, place.dispatch, place.pack_backend)
+
+
+class LatentProjections(nn.Module):
+    """MLA's projections (multi-head latent attention, DeepSeek-V2's, as Kimi Linear builds it):
+    the query, full-rank or through a normed latent of q_lora_rank; the key/value down projection
+    to a latent of kv_lora_rank (normed) and qk_rope_dim key elements every head shares; the
+    latent's up projection to each head's key (its other elements) and value (v_dim). Without
+    rotary (Kimi Linear's MLA has none: model.hybrid.check_runnable refuses MLA with one), so the
+    shared elements reach the keys as they are. The latents' norms take eps 1e-6, as transformers'
+    MLA builds them whatever the model's."""
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
+        self.heads, self.rope, self.dv = cfg.n_heads, cfg.qk_rope_dim, cfg.v_dim
+        self.nope, self.rank = cfg.head_dim - cfg.qk_rope_dim, cfg.kv_lora_rank
+        if cfg.q_lora_rank is None:
+            self.wq_a, self.q_norm = None, None
+            self.wq = nn.Linear(cfg.hidden, cfg.n_heads * cfg.head_dim, bias=False)
+        else:
+            self.wq_a = nn.Linear(cfg.hidden, cfg.q_lora_rank, bias=cfg.attention_bias)
+            self.q_norm = RMSNorm(cfg.q_lora_rank, 1e-6)
+            self.wq = nn.Linear(cfg.q_lora_rank, cfg.n_heads * cfg.head_dim, bias=False)
+        self.wkv_a = nn.Linear(cfg.hidden, cfg.kv_lora_rank + cfg.qk_rope_dim, bias=cfg.attention_bias)
+        self.kv_norm = RMSNorm(cfg.kv_lora_rank, 1e-6)
+        self.wkv_b = nn.Linear(cfg.kv_lora_rank, cfg.n_heads * (self.nope + self.dv), bias=False)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x [n, hidden] -> q, k [n, H, head_dim], v [n, H, v_dim]."""
+        n, h = x.shape[0], self.heads
+        q = self.wq(x if self.wq_a is None else self.q_norm(self.wq_a(x))).view(n, h, self.nope + self.rope)
+        latent, shared = self.wkv_a(x).split([self.rank, self.rope], dim=-1)
+        k, v = self.wkv_b(self.kv_norm(latent)).view(n, h, self.nope + self.dv).split([self.nope, self.dv], dim=-1)
+        return q, torch.cat([k, shared[:, None].expand(n, h, self.rope)], dim=-1), v
+
+
+class Block(FeedForward):
+    def __init__(self, cfg: ModelConfig, layer: int = 0):
+        """layer: the block's index (the first cfg.first_dense_layers are dense)."""
+        super().__init__()
         self.cfg = cfg
-        qkv = (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim
         self.attn_norm = norm_of(cfg, cfg.hidden)
-        self.wqkv = nn.Linear(cfg.hidden, qkv, bias=cfg.attention_bias)
-        self.wo = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.hidden, bias=cfg.attention_bias)
+        if cfg.kv_lora_rank is None:
+            qkv = (cfg.n_heads + cfg.n_kv_heads) * cfg.head_dim + cfg.n_kv_heads * cfg.v_dim
+            self.wqkv, self.latent = nn.Linear(cfg.hidden, qkv, bias=cfg.attention_bias), None
+        else:
+            self.wqkv, self.latent = None, LatentProjections(cfg)
+        self.wo = nn.Linear(cfg.n_heads * cfg.v_dim, cfg.hidden, bias=cfg.attention_bias)
         self.sinks = nn.Parameter(torch.zeros(cfg.n_heads)) if cfg.attention_sinks else None
         # Qwen3-Next's: a norm over each q and k head; a sigmoid gate on the output, one per query element
         self.q_norm, self.k_norm = (norm_of(cfg, cfg.head_dim), norm_of(cfg, cfg.head_dim)) if cfg.qk_norm else (None, None)
         self.wgate = nn.Linear(cfg.hidden, cfg.n_heads * cfg.head_dim, bias=False) if cfg.attn_output_gate else None
-        self.moe_norm = norm_of(cfg, cfg.hidden)
-        self.moe = moe_of(cfg)
+        self._feed_forward(cfg, layer)
+
+    def project(self, normed: torch.Tensor, rotary: Rotary | None = None):
+        """normed [n, hidden] -> q [n, H, head_dim], k [n, Hkv, head_dim] (each head normed where
+        qk_norm, then turned by `rotary` where the model has one), v [n, Hkv, v_dim]."""
+        c = self.cfg
+        if self.latent is not None:
+            return self.latent(normed)
+        n, nq = normed.shape[0], c.n_heads + c.n_kv_heads
+        qk, v = self.wqkv(normed).split([nq * c.head_dim, c.n_kv_heads * c.v_dim], dim=1)
+        qk = qk.view(n, nq, c.head_dim)
+        if self.q_norm is not None:
+            qk = torch.cat([self.q_norm(qk[:, : c.n_heads]), self.k_norm(qk[:, c.n_heads :])], dim=1)
+        if rotary is not None and c.rotary_dim != 0:
+            qk = rotary(qk)
+        return qk[:, : c.n_heads], qk[:, c.n_heads :], v.view(n, c.n_kv_heads, c.v_dim)
 
     def forward(self, x: torch.Tensor, place: Placement, layer_type: str, layer: int):
         """x [n, hidden] -> ([n, hidden], aux), in the placement's token layout (a placement may run
@@ -157,60 +228,56 @@ class Block(nn.Module):
         c = self.cfg
         x = place.enter(x, layer_type)
         normed = self.attn_norm(x)
-        qkv = self.wqkv(normed).view(x.shape[0], c.n_heads + 2 * c.n_kv_heads, c.head_dim)
-        nq = c.n_heads + c.n_kv_heads
-        qk = qkv[:, :nq]
-        if self.q_norm is not None:
-            qk = torch.cat([self.q_norm(qk[:, : c.n_heads]), self.k_norm(qk[:, c.n_heads :])], dim=1)
-        qk = place.rotary_for(layer_type)(qk)
-        qkv = torch.cat([qk, qkv[:, nq:]], dim=1)
-        o = place.attend(qkv, layer_type, layer, self.sinks).reshape(x.shape[0], c.n_heads * c.head_dim)
+        q, k, v = self.project(normed, place.rotary_for(layer_type))
+        o = place.attend(q, k, v, layer_type, layer, self.sinks).reshape(x.shape[0], c.n_heads * c.v_dim)
         if self.wgate is not None:
             o = o * torch.sigmoid(self.wgate(normed))
         x = x + self.wo(o)
-        m, aux = self.moe(self.moe_norm(x), place.reduce, place.total_tokens, place.dispatch, place.pack_backend)
+        m, aux = self.feed_forward(x, place)
         return place.leave(x + m, layer_type), aux
 
 
-class LinearBlock(nn.Module):
+class LinearBlock(FeedForward):
     """A block whose S layer is linear attention (the model's linear kind: model.linear's Gated
-    DeltaNet) in place of attention, then the same MoE. The placement runs the mixer
+    DeltaNet) in place of attention, then the same feed-forward. The placement runs the mixer
     (Placement.run_linear): on one process every sample whole; across ranks by Ulysses or by
     state passing, as the plan's children say."""
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, layer: int = 0):
         super().__init__()
         p = sparse_cost(cfg.sparse_kind).resolve(cfg.sparse_params)  # the kind's defaults where a preset leaves one out
         self.cfg = cfg
         self.attn_norm = norm_of(cfg, cfg.hidden)
         self.mixer = LINEAR_MIXERS[cfg.sparse_kind](cfg.hidden, p, cfg.norm_eps)
-        self.moe_norm = norm_of(cfg, cfg.hidden)
-        self.moe = moe_of(cfg)
+        self._feed_forward(cfg, layer)
 
     def forward(self, x: torch.Tensor, place: Placement, layer_type: str, layer: int):
         x = place.enter(x, layer_type)
         x = x + place.run_linear(self.mixer, self.attn_norm(x), layer_type)
-        m, aux = self.moe(self.moe_norm(x), place.reduce, place.total_tokens, place.dispatch, place.pack_backend)
+        m, aux = self.feed_forward(x, place)
         return place.leave(x + m, layer_type), aux
 
 
 # the families whose every block the runtime builds: the project's own, gpt-oss (its biases, sinks,
-# YaRN rotary, clamped SwiGLU experts and their router are settings of the model here) and
-# Qwen3-Next (its gated attention, q/k norms, partial rotary, zero-centered norms, shared experts)
-RUNTIME_FAMILIES = ("hybrid", "gpt_oss", "qwen3_next")
-# what the cost model prices and the runtime does not build yet: (setting, the feature, in words)
+# YaRN rotary, clamped SwiGLU experts and their router are settings of the model here), Qwen3-Next
+# (its gated attention, q/k norms, partial rotary, zero-centered norms, shared experts) and Kimi
+# Linear (MLA without rotary, KDA layers, a dense first block, a sigmoid router with its bias,
+# groups and scaling, a shared expert)
+RUNTIME_FAMILIES = ("hybrid", "gpt_oss", "qwen3_next", "kimi_linear")
+# what the cost model prices and the runtime does not build: (the model has it, the feature in words)
 NOT_BUILT = (
-    ("first_dense_layers", "dense first blocks"),
-    ("kv_lora_rank", "MLA's low-rank key/value projections"),
-    ("q_lora_rank", "MLA's low-rank query projection"),
-)
+    (lambda m: m.kv_lora_rank is not None and m.rotary_dim != 0, "MLA with a rotary part (DeepSeek's; Kimi Linear's MLA has "
+     "none: --rotary-dim 0)"),
+    (lambda m: m.kv_lora_rank is not None and m.qk_norm, "q/k head norms on MLA's heads (--qk-norm with --kv-lora-rank)"),
+    (lambda m: m.attn_output_gate and m.v_dim != m.head_dim, "the gated attention output with value heads of another size "
+     "(--attn-output-gate with --v-head-dim)"),
+)  # fmt: skip
 
 
 def check_runnable(cfg: ModelConfig) -> None:
     """SettingError where the runtime cannot build the model the cost model prices: a Hugging Face
-    family's blocks (model.architecture), what NOT_BUILT lists, and value heads of another size than
-    the q/k heads (MLA's), which its attention kernels and exchanges, taking one head size, do not
-    run yet. The simulator prices each of them (the ablation, the sweep, the decision)."""
+    family's blocks it does not build (model.architecture), or a combination NOT_BUILT lists. The
+    simulator prices each of them (the ablation, the sweep, the decision)."""
     if cfg.architecture not in RUNTIME_FAMILIES:
         built = ", ".join(p for p, m in ModelConfig.PRESETS.items() if m.architecture in RUNTIME_FAMILIES)
         raise SettingError(
@@ -218,18 +285,12 @@ def check_runnable(cfg: ModelConfig) -> None:
             f"{cfg.architecture!r}); the simulator prices them (the ablation, the sweep, experiments.advise), and training "
             f"takes these presets: {built}"
         )
-    for name, feature in NOT_BUILT:
-        if getattr(cfg, name):
+    for has, feature in NOT_BUILT:
+        if has(cfg):
             raise SettingError(
-                f"model {cfg.name}: {cfg.spelt(name)}={getattr(cfg, name)}: the runtime does not build {feature} yet; the "
-                f"simulator prices it (the ablation, the sweep, experiments.advise); leave it unset to train"
+                f"model {cfg.name}: the runtime does not build {feature} yet; the simulator prices it (the ablation, the sweep, "
+                f"experiments.advise)"
             )
-    if cfg.v_dim != cfg.head_dim:
-        raise SettingError(
-            f"model {cfg.name}: model.v_head_dim (--v-head-dim)={cfg.v_head_dim} differs from model.head_dim (--head-dim)="
-            f"{cfg.head_dim}: the simulator prices it (the ablation, the sweep), but the runtime's attention and exchanges take "
-            f"one head size; leave --v-head-dim unset to train"
-        )
 
 
 class HybridMoE(nn.Module):
@@ -253,7 +314,7 @@ class HybridMoE(nn.Module):
         self.ep = 1  # expert-parallel degree (expert_parallel)
         self.embed = nn.Embedding(cfg.vocab, cfg.hidden)
         linear = cfg.sparse_kind in LINEAR_MIXERS  # S layers of a linear kind: LinearBlock, its mixer the kind's
-        self.blocks = nn.ModuleList(LinearBlock(cfg) if linear and t == "S" else Block(cfg) for t in cfg.layer_types)
+        self.blocks = nn.ModuleList(LinearBlock(cfg, i) if linear and t == "S" else Block(cfg, i) for i, t in enumerate(cfg.layer_types))
         self.norm = norm_of(cfg, cfg.hidden)
         self.lm_head = None if cfg.tie_embeddings else nn.Linear(cfg.hidden, cfg.vocab, bias=False)
 
@@ -269,7 +330,8 @@ class HybridMoE(nn.Module):
             raise ValueError(f"the experts are already split {self.ep} ways")
         per = e // ep
         for blk in self.blocks:
-            blk.moe.experts.keep((rank % ep) * per, per)
+            if blk.moe is not None:  # a dense first block has no experts
+                blk.moe.experts.keep((rank % ep) * per, per)
         self.ep = ep
         return self
 

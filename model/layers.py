@@ -150,29 +150,56 @@ class MoE(nn.Module):
         softmax_topk: bool = False,
         shared_ffn: int = 0,
         shared_gate: bool = False,
+        score: str = "softmax",
+        score_bias: bool = False,
+        groups: int = 1,
+        topk_groups: int = 1,
+        scaling: float = 1.0,
         **experts,
     ):
         """router_bias: the router's logits carry a bias; softmax_topk: a token's top-k experts
         are weighted by the softmax of their logits (gpt-oss's), not by the softmax's top-k
-        renormalized (the same weights without a bias: the softmax is monotone). shared_ffn: a
-        SwiGLU of this width every token runs beside its experts, scaled by a sigmoid gate of one
-        output where shared_gate (Qwen3-Next's). experts: the Experts' bias, limit and alpha."""
+        renormalized (the same weights without a bias: the softmax is monotone). score "sigmoid"
+        (Kimi Linear's, DeepSeek-V3's): each expert scored by the sigmoid of its logit, the top-k
+        chosen by the scores plus a per-expert bias where score_bias (a buffer: set by a
+        balancing rule or a checkpoint, not by the gradient) among the topk_groups of `groups`
+        groups whose two best scores sum highest, and weighted by their unbiased scores
+        renormalized. scaling multiplies the routed experts' weights. shared_ffn: a SwiGLU of this
+        width every token runs beside its experts, scaled by a sigmoid gate of one output where
+        shared_gate (Qwen3-Next's). experts: the Experts' bias, limit and alpha."""
         super().__init__()
+        if score not in ("softmax", "sigmoid"):
+            raise ValueError(f"router score {score!r}; valid: 'softmax', 'sigmoid'")
         self.top_k, self.n_experts, self.softmax_topk = top_k, n_experts, softmax_topk
+        self.score, self.groups, self.topk_groups, self.scaling = score, groups, topk_groups, scaling
         self.router = nn.Linear(hidden, n_experts, bias=router_bias)
+        self.register_buffer("score_bias", torch.zeros(n_experts) if score_bias else None)
         self.experts = Experts(n_experts, hidden, ffn, **experts)
         self.shared = SwiGLU(hidden, shared_ffn) if shared_ffn else None
         self.shared_gate = nn.Linear(hidden, 1, bias=False) if shared_gate else None
 
     def route(self, x: torch.Tensor):
-        """(router probabilities [T, E], the top_k weights [T, k] normalized, their experts [T, k])."""
+        """(router probabilities [T, E] (a sigmoid router's scores normalized per token: the
+        auxiliary loss's), the top_k weights [T, k], their experts [T, k])."""
         logits = self.router(x)
+        if self.score == "sigmoid":
+            scores = torch.sigmoid(logits)
+            choice = scores if self.score_bias is None else scores + self.score_bias.to(scores.dtype)
+            if self.groups > 1:  # only the experts of the groups whose two best scores sum highest
+                per = self.n_experts // self.groups
+                best = choice.view(-1, self.groups, per).topk(2, dim=-1).values.sum(-1)
+                chosen = torch.zeros_like(best, dtype=torch.bool).scatter_(1, best.topk(self.topk_groups, dim=-1).indices, True)
+                choice = choice.masked_fill(~chosen.repeat_interleave(per, dim=1), float("-inf"))
+            expert = choice.topk(self.top_k, dim=-1).indices
+            weight = scores.gather(1, expert)
+            weight = weight / (weight.sum(-1, keepdim=True) + 1e-20)
+            return scores / scores.sum(-1, keepdim=True), weight * self.scaling, expert
         probs = torch.softmax(logits, dim=-1)
         if self.softmax_topk:
             top, expert = logits.topk(self.top_k, dim=-1)
-            return probs, torch.softmax(top, dim=-1), expert
+            return probs, torch.softmax(top, dim=-1) * self.scaling, expert
         weight, expert = probs.topk(self.top_k, dim=-1)
-        return probs, weight / weight.sum(-1, keepdim=True), expert
+        return probs, weight / weight.sum(-1, keepdim=True) * self.scaling, expert
 
     def forward(self, x: torch.Tensor, reduce: Reduce | None = None, total_tokens: int | None = None, dispatch=None, backend: str = "auto"):
         """x [T, hidden] -> ([T, hidden], aux_loss scalar). dispatch: the rank's expert-parallel

@@ -49,7 +49,7 @@ def shard_model(model: nn.Module, device: torch.device, mixed_precision: bool | 
     if ep > 1:  # a rank's experts shard over the ranks that hold the same ones, and their gradients sum there
         replicas = DeviceMesh.from_group(replica_group(ep, timeout), device.type, mesh_dim_names=("replicas",))
     for block in model.blocks:
-        if ep > 1:
+        if ep > 1 and block.moe is not None:  # a dense first block has no experts
             fully_shard(block.moe.experts, mesh=replicas, mp_policy=mp, shard_placement_fn=_least_padding(replicas.size()))
         fully_shard(block, mesh=mesh, mp_policy=mp, shard_placement_fn=_least_padding(mesh.size()))
     fully_shard(model, mesh=mesh, mp_policy=mp, shard_placement_fn=_least_padding(mesh.size()))

@@ -65,11 +65,11 @@ def test_torch_backend_runs_sinks_and_value_heads_of_their_own_size_as_the_dense
         torch.randn(19, 2, 12, dtype=torch.float64),
     )
     sinks = torch.randn(4, dtype=torch.float64)
-    for backend in ("torch", "auto", "kernel"):  # auto and kernel take the torch path for sinks
+    for backend in ("torch", "auto", "kernel"):  # auto and kernel take the torch path for sinks and for v's own size
         got = varlen_attention(q, k, v, cu, 11, kind, params, backend, sinks=sinks)
         torch.testing.assert_close(got, dense_reference(q, k, v, cu, allowed, sinks), **TOL[torch.float64])
-    no_sinks = varlen_attention(q, k, v, cu, 11, kind, params, "torch")
-    torch.testing.assert_close(no_sinks, dense_reference(q, k, v, cu, allowed), **TOL[torch.float64])
+        no_sinks = varlen_attention(q, k, v, cu, 11, kind, params, backend)
+        torch.testing.assert_close(no_sinks, dense_reference(q, k, v, cu, allowed), **TOL[torch.float64])
 
 
 @pytest.mark.parametrize("window", [None, 4], ids=["full", "swa-W4"])
@@ -106,12 +106,16 @@ def test_hf_sinks_match_transformers_gpt_oss_attention_and_its_gradients(window)
         torch.testing.assert_close(got, want, **TOL[torch.float64])
 
 
-def test_cuda_kernels_refuse_sinks_naming_the_torch_path_and_an_empty_rank_still_grads_them():
+def test_cuda_kernels_refuse_sinks_and_value_heads_of_their_own_size_naming_the_torch_path_and_an_empty_rank_still_grads_them():
     q = torch.randn(5, 2, 8)
     sinks = torch.zeros(2, requires_grad=True)
     for backend in ("flash", "varlen"):
         with pytest.raises(ValueError, match=f"attention backend '{backend}' takes no attention sinks.*torch or auto"):
             varlen_attention(q, q, q, torch.tensor([0, 5]), 5, "full", None, backend, fn=lambda *a, **k: None, sinks=sinks)
+        with pytest.raises(
+            ValueError, match=f"attention backend '{backend}' takes value heads of the query's size only \\(here 12 and 8\\).*torch or auto"
+        ):
+            varlen_attention(q, q, torch.randn(5, 2, 12), torch.tensor([0, 5]), 5, "full", None, backend, fn=lambda *a, **k: None)
     with pytest.raises(ValueError, match=r"sinks of shape \(3,\): one logit per query head, \(2,\)"):
         varlen_attention(q, q, q, torch.tensor([0, 5]), 5, "full", None, "torch", sinks=torch.zeros(3))
     empty = torch.zeros(0, 2, 8, requires_grad=True)

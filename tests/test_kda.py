@@ -285,13 +285,14 @@ def test_value_heads_of_another_size_are_priced_by_their_size():
     assert CostModel(same, HardwareConfig()).for_cluster(Cluster(8, 8, 32)).entry_row_bytes(4) == (8 + 4 + 4) * 12 * b
 
 
-def test_the_runtime_refuses_value_heads_of_another_size_in_one_line(tmp_path, capsys):
+def test_the_runtime_refuses_what_it_does_not_build_in_one_line(tmp_path, capsys):
     import experiments.train.__main__ as train
     from model.hybrid import HybridMoE
 
-    with pytest.raises(SettingError, match=r"model.v_head_dim \(--v-head-dim\)=4 differs from model.head_dim \(--head-dim\)=8"):
-        HybridMoE(ModelConfig.from_name("tiny").replace(v_head_dim=4))
+    HybridMoE(ModelConfig.from_name("tiny").replace(v_head_dim=4))  # value heads of their own size: built
+    with pytest.raises(SettingError, match=r"does not build the gated attention output with value heads of another size"):
+        HybridMoE(ModelConfig.from_name("tiny").replace(v_head_dim=4, attn_output_gate=True))
     with pytest.raises(SystemExit):
-        train.main(["--v-head-dim", "4", "--out", str(tmp_path / "o")])
+        train.main(["--v-head-dim", "4", "--attn-output-gate", "--out", str(tmp_path / "o")])
     err = capsys.readouterr().err.strip()
-    assert err.count("\n") == 0 and "the runtime's attention and exchanges take one head size" in err
+    assert err.count("\n") == 0 and "(--attn-output-gate with --v-head-dim)" in err

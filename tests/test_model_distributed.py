@@ -28,7 +28,11 @@ CFG = ModelConfig.from_name("tiny", aux_loss_coef=0.01)
 # grouped-query attention with 2 key/value heads: the SP8 parent replicates each over 4 ranks, the
 # SP4 groups over 2, the SP2 children split them
 GQA = ModelConfig.from_name("tiny-gqa", aux_loss_coef=0.01)
-CONFIGS = {"mha": CFG, "gqa": GQA}
+# value heads of their own size (MLA's kind of heads, here with GQA and a window): the exchanges move
+# element j of every q, k and v head as a part (solver.kinds.attention_parts), halo rows a token's
+# keys and values flattened
+GQA_V = GQA.replace(v_head_dim=12)
+CONFIGS = {"mha": CFG, "gqa": GQA, "gqa-v": GQA_V}
 LENGTHS = [61, 23, 17, 9, 7, 5, 3, 2, 1, 11]
 
 
@@ -99,8 +103,13 @@ def _body(rank, world, refs):
         ref_loss, ref_grads = refs[name]
         counts = {}
         # every mode's solver plan for the plain heads (each layout once); for GQA the solver's plan
-        # and the hand-made ones, which already hold the replicated (SP8) and split (SP2) key/value heads
-        plans = distinct_layouts(solver_plans(cfg)) if name == "mha" else solver_plans(cfg)[2:3]
+        # and the hand-made ones, which already hold the replicated (SP8) and split (SP2) key/value heads;
+        # for GQA with v's own size, those and a plan with a halo child
+        plans = distinct_layouts(solver_plans(cfg))
+        if name == "gqa":
+            plans = solver_plans(cfg)[2:3]
+        elif name == "gqa-v":  # one plan with a halo child (v's rows flattened into the halo's)
+            plans = [p for p in plans if any(c.halo for par in p.parents for c in par.children)][:1]
         for plan in plans + [base, rep]:
             # the Triton kernels move data bit-exactly like the torch pack, for plain and replicated
             # key/value heads (test_kernels); here they run once, on the hand-made repacked plan of
@@ -179,6 +188,7 @@ def test_solver_plans_cover_the_cases_the_equivalence_test_claims():
         plans = solver_plans(cfg)
         assert any(p.group.size > NODE for plan in plans for p in plan.parents), "a parent must span emulated nodes"
     assert any(p.group.size > GQA.n_kv_heads for plan in solver_plans(GQA) for p in plan.parents), "a group must replicate KV heads"
+    assert any(c.halo for plan in solver_plans(GQA_V) for p in plan.parents for c in p.children), "a halo child must pass v's rows"
     base, rep = hand_plans()
     assert rep.parents[0].repacked and all(c.size <= NODE for c in rep.parents[0].children)
 

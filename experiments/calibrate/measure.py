@@ -264,23 +264,24 @@ def measure_token_work(cfg: ModelConfig, tokens: int, device, dtype, repeats: in
     torch.manual_seed(0)
     # an attention block: its projections are the ones layer_params_active counts (a linear kind's
     # S layers have their own)
-    block = HybridMoE(cfg).blocks[cfg.layer_types.index("F")] if "F" in cfg.layer_types else None
-    if block is None:
+    at = [i for i, t in enumerate(cfg.layer_types) if t == "F" and i >= cfg.first_dense_layers]
+    if not at:
         raise SettingError(
-            f"model {cfg.name}: every layer is linear attention; the calibration measures an attention layer's token-wise work"
+            f"model {cfg.name}: no attention layer with experts (every layer is linear attention, or dense); the calibration "
+            f"measures an attention layer's token-wise work"
         )
+    block = HybridMoE(cfg).blocks[at[0]]
     block = block.to(device=device, dtype=dtype)
-    hq = cfg.n_heads * cfg.head_dim
     cost = CostModel(cfg, HardwareConfig())
     rows = []
     for n in sorted({1, tokens}):
         x = torch.randn(n, cfg.hidden, device=device, dtype=dtype, requires_grad=True)
 
         def step(x=x):
-            y = block.wqkv(block.attn_norm(x))
-            z = block.wo(y[:, :hq])
+            q, k, v = block.project(block.attn_norm(x))
+            z = block.wo(q[..., : cfg.v_dim].reshape(x.shape[0], -1))  # the queries in place of the attention's output
             m, _ = block.moe(block.moe_norm(z))
-            (m.sum() + y.sum()).backward()
+            (m.sum() + q.sum() + k.sum() + v.sum()).backward()
 
         rows.append(
             {"tokens": n, "seconds": timed(step, device, repeats), "flops": FWD_BWD_COMPUTE * FLOPS_PER_MAC * cost.layer_params_active * n}
