@@ -103,9 +103,9 @@ def from_hf_dict(raw: dict, name: str, where: str = "config.json") -> ModelConfi
 
 def to_hf_dict(m: ModelConfig) -> dict:
     """The transformers config.json of a model the runtime builds from a Hugging Face family
-    (gpt_oss, qwen3_next), such that from_hf_dict reads it back as `m`; SettingError naming a
+    (gpt_oss, qwen3_next, kimi_linear), such that from_hf_dict reads it back as `m`; SettingError naming a
     family it cannot write, or a setting the family's config cannot carry."""
-    writers = {"gpt_oss": _gpt_oss_dict, "qwen3_next": _qwen3_next_dict}
+    writers = {"gpt_oss": _gpt_oss_dict, "qwen3_next": _qwen3_next_dict, "kimi_linear": _kimi_linear_dict}
     if m.architecture not in writers:
         raise SettingError(
             f"model {m.name}: no Hugging Face config is written for model.architecture={m.architecture!r}; these are: {sorted(writers)}"
@@ -123,6 +123,9 @@ def to_hf_dict(m: ModelConfig) -> dict:
         "output_router_logits": bool(m.aux_loss_coef),
         "router_aux_loss_coef": m.aux_loss_coef,
     }
+    if m.architecture == "kimi_linear":  # its heads' sizes are MLA's (_kimi_linear_dict); it has no rotary
+        for key in ("head_dim", "rope_theta"):
+            del common[key]
     out = {**common, **writers[m.architecture](m)}
     differ = m.differing(from_hf_dict(json.loads(json.dumps(out)), m.name))
     if differ:
@@ -168,6 +171,37 @@ def _qwen3_next_dict(m: ModelConfig) -> dict:
         "mlp_only_layers": [],
         "decoder_sparse_step": 1,
         "norm_topk_prob": True,
+    }
+
+
+def _kimi_linear_dict(m: ModelConfig) -> dict:
+    types = LAYER_NAMES["kimi_linear"]
+    p = m.sparse_params
+    return {
+        "architectures": ["KimiLinearForCausalLM"],
+        "model_type": "kimi_linear",
+        "layer_types": [types[t] for t in m.layer_types],
+        "mlp_layer_types": ["dense" if i < m.first_dense_layers else "sparse" for i in range(m.n_layers)],
+        "linear_attn_config": {"num_heads": p["v_heads"], "head_dim": p["head_v_dim"], "short_conv_kernel_size": p["conv_kernel"]},
+        "qk_nope_head_dim": m.head_dim - m.qk_rope_dim,
+        "qk_rope_head_dim": m.qk_rope_dim,
+        "v_head_dim": m.v_dim,
+        "kv_lora_rank": m.kv_lora_rank,
+        "q_lora_rank": m.q_lora_rank,
+        "num_experts": m.n_experts,
+        "num_experts_per_token": m.top_k,
+        "moe_intermediate_size": m.expert_ffn,
+        "num_shared_experts": m.shared_expert_ffn // m.expert_ffn,
+        "intermediate_size": m.dense_ffn or m.expert_ffn,  # a dense block's width: unread where none is dense
+        "num_expert_group": m.router_groups,
+        "topk_group": m.router_topk_groups,
+        "routed_scaling_factor": m.routed_scaling,
+        "moe_renormalize": True,
+        "moe_router_activation_func": "sigmoid",
+        "mla_use_nope": True,
+        # the project's embedding has no padding row (one whose gradient is held at zero): nor has this model's,
+        # and the class default's row (163839) may lie past a smaller vocabulary
+        "pad_token_id": None,
     }
 
 
@@ -302,6 +336,15 @@ def _kimi_linear(c: _Reader) -> dict:
         first = c.get("first_k_dense_replace", default=1)
         mlp = ["dense" if i < first else "sparse" for i in range(n)]
     dense = [i for i, t in enumerate(mlp) if t == "dense"]
+    # transformers' Kimi Linear: MLA without rotary, a sigmoid router whose top-k scores are renormalized
+    for key, want in (
+        ("mla_use_nope", True),
+        ("moe_router_activation_func", "sigmoid"),
+        ("moe_renormalize", True),
+        ("norm_topk_prob", True),
+    ):
+        if c.get(key, default=want) != want:
+            raise SettingError(f"{c.where}: {key}={c.get(key)!r}: transformers' Kimi Linear builds {key}={want!r} only")
     heads, ffn = linear.get("num_heads", c.get("linear_num_heads", default=32)), c.need("moe_intermediate_size")
     head_dim = linear.get("head_dim", c.get("linear_head_dim", default=128))
     nope, rope = c.need("qk_nope_head_dim"), c.need("qk_rope_head_dim")
@@ -313,6 +356,12 @@ def _kimi_linear(c: _Reader) -> dict:
         "kv_lora_rank": c.need("kv_lora_rank"),
         "q_lora_rank": c.get("q_lora_rank"),
         "qk_rope_dim": rope,
+        "rotary_dim": 0,  # its MLA has no position embedding: the shared key elements reach the keys as they are
+        "router_score": "sigmoid",
+        "router_score_bias": True,  # e_score_correction_bias: chooses the experts, weights none
+        "router_groups": c.get("num_expert_group", "n_group", default=1),
+        "router_topk_groups": c.get("topk_group", default=1),
+        "routed_scaling": float(c.get("routed_scaling_factor", default=2.446)),
         "n_experts": c.need("num_experts", "num_local_experts"),
         "top_k": c.need("num_experts_per_token", "num_experts_per_tok"),
         "expert_ffn": ffn,
@@ -381,7 +430,7 @@ ModelConfig.READERS[PREFIX] = read_hf_config
 # qwen3-next-80b-a3b, kimi-linear-48b-a3b, gpt-oss-120b. paper-gdn is Qwen3-Next-80B-A3B exactly
 # (Gated DeltaNet S layers, SSSF, its shared expert and gated attention priced); paper-kda is
 # Kimi-Linear-48B-A3B exactly (KDA S layers, MLA full attention with its latents, a dense first
-# block, a shared expert). The simulator prices them; the runtime builds the project's own blocks
+# block, a shared expert). The simulator prices them, and the runtime builds all three
 # (model.hybrid.check_runnable names what it does not build)
 HF_MODELS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hf_models")
 for _name in sorted(os.listdir(HF_MODELS)):

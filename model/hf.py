@@ -10,7 +10,7 @@ query/key/value projection, the experts' gate and up projections apart).
 
 Both are exact (a copy or a slice of each element, no arithmetic), so project -> Hugging Face ->
 project gives every weight back bit for bit. The Hugging Face families whose blocks the runtime
-builds have an adapter (gpt_oss, qwen3_next); another is refused by name (model.hybrid.
+builds have an adapter (gpt_oss, qwen3_next, kimi_linear); another is refused by name (model.hybrid.
 check_runnable says what it lacks).
 """
 
@@ -205,6 +205,101 @@ def _qwen3_next_from_hf(cfg: ModelConfig, t: dict) -> dict:
     return out
 
 
+def _kimi_linear_to_hf(cfg: ModelConfig, t: dict) -> dict:
+    p = cfg.sparse_params
+    hv, dk, dv, rank = p["v_heads"], p["head_k_dim"], p["head_v_dim"], p["gate_rank"]
+    qk = p["k_heads"] * dk
+    out = _root_to_hf(cfg, t)
+    for i, kind in enumerate(cfg.layer_types):
+        ours, theirs = f"blocks.{i}.", f"model.layers.{i}."
+        a = f"{theirs}self_attn."
+        out[f"{theirs}input_layernorm.weight"] = t[f"{ours}attn_norm.weight"]
+        out[f"{theirs}post_attention_layernorm.weight"] = t[f"{ours}moe_norm.weight"]
+        if kind == "F":  # MLA
+            for mine, name in _mla(cfg):
+                if f"{ours}{mine}" in t:
+                    out[a + name] = t[f"{ours}{mine}"]
+        else:  # KDA
+            m = f"{ours}mixer."
+            q, k, v, g_a, f_a, b = t[m + "w_in.weight"].split([qk, qk, hv * dv, rank, rank, hv])
+            out |= {a + "q_proj.weight": q, a + "k_proj.weight": k, a + "v_proj.weight": v, a + "b_proj.weight": b}
+            out |= {a + "g_a_proj.weight": g_a, a + "f_a_proj.weight": f_a}
+            out[a + "g_b_proj.weight"], out[a + "f_b_proj.weight"] = t[m + "g_b.weight"], t[m + "f_b.weight"]
+            for conv, x in zip(("q", "k", "v"), t[m + "conv"].split([qk, qk, hv * dv])):
+                out[f"{a}{conv}_conv1d.weight"] = x.unsqueeze(1)
+            out[a + "A_log"] = t[m + "A_log"].view(1, 1, hv, 1)
+            out[a + "dt_bias"] = t[m + "dt_bias"].reshape(hv * dk)
+            out[a + "o_norm.weight"], out[a + "o_proj.weight"] = t[m + "norm"], t[m + "w_out.weight"]
+        mlp = f"{theirs}block_sparse_moe."  # transformers writes the dense block's SwiGLU under this name too
+        if i < cfg.first_dense_layers:
+            for ours_w, theirs_w in SWIGLU:
+                out[f"{mlp}{theirs_w}.weight"] = t[f"{ours}mlp.{ours_w}"].T
+            continue
+        moe = f"{ours}moe."
+        out[mlp + "gate.weight"] = t[moe + "router.weight"]
+        if moe + "score_bias" in t:  # a buffer: in a state dict, not among the gradients
+            out[mlp + "gate.e_score_correction_bias"] = t[moe + "score_bias"]
+        for ours_w, theirs_w in SWIGLU:
+            for e, w in enumerate(t[f"{moe}experts.{ours_w}"]):  # the checkpoint's expert names: w1, w3, w2 as the project's
+                out[f"{mlp}experts.{e}.{ours_w}.weight"] = w.T
+            out[f"{mlp}shared_experts.{theirs_w}.weight"] = t[f"{moe}shared.{ours_w}"].T
+    return out
+
+
+def _kimi_linear_from_hf(cfg: ModelConfig, t: dict) -> dict:
+    p = cfg.sparse_params
+    hv, dk = p["v_heads"], p["head_k_dim"]
+    # the published checkpoint names its dense block's SwiGLU mlp.*, transformers writes block_sparse_moe.*: both load
+    t = {k.replace(".mlp.", ".block_sparse_moe."): v for k, v in t.items()}
+    out = _root_from_hf(cfg, _checked(t, _kimi_linear_to_hf(cfg, _shapes_only(cfg)).keys()))
+    for i, kind in enumerate(cfg.layer_types):
+        ours, theirs = f"blocks.{i}.", f"model.layers.{i}."
+        a = f"{theirs}self_attn."
+        out[f"{ours}attn_norm.weight"] = t.pop(f"{theirs}input_layernorm.weight")
+        out[f"{ours}moe_norm.weight"] = t.pop(f"{theirs}post_attention_layernorm.weight")
+        if kind == "F":
+            for mine, name in _mla(cfg):
+                if a + name in t:
+                    out[f"{ours}{mine}"] = t.pop(a + name)
+        else:
+            m = f"{ours}mixer."
+            names = ("q_proj", "k_proj", "v_proj", "g_a_proj", "f_a_proj", "b_proj")
+            out[m + "w_in.weight"] = torch.cat([t.pop(f"{a}{n}.weight") for n in names])
+            out[m + "g_b.weight"], out[m + "f_b.weight"] = t.pop(a + "g_b_proj.weight"), t.pop(a + "f_b_proj.weight")
+            out[m + "conv"] = torch.cat([t.pop(f"{a}{c}_conv1d.weight") for c in "qkv"]).squeeze(1)
+            out[m + "A_log"] = t.pop(a + "A_log").reshape(hv)
+            out[m + "dt_bias"] = t.pop(a + "dt_bias").reshape(hv, dk)
+            out[m + "norm"], out[m + "w_out.weight"] = t.pop(a + "o_norm.weight"), t.pop(a + "o_proj.weight")
+        mlp = f"{theirs}block_sparse_moe."
+        if i < cfg.first_dense_layers:
+            for ours_w, theirs_w in SWIGLU:
+                out[f"{ours}mlp.{ours_w}"] = t.pop(f"{mlp}{theirs_w}.weight").T.contiguous()
+            continue
+        moe = f"{ours}moe."
+        out[moe + "router.weight"] = t.pop(mlp + "gate.weight")
+        out[moe + "score_bias"] = t.pop(mlp + "gate.e_score_correction_bias")
+        for ours_w, theirs_w in SWIGLU:
+            out[f"{moe}experts.{ours_w}"] = torch.stack([t.pop(f"{mlp}experts.{e}.{ours_w}.weight").T for e in range(cfg.n_experts)])
+            out[f"{moe}shared.{ours_w}"] = t.pop(f"{mlp}shared_experts.{theirs_w}.weight").T.contiguous()
+    return out
+
+
+def _mla(cfg: ModelConfig) -> list[tuple[str, str]]:
+    """MLA's tensors (model.hybrid.LatentProjections): the project's name in a block, transformers'
+    in its self_attn; the biases among them are there where the model has them."""
+    query = [("latent.wq", "q_proj")] if cfg.q_lora_rank is None else [
+        ("latent.wq_a", "q_a_proj"), ("latent.q_norm", "q_a_layernorm"), ("latent.wq", "q_b_proj")
+    ]  # fmt: skip
+    parts = [
+        *query,
+        ("latent.wkv_a", "kv_a_proj_with_mqa"),
+        ("latent.kv_norm", "kv_a_layernorm"),
+        ("latent.wkv_b", "kv_b_proj"),
+        ("wo", "o_proj"),
+    ]
+    return [(f"{ours}.{kind}", f"{theirs}.{kind}") for ours, theirs in parts for kind in ("weight", "bias")]
+
+
 def _shapes_only(cfg: ModelConfig) -> dict:
     """The project's names of cfg's model, each a placeholder (to list transformers' names)."""
     from .hybrid import HybridMoE  # noqa: PLC0415 (the model imports nothing of this module)
@@ -225,7 +320,11 @@ def _checked(t: dict, expected) -> dict:
     return t
 
 
-ADAPTERS = {"gpt_oss": (_gpt_oss_to_hf, _gpt_oss_from_hf), "qwen3_next": (_qwen3_next_to_hf, _qwen3_next_from_hf)}
+ADAPTERS = {
+    "gpt_oss": (_gpt_oss_to_hf, _gpt_oss_from_hf),
+    "qwen3_next": (_qwen3_next_to_hf, _qwen3_next_from_hf),
+    "kimi_linear": (_kimi_linear_to_hf, _kimi_linear_from_hf),
+}
 
 
 def read_checkpoint(folder: str) -> dict[str, torch.Tensor]:

@@ -23,8 +23,9 @@ def tiny_hf_config(family: str, **changes):
         ),
         "kimi_linear": dict(
             vocab_size=97, hidden_size=64, intermediate_size=48, moe_intermediate_size=32, num_hidden_layers=5, num_attention_heads=4,
-            num_key_value_heads=4, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=12, num_local_experts=4,
-            num_experts_per_tok=2, linear_head_dim=8, linear_num_heads=4, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+            num_key_value_heads=4, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=12, num_local_experts=8,
+            num_experts_per_tok=2, n_group=4, topk_group=2, linear_head_dim=8, linear_num_heads=4, pad_token_id=0, bos_token_id=1,
+            eos_token_id=2,
         ),
         "gpt_oss": dict(
             vocab_size=97, hidden_size=64, intermediate_size=32, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
@@ -51,14 +52,19 @@ def torch_reference_paths() -> None:
     does). Idempotent."""
     import inspect
 
+    from transformers.models.kimi_linear import modeling_kimi_linear
     from transformers.models.qwen3_next import modeling_qwen3_next
 
-    for name in ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule"):
-        bound = getattr(modeling_qwen3_next, name)
-        raw = inspect.unwrap(bound)
-        if raw is bound:
-            continue
-        setattr(modeling_qwen3_next, name, taking_its_own(raw))
+    for module, names in (
+        (modeling_qwen3_next, ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule")),
+        (modeling_kimi_linear, ("chunk_kimi_delta_attention", "recurrent_kimi_delta_attention")),
+    ):
+        for name in names:
+            bound = getattr(module, name)
+            raw = inspect.unwrap(bound)
+            if raw is bound:
+                continue
+            setattr(module, name, taking_its_own(raw))
 
 
 def taking_its_own(fn):
@@ -72,7 +78,8 @@ def taking_its_own(fn):
 
 def drawn_hf_model(family: str, seed: int = 0, dtype=None, **changes):
     """tiny_hf_model(family) in `dtype` (as built where None) with every weight drawn from N(0, 0.2^2)
-    (seed + 1): its biases, sinks and norms too, which transformers starts at constants."""
+    (seed + 1): its biases, sinks and norms too, which transformers starts at constants, and Kimi
+    Linear's routing bias (a buffer, e_score_correction_bias), which it starts at zero."""
     import torch
 
     model = tiny_hf_model(family, seed, **changes)
@@ -81,6 +88,9 @@ def drawn_hf_model(family: str, seed: int = 0, dtype=None, **changes):
     with torch.no_grad():
         for p in model.parameters():
             p.copy_(torch.randn_like(p) * 0.2)
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                b.copy_(torch.randn_like(b) * 0.2)
     return model
 
 
@@ -118,6 +128,50 @@ def _in_float64(source: str) -> str:
     return source
 
 
+def _rebuilt_in_float64(module, names: dict[str, str]) -> dict:
+    """Each function ("def") or class ("class") of transformers' `module` named in `names`, rebuilt
+    from its own source with float32 made float64 (its decorators, which bind hub kernels, left
+    off), by name."""
+    import re
+
+    src = open(module.__file__).read()
+    ns = dict(module.__dict__)
+    for name, kw in names.items():
+        found = re.search(rf"^(?:@[^\n]*\n)*{kw} {name}\b.*?(?=^(?:def |class |@))", src, re.S | re.M)
+        body = re.sub(r"^@.*\n", "", found.group(0), flags=re.M)
+        exec(compile(_in_float64(body), module.__file__, "exec"), ns)
+    return {n: ns[n] for n in names}
+
+
+@contextlib.contextmanager
+def _patched(module, values: dict):
+    saved = {n: getattr(module, n) for n in values}
+    try:
+        for n, v in values.items():
+            setattr(module, n, v)
+        yield
+    finally:
+        for n, v in saved.items():
+            setattr(module, n, v)
+
+
+@contextlib.contextmanager
+def kimi_linear_in_float64():
+    """transformers' Kimi Linear as it is, but computing in float64 where its code computes in
+    float32 whatever the model's dtype: its chunked KDA rule, its RMSNorms (plain and gated), its
+    forget gate, its router (logits, sigmoid and weights) and its eager attention's softmax, each
+    rebuilt from its own source with float32 made float64. Build the model inside."""
+    from transformers.models.kimi_linear import modeling_kimi_linear as mk
+
+    torch_reference_paths()
+    names = {"chunk_kimi_delta_attention": "def", "eager_attention_forward": "def", "KimiLinearRMSNorm": "class",
+             "KimiLinearRMSNormGated": "class", "KimiLinearForgetGate": "class", "KimiLinearTopkRouter": "class"}  # fmt: skip
+    patched = _rebuilt_in_float64(mk, names)
+    patched["chunk_kimi_delta_attention"] = taking_its_own(patched["chunk_kimi_delta_attention"])
+    with _patched(mk, patched):
+        yield
+
+
 @contextlib.contextmanager
 def qwen3_next_in_float64():
     """transformers' Qwen3-Next as it is, but computing in float64 where its code computes in
@@ -125,26 +179,12 @@ def qwen3_next_in_float64():
     gated) and its rotary angles, each rebuilt from its own source with float32 made float64 (the
     router's softmax, the decay's softplus and the attention's softmax stay float32). Build the
     model inside: its rotary frequencies are computed as it is made."""
-    import re
-
     from transformers.models.qwen3_next import modeling_qwen3_next as mq
 
     torch_reference_paths()
-    src = open(mq.__file__).read()
     names = {"torch_chunk_gated_delta_rule": "def", "Qwen3NextRMSNorm": "class", "Qwen3NextRMSNormGated": "class",
              "Qwen3NextRotaryEmbedding": "class"}  # fmt: skip
-    ns = dict(mq.__dict__)
-    for name, kw in names.items():
-        found = re.search(rf"^(?:@.*\n)*{kw} {name}\b.*?(?=^(?:def |class |@))", src, re.S | re.M)
-        body = re.sub(r"^@.*\n", "", found.group(0), flags=re.M)  # its decorators bind hub kernels: not here
-        exec(compile(_in_float64(body), mq.__file__, "exec"), ns)
-    saved = {n: getattr(mq, n) for n in names}
-    patched = {n: ns[n] for n in names}
-    patched["torch_chunk_gated_delta_rule"] = taking_its_own(ns["torch_chunk_gated_delta_rule"])
-    try:
-        for n, v in patched.items():
-            setattr(mq, n, v)
+    patched = _rebuilt_in_float64(mq, names)
+    patched["torch_chunk_gated_delta_rule"] = taking_its_own(patched["torch_chunk_gated_delta_rule"])
+    with _patched(mq, patched):
         yield
-    finally:
-        for n, v in saved.items():
-            setattr(mq, n, v)

@@ -12,7 +12,7 @@ import os
 
 import pytest
 import torch
-from hf_utils import FAMILIES, drawn_hf_model, priced_params, qwen3_next_in_float64, tiny_hf_config, tiny_hf_model
+from hf_utils import FAMILIES, drawn_hf_model, kimi_linear_in_float64, priced_params, qwen3_next_in_float64, tiny_hf_config, tiny_hf_model
 
 from config import HardwareConfig, ModelConfig, SettingError, read_hf_config
 from config.hf import HF_MODELS
@@ -166,16 +166,21 @@ def test_hf_model_flag_runs_the_ablation_as_the_shipped_preset(tmp_path):
     assert first == second and len(first) > 0
 
 
-def test_hf_training_refuses_a_family_or_feature_the_runtime_does_not_build(tmp_path):
+def test_hf_training_refuses_a_feature_the_runtime_does_not_build(tmp_path):
     from model.hybrid import HybridMoE
 
-    with pytest.raises(SettingError, match="does not build kimi_linear's blocks"):
-        HybridMoE(read_hf_config(saved(tmp_path, "kimi_linear")))
-    with pytest.raises(SettingError, match=r"first_dense_layers \(--first-dense-layers\)=1: the runtime does not build dense first blocks"):
-        HybridMoE(ModelConfig.from_name("tiny", first_dense_layers=1, dense_ffn=16))
+    kimi = read_hf_config(saved(tmp_path, "kimi_linear"))
+    with pytest.raises(SettingError, match=r"does not build MLA with a rotary part"):
+        HybridMoE(kimi.replace(rotary_dim=None))
+    with pytest.raises(SettingError, match=r"does not build q/k head norms on MLA's heads"):
+        HybridMoE(kimi.replace(qk_norm=True))
+    with pytest.raises(SettingError, match=r"does not build the gated attention output with value heads of another size"):
+        HybridMoE(ModelConfig.from_name("tiny", attn_output_gate=True, v_head_dim=4))
+    with pytest.raises(SettingError, match=r"does not build unknown's blocks"):
+        HybridMoE(ModelConfig.from_name("tiny", architecture="unknown"))
 
 
-BUILT = ("gpt_oss", "qwen3_next")  # the families whose blocks the runtime builds
+BUILT = FAMILIES  # the families whose blocks the runtime builds: all three
 
 
 def hf_pair(tmp_path, family: str, seed: int = 0, **changes):
@@ -207,8 +212,13 @@ def test_hf_logits_and_gradients_match_transformers(tmp_path, family):
     float64 (hf_utils.qwen3_next_in_float64: its own code with float32 made float64); its router's
     softmax, its decay's softplus and its attention's softmax stay float32 (measured here: 6e-7 on
     the logits and the gradients; 1.7e-5 on the logits and 2.6e-4 on a convolution's gradient with
-    all of its float32)."""
-    with qwen3_next_in_float64() if family == "qwen3_next" else contextlib.nullcontext():
+    all of its float32). Kimi Linear (MLA with value heads of their own size and no rotary, KDA
+    layers, a dense first block, a sigmoid router choosing among groups with its bias, scaled, a
+    shared expert) within 1e-12, against transformers' model with every float32 of its code made
+    float64 (hf_utils.kimi_linear_in_float64; measured here: 9e-16 on the logits, 2e-16 on the
+    gradients; the routing bias left at zero or the scaling at 1 moves the logits by 0.5 or more)."""
+    rebuilt = {"qwen3_next": qwen3_next_in_float64, "kimi_linear": kimi_linear_in_float64}.get(family, contextlib.nullcontext)
+    with rebuilt():
         compare_with_transformers(tmp_path, family)
 
 
@@ -230,7 +240,7 @@ def compare_with_transformers(tmp_path, family: str) -> None:
     h, _ = ours(tokens, place)
     mine = ours.logits(h)
     want = torch.cat([theirs(input_ids=s[None]).logits[0] for s in samples])
-    tol = 1e-6 if family == "gpt_oss" else 2e-6
+    tol = {"gpt_oss": 1e-6, "qwen3_next": 2e-6, "kimi_linear": 1e-12}[family]
     torch.testing.assert_close(mine, want, rtol=tol, atol=tol)
 
     ours.loss(tokens, labels, place, count).backward()

@@ -1,9 +1,10 @@
-"""gpt-oss and Qwen3-Next, read from their Hugging Face configs with their weights from a
-transformers checkpoint, trained a step on gloo: 8 ranks in nodes of 2, every mode's plan (each
-distinct layout once; wide parents replicate the 2 key/value heads, halo children pass gpt-oss's
-window's rows and Qwen3-Next's linear states, every rank slices the attention sinks of the query
-heads it holds), replicated and under FSDP2 with expert parallelism, against the single-process
-model, which tests/test_hf.py holds to transformers'."""
+"""gpt-oss, Qwen3-Next and Kimi Linear, read from their Hugging Face configs with their weights
+from a transformers checkpoint, trained a step on gloo: 8 ranks in nodes of 2, every mode's plan
+(each distinct layout once; wide parents replicate the 2 key/value heads, or move MLA's heads of
+two sizes; halo children pass gpt-oss's window's rows and the linear layers' states, every rank
+slices the attention sinks of the query heads it holds), replicated and under FSDP2 with expert
+parallelism (Kimi Linear's dense first block holds no experts), against the single-process model,
+which tests/test_hf.py holds to transformers'."""
 
 from __future__ import annotations
 
@@ -32,6 +33,17 @@ ATTENTION = dict(num_attention_heads=8, num_key_value_heads=2, head_dim=8)
 SHAPES = {
     "gpt_oss": dict(ATTENTION, sliding_window=6),
     "qwen3_next": dict(ATTENTION, linear_num_key_heads=4, linear_num_value_heads=8, linear_key_head_dim=4, linear_value_head_dim=4),
+    # MLA's 8 heads, q/k of 8 and v of 6 (element j of every head a part of the exchange); KDA's 8 heads
+    "kimi_linear": dict(
+        num_attention_heads=8,
+        num_key_value_heads=8,
+        qk_nope_head_dim=4,
+        qk_rope_head_dim=4,
+        v_head_dim=6,
+        kv_lora_rank=8,
+        linear_num_heads=8,
+        linear_head_dim=4,
+    ),
 }
 
 
