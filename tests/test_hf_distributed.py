@@ -16,7 +16,7 @@ from config import Cluster, HardwareConfig, read_hf_config
 from kernels.exchange import ExchangeGroups
 from model import HybridMoE, LocalPlacement, next_token_labels
 from model.distributed import run_step
-from model.hf import from_hf
+from model.hf import load_hf
 from model.sharding import full_tensor, shard_model
 from solver import CostModel, make_plan, samples_from_lengths
 from solver.modes import MODES
@@ -55,14 +55,15 @@ def save_checkpoint(folder, family: str = "gpt_oss") -> str:
     return str(folder)
 
 
-def load(folder: str, ep: int = 1, rank: int = 0) -> HybridMoE:
-    """The project's model of the checkpoint in `folder` (every rank loads the same file), float64."""
-    from safetensors.torch import load_file
-
-    cfg = read_hf_config(folder)
-    model = HybridMoE(cfg).double()
-    model.load_state_dict(from_hf(cfg, {k: v.double() for k, v in load_file(f"{folder}/model.safetensors").items()}))
-    return model.expert_parallel(ep, rank) if ep > 1 else model
+def load(folder: str, ep: int = 1, rank: int = 0, sharded: bool = False) -> HybridMoE:
+    """The project's model of the checkpoint in `folder`, float64, loaded as --init-from loads it
+    (model.hf.load_hf: every rank reads the file, keeps its expert-parallel slot's experts and puts
+    each tensor into its FSDP2 shards where `sharded`)."""
+    model = HybridMoE(read_hf_config(folder)).double()
+    model = model.expert_parallel(ep, rank) if ep > 1 else model
+    model = shard_model(model, torch.device("cpu")) if sharded else model
+    load_hf(model, folder)
+    return model
 
 
 def sample_tokens(vocab: int) -> dict[int, np.ndarray]:
@@ -105,7 +106,7 @@ def _body(rank, world, folder, ref):
     per = cfg.n_experts // ep
     mine = slice((rank % ep) * per, (rank % ep + 1) * per)
     for plan in [by_mode["choose"]]:  # the per-parent choice: repacked and halo children
-        model = shard_model(load(folder, ep, rank), torch.device("cpu"))
+        model = load(folder, ep, rank, sharded=True)
         loss = run_step(model, plan, toks, groups, "torch", "torch")
         torch.testing.assert_close(loss, ref_loss, rtol=1e-10, atol=1e-12, msg=f"fsdp ep2 {plan.label}")
         for n, p in model.named_parameters():
@@ -121,7 +122,8 @@ def test_hf_model_from_a_transformers_checkpoint_trains_in_every_mode_as_one_pro
 
 
 @pytest.mark.slow
-def test_hf_train_driver_starts_from_a_transformers_checkpoint_and_writes_one_transformers_loads(tmp_path):
+@pytest.mark.parametrize("family", ["gpt_oss", "kimi_linear"])  # biases and sinks; a dense block, MLA, a routing buffer
+def test_hf_train_driver_starts_from_a_transformers_checkpoint_and_writes_one_transformers_loads(tmp_path, family):
     """experiments.train --model hf:DIR --init-from hf:DIR on 4 ranks in nodes of 2 (FSDP2, EP2),
     every mode of one step (--mode all takes no optimizer step): each mode's loss is the one-rank
     run's; --save-hf writes the weights it loaded back bit for bit under transformers' names, and
@@ -132,7 +134,7 @@ def test_hf_train_driver_starts_from_a_transformers_checkpoint_and_writes_one_tr
     from experiments.common.results import read_run
     from tests.dist_utils import forked_driver
 
-    ckpt = save_checkpoint(tmp_path / "in")
+    ckpt = save_checkpoint(tmp_path / "in", family)
     trace = tmp_path / "step.csv"
     trace.write_text("step,length\n" + "".join(f"0,{n}\n" for n in (100, 23, 17, 9, 7, 5, 3, 2, 1)))  # 100 > a node's 2 x 48
     common = ("--model", f"hf:{ckpt}", "--init-from", f"hf:{ckpt}", "--trace", str(trace), "--mode", "all", "--steps", "1")
