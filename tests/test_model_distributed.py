@@ -27,12 +27,11 @@ WORLD, NODE = 8, 2
 CFG = ModelConfig.from_name("tiny", aux_loss_coef=0.01)
 # grouped-query attention with 2 key/value heads: the SP8 parent replicates each over 4 ranks, the
 # SP4 groups over 2, the SP2 children split them
-GQA = ModelConfig.from_name("tiny-gqa", aux_loss_coef=0.01)
-# value heads of their own size (MLA's kind of heads, here with GQA and a window): the exchanges move
-# element j of every q, k and v head as a part (solver.kinds.attention_parts), halo rows a token's
-# keys and values flattened
-GQA_V = GQA.replace(v_head_dim=12)
-CONFIGS = {"mha": CFG, "gqa": GQA, "gqa-v": GQA_V}
+# and value heads of their own size, 12 beside q/k heads of 8 (MLA's kind of heads): the exchanges
+# move element j of every q, k and v head as a part (solver.kinds.attention_parts), halo rows a
+# token's keys and values flattened (GQA with one head size: tests/test_strategies_distributed.py)
+GQA = ModelConfig.from_name("tiny-gqa", aux_loss_coef=0.01, v_head_dim=12)
+CONFIGS = {"mha": CFG, "gqa": GQA}
 LENGTHS = [61, 23, 17, 9, 7, 5, 3, 2, 1, 11]
 
 
@@ -102,13 +101,10 @@ def _body(rank, world, refs):
         model_distributed.BUCKET_BYTES = 25 << 20 if name == "mha" else 5000
         ref_loss, ref_grads = refs[name]
         counts = {}
-        # every mode's solver plan for the plain heads (each layout once); for GQA the solver's plan
-        # and the hand-made ones, which already hold the replicated (SP8) and split (SP2) key/value heads;
-        # for GQA with v's own size, those and a plan with a halo child
+        # every mode's solver plan for the plain heads (each layout once); for GQA a solver plan with
+        # a halo child and the hand-made ones, which hold the replicated (SP8) and split (SP2) key/value heads
         plans = distinct_layouts(solver_plans(cfg))
-        if name == "gqa":
-            plans = solver_plans(cfg)[2:3]
-        elif name == "gqa-v":  # one plan with a halo child (v's rows flattened into the halo's)
+        if name == "gqa":  # one plan with a halo child (v's rows flattened into the halo's)
             plans = [p for p in plans if any(c.halo for par in p.parents for c in par.children)][:1]
         for plan in plans + [base, rep]:
             # the Triton kernels move data bit-exactly like the torch pack, for plain and replicated
@@ -149,8 +145,6 @@ def _body(rank, world, refs):
         # baseline every rank holds a slice of the 8-rank parent's tokens and sends some to other nodes
         assert r.inter_node_bytes(sites_of(Family.SPARSE)) == 0
         assert b.inter_node_bytes(sites_of(Family.SPARSE)) > 0
-        if name == "gqa-v":
-            continue
         # with full recompute each exchange's forward runs again in the backward: priced so too
         recounted = CommStats(gpus_per_node=NODE)
         run_step(make_model(cfg, "full"), rep, sample_tokens(LENGTHS), groups, "torch", "torch", recounted)
@@ -190,7 +184,7 @@ def test_solver_plans_cover_the_cases_the_equivalence_test_claims():
         plans = solver_plans(cfg)
         assert any(p.group.size > NODE for plan in plans for p in plan.parents), "a parent must span emulated nodes"
     assert any(p.group.size > GQA.n_kv_heads for plan in solver_plans(GQA) for p in plan.parents), "a group must replicate KV heads"
-    assert any(c.halo for plan in solver_plans(GQA_V) for p in plan.parents for c in p.children), "a halo child must pass v's rows"
+    assert any(c.halo for plan in solver_plans(GQA) for p in plan.parents for c in p.children), "a halo child must pass v's rows"
     base, rep = hand_plans()
     assert rep.parents[0].repacked and all(c.size <= NODE for c in rep.parents[0].children)
 
