@@ -95,8 +95,10 @@ def _body(rank, world, folder, ref):
     layouts = distinct_layouts(by_mode.values())
     assert any(p.group.size > NODE for plan in layouts for p in plan.parents), "a parent must span nodes"
     assert any(c.halo for plan in layouts for p in plan.parents for c in p.children), "a halo child must pass rows (and states)"
+    once = load(folder).state_dict()  # the checkpoint as --init-from loads it, read once; each plan's model a copy
     for plan in layouts + list(hand_plans()):  # and one parent over all 8 ranks, repacked or not
-        model = load(folder)
+        model = HybridMoE(cfg).double()
+        model.load_state_dict(once)
         loss = run_step(model, plan, toks, groups, "torch", "torch")
         torch.testing.assert_close(loss, ref_loss, rtol=1e-10, atol=1e-12, msg=plan.label)
         for n, p in model.named_parameters():
