@@ -39,8 +39,15 @@ SHAPES = {
     # MLA's 8 heads, q/k of 8 and v of 6 (element j of every head a part of the exchange); KDA's 8 heads
     # (4 layers: the dense first block, a full layer among three KDA layers)
     "kimi_linear": dict(
-        num_attention_heads=8, num_key_value_heads=8, qk_nope_head_dim=4, qk_rope_head_dim=4, v_head_dim=6, kv_lora_rank=8,
-        linear_num_heads=8, linear_head_dim=4, num_hidden_layers=4,
+        num_attention_heads=8,
+        num_key_value_heads=8,
+        qk_nope_head_dim=4,
+        qk_rope_head_dim=4,
+        v_head_dim=6,
+        kv_lora_rank=8,
+        linear_num_heads=8,
+        linear_head_dim=4,
+        num_hidden_layers=4,
         layer_types=["linear_attention", "full_attention", "linear_attention", "linear_attention"],
     ),  # fmt: skip
 }
