@@ -49,7 +49,7 @@ SHAPES = {
         linear_head_dim=4,
         num_hidden_layers=4,
         layer_types=["linear_attention", "full_attention", "linear_attention", "linear_attention"],
-    ),  # fmt: skip
+    ),
 }
 
 
