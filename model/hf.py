@@ -4,8 +4,8 @@ query/key/value projection, the experts' gate and up projections apart).
 
     to_hf(cfg, tensors)    the project's tensors (a state dict, or its gradients) -> transformers' names
     from_hf(cfg, tensors)  transformers' tensors -> the project's names, as HybridMoE.load_state_dict takes them
-    load_hf(model, folder) a checkpoint's weights into the model, replicated or sharded (FSDP2, EP);
-                           a part it does not build (Qwen3-Next's mtp.*) left out, saying so
+    load_hf(model, folder) a checkpoint's weights into the model, replicated or sharded (FSDP2, EP),
+                           a block at a time; a part it does not build (Qwen3-Next's mtp.*) left out, saying so
     save_hf(model, folder) the model's weights as a checkpoint transformers loads (collective)
 
 Both are exact (a copy or a slice of each element, no arithmetic), so project -> Hugging Face ->
@@ -24,6 +24,7 @@ import torch.distributed as dist
 
 from config import ModelConfig, SettingError
 from config.hf import to_hf_dict
+from solver.cluster import InternalError
 
 from .experts import Experts
 
@@ -50,19 +51,80 @@ def to_hf(cfg: ModelConfig, tensors: dict[str, torch.Tensor]) -> dict[str, torch
 UNBUILT_PARTS = {"qwen3_next": ("mtp.", "its multi-token-prediction head")}
 
 
-def unbuilt(cfg: ModelConfig, tensors: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], list[str], str]:
+class Tensors:
+    """A checkpoint's tensors by name, each made only when an adapter takes it (pop): read from its
+    file (Tensors.files: safetensors' safe_open reads that one tensor), or a dict's. An adapter
+    takes each tensor once and hands what it makes from it to `into` (a dict, or load_hf's writer
+    into the model's shards), so a loader holds the tensors of the part it is converting (a block's
+    experts at most), never the whole checkpoint."""
+
+    def __init__(self, getters: dict, into=None):
+        self._get = getters
+        self.into = {} if into is None else into  # where the adapter puts the project's tensors
+
+    @classmethod
+    def of(cls, tensors, into=None) -> Tensors:
+        """A dict's tensors (the dict itself is left as it is)."""
+        if isinstance(tensors, Tensors):
+            return cls(dict(tensors._get), into if into is not None else tensors.into)
+        return cls({k: (lambda v=v: v) for k, v in tensors.items()}, into)
+
+    @classmethod
+    def files(cls, paths: list[str]) -> Tensors:
+        """The tensors of these safetensors files, each read when taken."""
+        from safetensors import safe_open  # noqa: PLC0415 (transformers' dependency; needed only here)
+
+        def reader(path, name):
+            def read():
+                with safe_open(path, framework="pt") as f:
+                    return f.get_tensor(name)
+
+            return read
+
+        getters = {}
+        for path in paths:
+            with safe_open(path, framework="pt") as f:
+                getters |= {name: reader(path, name) for name in f.keys()}  # noqa: SIM118 (safe_open is no dict)
+        return cls(getters)
+
+    def __iter__(self):
+        return iter(self._get)
+
+    def __len__(self) -> int:
+        return len(self._get)
+
+    def __contains__(self, name) -> bool:
+        return name in self._get
+
+    def keys(self):
+        return self._get.keys()
+
+    def pop(self, name: str) -> torch.Tensor:
+        return self._get.pop(name)()
+
+    def renamed(self, rename) -> Tensors:
+        """The same tensors under rename(name)."""
+        return Tensors({rename(k): v for k, v in self._get.items()}, self.into)
+
+    def without(self, names) -> Tensors:
+        names = set(names)
+        return Tensors({k: v for k, v in self._get.items() if k not in names}, self.into)
+
+
+def unbuilt(cfg: ModelConfig, tensors) -> tuple[Tensors, list[str], str]:
     """(tensors without those of a part the project does not build, their names, the part in words)."""
     prefix, what = UNBUILT_PARTS.get(cfg.architecture, (None, ""))
+    tensors = Tensors.of(tensors)
     left = sorted(k for k in tensors if prefix is not None and k.startswith(prefix))
-    kept = {k: v for k, v in tensors.items() if prefix is None or not k.startswith(prefix)}
-    return kept, left, what
+    return tensors.without(left), left, what
 
 
-def from_hf(cfg: ModelConfig, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """transformers' tensors of cfg's family under the project's names; SettingError naming a
+def from_hf(cfg: ModelConfig, tensors, into=None):
+    """transformers' tensors of cfg's family (a dict, or Tensors) under the project's names, put
+    into `into` one by one as each is made (default: a new dict, returned); SettingError naming a
     tensor that is missing or left over (nothing is dropped: unbuilt() takes a part the project
     does not build out first, by name)."""
-    return ADAPTERS[_family(cfg)][1](cfg, dict(tensors))
+    return ADAPTERS[_family(cfg)][1](cfg, Tensors.of(tensors, into))
 
 
 def _root_to_hf(cfg: ModelConfig, t: dict) -> dict:
@@ -72,8 +134,9 @@ def _root_to_hf(cfg: ModelConfig, t: dict) -> dict:
     return out
 
 
-def _root_from_hf(cfg: ModelConfig, t: dict) -> dict:
-    out = {"embed.weight": t.pop("model.embed_tokens.weight"), "norm.weight": t.pop("model.norm.weight")}
+def _root_from_hf(cfg: ModelConfig, t: Tensors):
+    out = t.into
+    out["embed.weight"], out["norm.weight"] = t.pop("model.embed_tokens.weight"), t.pop("model.norm.weight")
     if not cfg.tie_embeddings:
         out["lm_head.weight"] = t.pop("lm_head.weight")
     return out
@@ -250,7 +313,7 @@ def _kimi_linear_from_hf(cfg: ModelConfig, t: dict) -> dict:
     p = cfg.sparse_params
     hv, dk = p["v_heads"], p["head_k_dim"]
     # the published checkpoint names its dense block's SwiGLU mlp.*, transformers writes block_sparse_moe.*: both load
-    t = {k.replace(".mlp.", ".block_sparse_moe."): v for k, v in t.items()}
+    t = t.renamed(lambda k: k.replace(".mlp.", ".block_sparse_moe."))
     out = _root_from_hf(cfg, _checked(t, _kimi_linear_to_hf(cfg, _shapes_only(cfg)).keys()))
     for i, kind in enumerate(cfg.layer_types):
         ours, theirs = f"blocks.{i}.", f"model.layers.{i}."
@@ -327,11 +390,9 @@ ADAPTERS = {
 }
 
 
-def read_checkpoint(folder: str) -> dict[str, torch.Tensor]:
-    """Every tensor of a Hugging Face checkpoint: DIR/model.safetensors, or the files its index
-    (model.safetensors.index.json) lists; SettingError naming what is missing."""
-    from safetensors.torch import load_file  # noqa: PLC0415 (transformers' dependency; needed only here)
-
+def read_checkpoint(folder: str) -> Tensors:
+    """Every tensor of a Hugging Face checkpoint, each read when taken: DIR/model.safetensors, or
+    the files its index (model.safetensors.index.json) lists; SettingError naming what is missing."""
     index = os.path.join(folder, INDEX)
     if os.path.isfile(index):
         with open(index) as f:
@@ -340,31 +401,51 @@ def read_checkpoint(folder: str) -> dict[str, torch.Tensor]:
         files = [WEIGHTS]
     else:
         raise SettingError(f"--init-from hf:{folder}: no {WEIGHTS} or {INDEX} in it (a Hugging Face checkpoint's weights)")
-    out: dict[str, torch.Tensor] = {}
-    for name in files:
-        out.update(load_file(os.path.join(folder, name)))
-    return out
+    return Tensors.files([os.path.join(folder, name) for name in files])
+
+
+class _IntoModel:
+    """load_hf's `into`: each of the project's tensors, as the adapter makes it, cast to the
+    model's dtype, cut to the rank's expert-parallel slot (experts) and copied into the rank's part
+    of the parameter or buffer (its FSDP2 shard: torch's distribute_tensor cuts the local part of
+    the full tensor every rank holds alike, no communication), then dropped."""
+
+    def __init__(self, model):
+        self.targets = dict(model.state_dict(keep_vars=True))
+        held = next(m for m in model.modules() if isinstance(m, Experts))  # every block holds the same slot
+        self.slot = slice(held.first, held.first + held.count) if held.count < model.cfg.n_experts else None
+
+    def __setitem__(self, name: str, full: torch.Tensor) -> None:
+        from torch.distributed.tensor import DTensor, distribute_tensor  # noqa: PLC0415
+
+        target = self.targets.pop(name)  # the adapter makes each once (_checked holds its names to the model's)
+        if self.slot is not None and ".moe.experts." in name:
+            full = full[self.slot]
+        full = full.to(target.dtype)
+        with torch.no_grad():
+            if isinstance(target, DTensor):
+                target.copy_(distribute_tensor(full, target.device_mesh, target.placements, src_data_rank=None))
+            else:
+                target.copy_(full)
+
+    def check_done(self, folder: str) -> None:
+        if self.targets:
+            raise InternalError(f"--init-from {folder}: the adapter left {sorted(self.targets)[:4]} of the model unset")
 
 
 def load_hf(model, folder: str) -> None:
     """The weights of the Hugging Face checkpoint in `folder` into `model` (HybridMoE, replicated or
-    sharded by FSDP2, its experts split over an expert-parallel group or not): every rank reads the
-    file, takes the project's names (from_hf) and its expert-parallel slot's experts, and
-    torch.distributed.checkpoint's set_model_state_dict puts each full tensor into its shards."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict  # noqa: PLC0415
-
+    sharded by FSDP2, its experts split over an expert-parallel group or not), one tensor at a time:
+    every rank reads each tensor of the file as the adapter takes it (read_checkpoint), converts it
+    (from_hf) and copies its expert-parallel slot's experts and its FSDP2 shard into the model
+    (_IntoModel): a rank holds the block it converts, not the checkpoint."""
     cfg = model.cfg
     tensors, left, what = unbuilt(cfg, read_checkpoint(folder))
     if left and (not dist.is_initialized() or dist.get_rank() == 0):
         print(f"--init-from {folder}: {len(left)} tensors of {what} ({left[0]}, ...) left out: the project neither prices nor trains it")
-    tensors = from_hf(cfg, tensors)
-    held = next(m for m in model.modules() if isinstance(m, Experts))  # every block holds the same slot
-    if held.count < cfg.n_experts:  # expert-parallel: the experts of the slot this rank holds (HybridMoE.expert_parallel)
-        mine = slice(held.first, held.first + held.count)
-        tensors = {k: v[mine] if ".moe.experts." in k else v for k, v in tensors.items()}
-    dtype = next(model.parameters()).dtype
-    tensors = {k: v.to(dtype) for k, v in tensors.items()}
-    set_model_state_dict(model, tensors, options=StateDictOptions(full_state_dict=True, strict=True))
+    into = _IntoModel(model)
+    from_hf(cfg, tensors, into)
+    into.check_done(folder)
 
 
 def save_hf(model, folder: str) -> None:

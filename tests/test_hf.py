@@ -314,3 +314,56 @@ def test_hf_load_leaves_out_qwen3_nexts_prediction_head_saying_so_and_nothing_el
     save_file({**weights, "model.extra.weight": torch.ones(2)}, str(tmp_path / "model.safetensors"))
     with pytest.raises(SettingError, match=r"left over \['model.extra.weight'\]"):
         load_hf(HybridMoE(cfg).double(), str(tmp_path))
+
+
+@pytest.mark.parametrize("family", BUILT)
+def test_hf_load_holds_one_block_of_the_checkpoint_at_a_time(tmp_path, family):
+    """--init-from's loader streams (model.hf.load_hf): each tensor is read from the file when the
+    adapter takes it and handed on converted, so the bytes taken and not yet handed on never exceed
+    the largest block's (or the largest tensor outside the blocks), where reading the file first
+    would hold the whole checkpoint; and the model it fills equals the one load_state_dict fills."""
+    import re
+
+    from safetensors.torch import load_file, save_file
+
+    from model.hf import Tensors, from_hf, read_checkpoint
+    from model.hybrid import HybridMoE
+
+    theirs, ours, cfg = hf_pair(tmp_path, family)
+    path = str(tmp_path / "model.safetensors")
+    listed, weights = read_checkpoint(str(tmp_path)), load_file(path)
+    save_file({**weights, "model.norm.weight": torch.zeros_like(weights["model.norm.weight"])}, path)
+    assert not listed.pop("model.norm.weight").any()  # read when taken, not when listed
+    save_file(weights, path)
+    files = read_checkpoint(str(tmp_path))
+    sizes = {}
+    held, peak = [0], [0]
+
+    def counted(name, get):
+        def take():
+            t = get()
+            sizes[name] = t.numel()
+            held[0] += t.numel()
+            peak[0] = max(peak[0], held[0])
+            return t
+
+        return take
+
+    class Into(dict):
+        def __setitem__(self, name, t):
+            held[0] -= t.numel()
+            super().__setitem__(name, t)
+
+    tensors = Tensors({k: counted(k, g) for k, g in files._get.items()})
+    made = from_hf(cfg, tensors, Into())
+    assert held[0] == 0 and len(sizes) == len(files)  # every tensor taken, and every element handed on
+    blocks: dict[str, int] = {}
+    for name, n in sizes.items():
+        m = re.match(r"model\.layers\.(\d+)\.", name)
+        key = m.group(1) if m else name
+        blocks[key] = blocks.get(key, 0) + n
+    assert peak[0] <= max(blocks.values()) < sum(sizes.values()) / 2, (peak[0], max(blocks.values()), sum(sizes.values()))
+    fresh = HybridMoE(cfg).double()
+    fresh.load_state_dict(made)
+    for name, t in ours.state_dict().items():
+        assert torch.equal(fresh.state_dict()[name], t), name
