@@ -40,9 +40,10 @@ def _family(cfg: ModelConfig) -> str:
     return cfg.architecture
 
 
-def to_hf(cfg: ModelConfig, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The project's tensors (HybridMoE's names) under transformers' names for cfg's family."""
-    return ADAPTERS[_family(cfg)][0](cfg, tensors)
+def to_hf(cfg: ModelConfig, tensors, into=None):
+    """The project's tensors (HybridMoE's names; a dict, or Tensors) under transformers' names for
+    cfg's family, put into `into` one by one as each is made (default: a new dict, returned)."""
+    return ADAPTERS[_family(cfg)][0](cfg, Tensors.of(tensors, into))
 
 
 # a checkpoint's tensors of parts the project neither prices nor trains, which transformers skips
@@ -102,6 +103,9 @@ class Tensors:
     def pop(self, name: str) -> torch.Tensor:
         return self._get.pop(name)()
 
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return self._get[name]()
+
     def renamed(self, rename) -> Tensors:
         """The same tensors under rename(name)."""
         return Tensors({rename(k): v for k, v in self._get.items()}, self.into)
@@ -127,8 +131,9 @@ def from_hf(cfg: ModelConfig, tensors, into=None):
     return ADAPTERS[_family(cfg)][1](cfg, Tensors.of(tensors, into))
 
 
-def _root_to_hf(cfg: ModelConfig, t: dict) -> dict:
-    out = {"model.embed_tokens.weight": t["embed.weight"], "model.norm.weight": t["norm.weight"]}
+def _root_to_hf(cfg: ModelConfig, t: Tensors):
+    out = t.into
+    out["model.embed_tokens.weight"], out["model.norm.weight"] = t["embed.weight"], t["norm.weight"]
     if not cfg.tie_embeddings:
         out["lm_head.weight"] = t["lm_head.weight"]
     return out
@@ -166,7 +171,7 @@ def _gpt_oss_to_hf(cfg: ModelConfig, t: dict) -> dict:
 
 
 def _gpt_oss_from_hf(cfg: ModelConfig, t: dict) -> dict:
-    out = _root_from_hf(cfg, _checked(t, _gpt_oss_to_hf(cfg, _shapes_only(cfg)).keys()))
+    out = _root_from_hf(cfg, _checked(t, to_hf(cfg, _shapes_only(cfg)).keys()))
     for i in range(cfg.n_layers):
         ours, theirs = f"blocks.{i}.", f"model.layers.{i}."
         for kind in ("weight", "bias"):
@@ -234,7 +239,7 @@ def _qwen3_next_from_hf(cfg: ModelConfig, t: dict) -> dict:
     p = cfg.sparse_params
     hk, hv, dk, dv = p["k_heads"], p["v_heads"], p["head_k_dim"], p["head_v_dim"]
     r = hv // hk
-    out = _root_from_hf(cfg, _checked(t, _qwen3_next_to_hf(cfg, _shapes_only(cfg)).keys()))
+    out = _root_from_hf(cfg, _checked(t, to_hf(cfg, _shapes_only(cfg)).keys()))
     for i, kind in enumerate(cfg.layer_types):
         ours, theirs = f"blocks.{i}.", f"model.layers.{i}."
         out[f"{ours}attn_norm.weight"] = t.pop(f"{theirs}input_layernorm.weight")
@@ -314,7 +319,7 @@ def _kimi_linear_from_hf(cfg: ModelConfig, t: dict) -> dict:
     hv, dk = p["v_heads"], p["head_k_dim"]
     # the published checkpoint names its dense block's SwiGLU mlp.*, transformers writes block_sparse_moe.*: both load
     t = t.renamed(lambda k: k.replace(".mlp.", ".block_sparse_moe."))
-    out = _root_from_hf(cfg, _checked(t, _kimi_linear_to_hf(cfg, _shapes_only(cfg)).keys()))
+    out = _root_from_hf(cfg, _checked(t, to_hf(cfg, _shapes_only(cfg)).keys()))
     for i, kind in enumerate(cfg.layer_types):
         ours, theirs = f"blocks.{i}.", f"model.layers.{i}."
         a = f"{theirs}self_attn."
@@ -448,28 +453,102 @@ def load_hf(model, folder: str) -> None:
     into.check_done(folder)
 
 
-def save_hf(model, folder: str) -> None:
-    """`model`'s weights as a Hugging Face checkpoint in `folder` (config.json from its settings,
-    config.hf.to_hf_dict; model.safetensors, to_hf's names): collective, every rank gathers each
-    tensor whole (FSDP2's shards, then every expert-parallel slot's experts), rank 0 writes."""
-    from safetensors.torch import save_file  # noqa: PLC0415
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict  # noqa: PLC0415
-    from torch.distributed.tensor import DTensor  # noqa: PLC0415
+SHARD_BYTES = 5 << 30  # a written file's size at most (one tensor larger stands alone), as transformers' save_pretrained shards
 
+
+def save_hf(model, folder: str, shard_bytes: int = SHARD_BYTES) -> None:
+    """`model`'s weights as a Hugging Face checkpoint in `folder` (config.json from its settings,
+    config.hf.to_hf_dict; to_hf's names and layout), a tensor at a time: collective, every rank
+    takes part in making each tensor whole (FSDP2's shards gathered; the other expert-parallel
+    slots' experts sent to rank 0 by the ranks 1..ep-1 that hold them) as the adapter asks for it,
+    and rank 0 hands each of the adapter's tensors to _Shards, which writes a file whenever it
+    holds shard_bytes: model.safetensors where one file holds them all, else transformers' shards
+    and their index. Rank 0 holds a file's worth and one block, the other ranks a tensor."""
     cfg = model.cfg
     config = to_hf_dict(cfg)  # first: a model it cannot write fails before any collective
-    state = get_model_state_dict(model) if dist.is_initialized() else model.state_dict()
-    whole = {k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().cpu().contiguous() for k, v in state.items()}
-    ep = getattr(model, "ep", 1)
-    if ep > 1:  # every slot's experts: rank r holds slot r mod ep, so ranks 0..ep-1 hold them all, in order
-        for k in sorted(k for k in whole if ".moe.experts." in k):
-            parts = [torch.empty_like(whole[k]) for _ in range(dist.get_world_size())]
-            dist.all_gather(parts, whole[k])
-            whole[k] = torch.cat(parts[:ep])
-    if not dist.is_initialized() or dist.get_rank() == 0:
+    rank0 = not dist.is_initialized() or dist.get_rank() == 0
+    if rank0:
         os.makedirs(folder, exist_ok=True)
         with open(os.path.join(folder, "config.json"), "w") as f:
             json.dump(config, f, indent=2, sort_keys=True)
-        save_file({k: v.contiguous() for k, v in to_hf(cfg, whole).items()}, os.path.join(folder, WEIGHTS), metadata={"format": "pt"})
+    into = _Shards(folder, shard_bytes, rank0)
+    to_hf(cfg, _whole_tensors(model, rank0), into)
+    into.close()
     if dist.is_initialized():
         dist.barrier()
+
+
+def _whole_tensors(model, rank0: bool) -> Tensors:
+    """The model's tensors by name, each made whole when the adapter asks for it (every rank asks
+    in the same order: each is a collective), on rank 0; elsewhere a placeholder of its shape."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict  # noqa: PLC0415
+    from torch.distributed.tensor import DTensor  # noqa: PLC0415
+
+    state = get_model_state_dict(model) if dist.is_initialized() else model.state_dict()
+    ep = getattr(model, "ep", 1)
+
+    def whole(name):
+        v = state[name]
+        v = (v.full_tensor() if isinstance(v, DTensor) else v).detach()
+        if ep > 1 and ".moe.experts." in name:  # rank r holds slot r mod ep: ranks 1..ep-1 send theirs to rank 0
+            rank = dist.get_rank()
+            if rank0:
+                parts = [v] + [torch.empty_like(v) for _ in range(1, ep)]
+                for src in range(1, ep):
+                    dist.recv(parts[src], src=src)
+                v = torch.cat(parts)
+            else:
+                if rank < ep:
+                    dist.send(v.contiguous(), dst=0)
+                v = v.new_empty((v.shape[0] * ep, *v.shape[1:]), device="meta")
+        return v.cpu().contiguous() if rank0 else v.to("meta")
+
+    return Tensors({name: (lambda name=name: whole(name)) for name in state})
+
+
+class _Shards:
+    """save_hf's `into`: the adapter's tensors, written by rank 0 into files of at most shard_bytes
+    (a larger tensor alone) as they come; close() names them as transformers does (one file:
+    model.safetensors; several: model-0000i-of-0000n.safetensors and their index). Elsewhere: nothing."""
+
+    def __init__(self, folder: str, shard_bytes: int, rank0: bool):
+        self.folder, self.shard_bytes, self.rank0 = folder, shard_bytes, rank0
+        self.held: dict[str, torch.Tensor] = {}
+        self.files: list[tuple[str, list[str]]] = []  # (temporary path, its tensors' names)
+        self.total = 0
+
+    def __setitem__(self, name: str, t: torch.Tensor) -> None:
+        if not self.rank0:
+            return
+        size = t.numel() * t.element_size()
+        if self.held and sum(v.numel() * v.element_size() for v in self.held.values()) + size > self.shard_bytes:
+            self._write()
+        self.held[name] = t.contiguous()
+        self.total += size
+
+    def __ior__(self, tensors: dict) -> _Shards:
+        for name, t in tensors.items():
+            self[name] = t
+        return self
+
+    def _write(self) -> None:
+        from safetensors.torch import save_file  # noqa: PLC0415
+
+        path = os.path.join(self.folder, f".part-{len(self.files)}.safetensors")
+        save_file(self.held, path, metadata={"format": "pt"})
+        self.files.append((path, list(self.held)))
+        self.held = {}
+
+    def close(self) -> None:
+        if not self.rank0:
+            return
+        if self.held or not self.files:
+            self._write()
+        n = len(self.files)
+        names = [WEIGHTS] if n == 1 else [f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)]
+        for (path, _), name in zip(self.files, names):
+            os.replace(path, os.path.join(self.folder, name))
+        if n > 1:
+            weight_map = {t: name for (_, held), name in zip(self.files, names) for t in held}
+            with open(os.path.join(self.folder, INDEX), "w") as f:
+                json.dump({"metadata": {"total_size": self.total}, "weight_map": weight_map}, f, indent=2, sort_keys=True)

@@ -280,19 +280,32 @@ def test_hf_weights_round_trip_bit_exact(tmp_path, family):
 
 @pytest.mark.parametrize("family", BUILT)
 def test_hf_save_writes_a_checkpoint_transformers_loads_with_the_same_logits(tmp_path, family):
-    """model.hf.save_hf (one process) writes config.json and model.safetensors: transformers
-    reads the config as the project does (config.hf) and its model of that folder computes the
-    logits of the original checkpoint's."""
+    """model.hf.save_hf (one process) writes config.json and model.safetensors, or, with files of
+    at most 40 kB, transformers' shards and their index: transformers reads the config as the
+    project does (config.hf) and its model of either folder computes the logits of the original
+    checkpoint's; load_hf reads the shards back bit for bit."""
+    import json
+
     from transformers import AutoModelForCausalLM
 
-    from model.hf import save_hf
+    from model.hf import INDEX, WEIGHTS, load_hf, save_hf
+    from model.hybrid import HybridMoE
 
     theirs, ours, cfg = hf_pair(tmp_path / "in", family)
     save_hf(ours, str(tmp_path / "out"))
-    assert read_hf_config(str(tmp_path / "out"), name=cfg.name) == cfg
+    save_hf(ours, str(tmp_path / "shards"), shard_bytes=40_000)
+    assert (tmp_path / "out" / WEIGHTS).is_file() and not (tmp_path / "out" / INDEX).exists()
+    files = set(json.loads((tmp_path / "shards" / INDEX).read_text())["weight_map"].values())
+    assert len(files) > 2 and files == {p.name for p in (tmp_path / "shards").glob("model-*-of-*.safetensors")}
     ids = torch.arange(11)[None] % cfg.vocab
-    again = AutoModelForCausalLM.from_pretrained(str(tmp_path / "out"), experts_implementation="eager").double()
-    torch.testing.assert_close(again(input_ids=ids).logits, theirs(input_ids=ids).logits, rtol=0, atol=0)
+    for folder in ("out", "shards"):
+        assert read_hf_config(str(tmp_path / folder), name=cfg.name) == cfg
+        again = AutoModelForCausalLM.from_pretrained(str(tmp_path / folder), experts_implementation="eager").double()
+        torch.testing.assert_close(again(input_ids=ids).logits, theirs(input_ids=ids).logits, rtol=0, atol=0)
+    back = HybridMoE(cfg).double()
+    load_hf(back, str(tmp_path / "shards"))
+    for name, t in ours.state_dict().items():
+        assert torch.equal(back.state_dict()[name], t), name
 
 
 def test_hf_load_leaves_out_qwen3_nexts_prediction_head_saying_so_and_nothing_else(tmp_path, capsys):
