@@ -380,8 +380,12 @@ class PlanEstimate:
         blocks = np.bincount(of, block_row[rows], nk) / np.where(halo, size, 1)
         sparse_attn = np.bincount(of, sparse_row[rows], nk) / size + blocks
         kids = _Kids(known.kids, kid_at)  # the Group of child k, for the few that need one
-        # units: a Ulysses child is one, standing for its ranks; a halo child's ranks one each
-        split = halo & (size > 1)
+        # units: a Ulysses child is one, standing for its ranks; a halo child's ranks one each, and
+        # so are a redistributing parent's children's: their full layers hold the parent's layout,
+        # whose busiest rank need not be the child layout's, and nothing synchronizes the ranks
+        # between a full layer's last token-wise work and the next layer's first
+        halo_split = halo & (size > 1)
+        split = (halo | known.moved[at][owner]) & (size > 1)
         per_child = np.where(split, size, 1)
         unit_of = np.repeat(np.arange(nk), per_child)  # the child of each unit
         nu = len(unit_of)
@@ -408,9 +412,9 @@ class PlanEstimate:
             unit_full = unit_full + lat * np.bincount(owner, counts, len(parents))[owner][unit_of]
         if lat_s:  # the S layers' calls, as their kind prices them
             calls = counts[unit_of].astype(np.float64)
-            if split.any():  # a halo child's ranks: the samples they hold a piece of
+            if halo_split.any():  # a halo child's ranks: the samples they hold a piece of
                 pieces = rank_tokens(kids, self.length_of, world, lens, (counts, size, starts), pieces=True)
-                calls = np.where(split[unit_of], pieces[first], calls)
+                calls = np.where(halo_split[unit_of], pieces[first], calls)
             unit_sparse = unit_sparse + lat_s * calls
         free = None  # floor_time's units: a wide parent at its mean tokens, its sparse layers free
         if floor:
@@ -441,7 +445,7 @@ class PlanEstimate:
             """(full entry, full exit, sparse entry, sparse exit), each (intra, inter) per unit."""
             f_in, f_out = ulysses(priced, tok_f, psizes, "F", True), ulysses(priced, tok_f, psizes, "F", False)
             s_in, s_out = ulysses(priced, tok_s, csizes, "S", True), ulysses(priced, tok_s, csizes, "S", False)
-            for k in np.nonzero(split)[0].tolist():  # a halo child: keys and values (and states) point to point, no exit
+            for k in np.nonzero(halo_split)[0].tolist():  # a halo child: keys and values (and states) point to point, no exit
                 its = np.nonzero(unit_of == k)[0]
                 s_in[0][its], s_in[1][its] = known.halo_seconds(int(kid_at[k]), self.length_of, priced), 0.0
                 s_out[0][its] = s_out[1][its] = 0.0
@@ -451,7 +455,7 @@ class PlanEstimate:
 
         f_in, f_out, s_in, s_out = exchanges(cost)
         if cost.state_bytes():  # the maps each rank's chunks form (none where the kind passes no state: the loop skipped)
-            for k in np.nonzero(split)[0].tolist():
+            for k in np.nonzero(halo_split)[0].tolist():
                 unit_sparse[unit_of == k] += state_load(kids[k], self.length_of, cost)[1]
         if free is not None:
             unit_sparse = np.where(free, 0.0, unit_sparse)
