@@ -111,6 +111,8 @@ def to_hf_dict(m: ModelConfig) -> dict:
             f"model {m.name}: no Hugging Face config is written for model.architecture={m.architecture!r}; these are: {sorted(writers)}"
         )
     common = {
+        "model_type": m.architecture,
+        "layer_types": [LAYER_NAMES[m.architecture][t] for t in m.layer_types],
         "num_hidden_layers": m.n_layers,
         "hidden_size": m.hidden,
         "num_attention_heads": m.n_heads,
@@ -134,11 +136,8 @@ def to_hf_dict(m: ModelConfig) -> dict:
 
 
 def _gpt_oss_dict(m: ModelConfig) -> dict:
-    types = LAYER_NAMES["gpt_oss"]
     return {
         "architectures": ["GptOssForCausalLM"],
-        "model_type": "gpt_oss",
-        "layer_types": [types[t] for t in m.layer_types],
         "num_local_experts": m.n_experts,
         "num_experts_per_tok": m.top_k,
         "intermediate_size": m.expert_ffn,
@@ -151,12 +150,9 @@ def _gpt_oss_dict(m: ModelConfig) -> dict:
 
 
 def _qwen3_next_dict(m: ModelConfig) -> dict:
-    types = LAYER_NAMES["qwen3_next"]
     p = m.sparse_params
     return {
         "architectures": ["Qwen3NextForCausalLM"],
-        "model_type": "qwen3_next",
-        "layer_types": [types[t] for t in m.layer_types],
         "partial_rotary_factor": (m.rotary_dim or m.head_dim) / m.head_dim,
         "linear_num_key_heads": p["k_heads"],
         "linear_num_value_heads": p["v_heads"],
@@ -175,12 +171,9 @@ def _qwen3_next_dict(m: ModelConfig) -> dict:
 
 
 def _kimi_linear_dict(m: ModelConfig) -> dict:
-    types = LAYER_NAMES["kimi_linear"]
     p = m.sparse_params
     return {
         "architectures": ["KimiLinearForCausalLM"],
-        "model_type": "kimi_linear",
-        "layer_types": [types[t] for t in m.layer_types],
         "mlp_layer_types": ["dense" if i < m.first_dense_layers else "sparse" for i in range(m.n_layers)],
         "linear_attn_config": {"num_heads": p["v_heads"], "head_dim": p["head_v_dim"], "short_conv_kernel_size": p["conv_kernel"]},
         "qk_nope_head_dim": m.head_dim - m.qk_rope_dim,

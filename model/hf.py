@@ -16,6 +16,7 @@ check_runnable says what it lacks).
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 
@@ -75,17 +76,17 @@ class Tensors:
         """The tensors of these safetensors files, each read when taken."""
         from safetensors import safe_open  # noqa: PLC0415 (transformers' dependency; needed only here)
 
-        def reader(path, name):
-            def read():
-                with safe_open(path, framework="pt") as f:
-                    return f.get_tensor(name)
+        opened = {}  # each file opened once, at its first tensor taken (its header parsed once, not per tensor)
 
-            return read
+        def read(path, name):
+            if path not in opened:
+                opened[path] = safe_open(path, framework="pt")
+            return opened[path].get_tensor(name)
 
         getters = {}
         for path in paths:
             with safe_open(path, framework="pt") as f:
-                getters |= {name: reader(path, name) for name in f.keys()}  # noqa: SIM118 (safe_open is no dict)
+                getters |= {name: functools.partial(read, path, name) for name in f.keys()}  # noqa: SIM118 (safe_open is no dict)
         return cls(getters)
 
     def __iter__(self):
@@ -317,7 +318,7 @@ def _kimi_linear_to_hf(cfg: ModelConfig, t: dict) -> dict:
 def _kimi_linear_from_hf(cfg: ModelConfig, t: dict) -> dict:
     p = cfg.sparse_params
     hv, dk = p["v_heads"], p["head_k_dim"]
-    # the published checkpoint names its dense block's SwiGLU mlp.*, transformers writes block_sparse_moe.*: both load
+    # transformers' model holds the dense block's SwiGLU as mlp.*, its save_pretrained writes block_sparse_moe.*: both load
     t = t.renamed(lambda k: k.replace(".mlp.", ".block_sparse_moe."))
     out = _root_from_hf(cfg, _checked(t, to_hf(cfg, _shapes_only(cfg)).keys()))
     for i, kind in enumerate(cfg.layer_types):
@@ -514,16 +515,17 @@ class _Shards:
     def __init__(self, folder: str, shard_bytes: int, rank0: bool):
         self.folder, self.shard_bytes, self.rank0 = folder, shard_bytes, rank0
         self.held: dict[str, torch.Tensor] = {}
+        self.held_bytes = self.total = 0
         self.files: list[tuple[str, list[str]]] = []  # (temporary path, its tensors' names)
-        self.total = 0
 
     def __setitem__(self, name: str, t: torch.Tensor) -> None:
         if not self.rank0:
             return
         size = t.numel() * t.element_size()
-        if self.held and sum(v.numel() * v.element_size() for v in self.held.values()) + size > self.shard_bytes:
+        if self.held and self.held_bytes + size > self.shard_bytes:
             self._write()
         self.held[name] = t.contiguous()
+        self.held_bytes += size
         self.total += size
 
     def __ior__(self, tensors: dict) -> _Shards:
@@ -537,7 +539,7 @@ class _Shards:
         path = os.path.join(self.folder, f".part-{len(self.files)}.safetensors")
         save_file(self.held, path, metadata={"format": "pt"})
         self.files.append((path, list(self.held)))
-        self.held = {}
+        self.held, self.held_bytes = {}, 0
 
     def close(self) -> None:
         if not self.rank0:

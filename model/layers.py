@@ -192,14 +192,16 @@ class MoE(nn.Module):
                 choice = choice.masked_fill(~chosen.repeat_interleave(per, dim=1), float("-inf"))
             expert = choice.topk(self.top_k, dim=-1).indices
             weight = scores.gather(1, expert)
-            weight = weight / (weight.sum(-1, keepdim=True) + 1e-20)
-            return scores / scores.sum(-1, keepdim=True), weight * self.scaling, expert
-        probs = torch.softmax(logits, dim=-1)
-        if self.softmax_topk:
+            probs, weight = scores / scores.sum(-1, keepdim=True), weight / (weight.sum(-1, keepdim=True) + 1e-20)
+        elif self.softmax_topk:
+            probs = torch.softmax(logits, dim=-1)
             top, expert = logits.topk(self.top_k, dim=-1)
-            return probs, torch.softmax(top, dim=-1) * self.scaling, expert
-        weight, expert = probs.topk(self.top_k, dim=-1)
-        return probs, weight / weight.sum(-1, keepdim=True) * self.scaling, expert
+            weight = torch.softmax(top, dim=-1)
+        else:
+            probs = torch.softmax(logits, dim=-1)
+            weight, expert = probs.topk(self.top_k, dim=-1)
+            weight = weight / weight.sum(-1, keepdim=True)
+        return probs, weight * self.scaling, expert
 
     def forward(self, x: torch.Tensor, reduce: Reduce | None = None, total_tokens: int | None = None, dispatch=None, backend: str = "auto"):
         """x [T, hidden] -> ([T, hidden], aux_loss scalar). dispatch: the rank's expert-parallel

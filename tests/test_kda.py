@@ -16,14 +16,9 @@ from solver import CostModel, make_plan, samples_from_lengths
 from solver.cost import sparse_cost, with_sparse_defaults
 from solver.modes import MODES
 from tests.dist_utils import run_distributed
-from tests.test_linear_attention import _state
+from tests.test_linear_attention import _state, l2
 
 F64 = torch.float64
-
-
-def l2(x: torch.Tensor) -> torch.Tensor:
-    """q and k's norm as the gated delta rule takes it (fla's kernels, transformers' Qwen3-Next): x / sqrt(|x|^2 + 1e-6)."""
-    return x / torch.sqrt(x.square().sum(-1, keepdim=True) + 1e-6)
 
 
 def _inputs(t: int, h: int, dk: int, dv: int, seed: int, dtype=F64):
